@@ -1,0 +1,59 @@
+# Hubbub — every command a developer or CI needs. `make run` and `make test` work on a fresh
+# Debian machine with only python3, python3-venv, make and git: they install the rest.
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+PYTHON ?= python3
+UV_VERSION := 0.13.9
+TOOLS := .tools
+UV := $(TOOLS)/bin/uv
+VENV := .venv
+STAMP := $(VENV)/.synced
+export UV_PYTHON_DOWNLOADS := never
+export UV_PROJECT_ENVIRONMENT := $(VENV)
+# Debian packages the test suite drives for real (binary:package).
+DEB_TEST_DEPS := redis-server:redis-server
+
+.PHONY: help install run test lint typecheck check deb-deps docs-config clean
+
+help:  ## list the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
+
+$(UV):
+	$(PYTHON) -m venv $(TOOLS)
+	$(TOOLS)/bin/pip install --quiet --disable-pip-version-check uv==$(UV_VERSION)
+
+$(STAMP): pyproject.toml uv.lock | $(UV)
+	$(UV) sync --frozen --python $(PYTHON)
+	touch $@
+
+install: $(STAMP)  ## create .venv with the locked dependencies
+
+deb-deps:  ## install the Debian packages the tests need, when missing (needs root)
+	@missing=""; for pair in $(DEB_TEST_DEPS); do \
+	  command -v $${pair%%:*} >/dev/null || missing="$$missing $${pair##*:}"; done; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing Debian packages:$$missing"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing >/dev/null; \
+	fi
+
+run: $(STAMP)  ## serve the chat on http://127.0.0.1:8000 (memory broker, one worker)
+	$(VENV)/bin/python -m app
+
+test: $(STAMP) deb-deps  ## install everything the tests need, then run the whole suite
+	$(VENV)/bin/python -m pytest
+
+lint: $(STAMP)  ## ruff format check + ruff lint
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/ruff check .
+
+typecheck: $(STAMP)  ## mypy --strict
+	$(VENV)/bin/mypy
+
+check: lint typecheck test  ## everything CI runs
+
+docs-config: $(STAMP)  ## regenerate the settings table in docs/configuration.md
+	$(VENV)/bin/python -m app.settings --write-docs docs/configuration.md
+
+clean:  ## remove the virtualenvs and caches
+	rm -rf $(VENV) $(TOOLS) .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,140 @@
+"""Connection: one client WebSocket as the rest of the server sees it.
+
+It owns the socket's outbound side: a bounded :class:`~app.outbox.Outbox` and a writer task
+that exists only while there is something to write (an idle connection has no task of its
+own). The inbound side, and so the socket's lifetime, belongs to :mod:`app.session`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+from typing import Final
+
+from starlette.websockets import WebSocket, WebSocketDisconnect
+
+from app.abort import abort
+from app.errors import CloseCode
+from app.outbox import Outbox
+from app.ratelimit import RateLimiter
+
+logger = logging.getLogger(__name__)
+
+# Errors a send raises once the peer is gone: uvicorn's ClientDisconnected is an OSError,
+# Starlette raises RuntimeError when the socket is already closed on our side.
+_GONE: Final = (OSError, RuntimeError, WebSocketDisconnect)
+
+
+class Connection:
+    """One accepted WebSocket: identity, rooms, outbox, writer, close.
+
+    Contract:
+    - :meth:`offer` never blocks and never raises. Offered frames reach the socket in offer
+      order. If the outbox would overflow, the connection is closed with 4008 (slow consumer)
+      and that frame and every later one are dropped: a slow client never slows anyone else.
+    - :meth:`close` returns at once and is idempotent; the close frame is sent in the
+      background. If the socket does not take it within ``close_timeout_s`` (the peer stopped
+      reading), the TCP connection is aborted. Either way the session's receive loop then sees
+      the disconnect and unregisters the connection: the session, not the caller, cleans up.
+    - ``rooms`` is changed only by the :class:`~app.hub.Hub`.
+    """
+
+    __slots__ = (
+        "_close_timeout_s",
+        "_closer",
+        "_outbox",
+        "_writer",
+        "_ws",
+        "close_code",
+        "id",
+        "last_seen",
+        "limiter",
+        "rooms",
+        "user",
+    )
+
+    def __init__(
+        self,
+        ws: WebSocket,
+        user: str,
+        outbox: Outbox,
+        limiter: RateLimiter,
+        close_timeout_s: float,
+        now: float,
+    ) -> None:
+        self.id = secrets.token_hex(6)
+        self.user = user
+        self.rooms: set[str] = set()
+        self.last_seen = now
+        self.limiter = limiter
+        self.close_code: CloseCode | None = None
+        self._ws = ws
+        self._outbox = outbox
+        self._close_timeout_s = close_timeout_s
+        self._writer: asyncio.Task[None] | None = None
+        self._closer: asyncio.Task[None] | None = None
+
+    @property
+    def closing(self) -> bool:
+        """True once the server has decided to close this connection (or it has ended)."""
+        return self.close_code is not None
+
+    def offer(self, frame: str, nbytes: int | None = None) -> None:
+        """Queue ``frame`` for this socket (``nbytes``: its UTF-8 size, when already known)."""
+        if self.close_code is not None:
+            return
+        if nbytes is None:
+            nbytes = len(frame) if frame.isascii() else len(frame.encode())
+        if not self._outbox.put(frame, nbytes):
+            self.close(CloseCode.SLOW_CONSUMER, "slow consumer: outbox full")
+            return
+        if self._writer is None:
+            self._writer = asyncio.get_running_loop().create_task(self._write())
+
+    async def _write(self) -> None:
+        outbox = self._outbox
+        try:
+            while outbox:
+                await self._ws.send_text(outbox.take())
+        except _GONE:
+            outbox.clear()
+        finally:
+            self._writer = None
+
+    def close(self, code: CloseCode, reason: str) -> None:
+        """Close the socket with ``code``; queued frames are dropped."""
+        if self.close_code is not None:
+            return
+        self.close_code = code
+        self._stop_writer()
+        self._closer = asyncio.get_running_loop().create_task(self._close(code, reason))
+
+    async def _close(self, code: CloseCode, reason: str) -> None:
+        try:
+            async with asyncio.timeout(self._close_timeout_s):
+                await self._ws.close(int(code), reason)
+        except TimeoutError:
+            logger.info("conn=%s close %d timed out; aborting the transport", self.id, code)
+            abort(self._ws)
+        except _GONE:
+            pass
+
+    def discard(self) -> None:
+        """Called by the session when the socket has ended: drop whatever is still queued."""
+        if self.close_code is None:
+            self.close_code = CloseCode.NORMAL_CLOSURE
+        self._stop_writer()
+
+    def _stop_writer(self) -> None:
+        self._outbox.clear()
+        if self._writer is not None:
+            self._writer.cancel()
+            self._writer = None
+
+    @property
+    def queued_bytes(self) -> int:
+        return self._outbox.queued_bytes
+
+    def __repr__(self) -> str:
+        return f"<Connection {self.id} user={self.user!r} rooms={len(self.rooms)}>"

@@ -1,0 +1,59 @@
+"""Close codes and error codes: the only place that says what each failure means to a client.
+
+Close codes end a connection; error codes ride in ``{"type":"error"}`` frames on a connection
+that stays open. ``docs/protocol.md`` carries the same two tables, and a test keeps them in step.
+"""
+
+from __future__ import annotations
+
+from enum import IntEnum, StrEnum
+
+
+class CloseCode(IntEnum):
+    """WebSocket close codes the server sends, with the client's reconnect policy."""
+
+    NORMAL_CLOSURE = 1000
+    POLICY_VIOLATION = 1008
+    MESSAGE_TOO_BIG = 1009
+    INTERNAL_ERROR = 1011
+    SERVICE_RESTART = 1012
+    TRY_AGAIN_LATER = 1013
+    SLOW_CONSUMER = 4008
+    HEARTBEAT_TIMEOUT = 4009
+
+    @property
+    def should_reconnect(self) -> bool:
+        """Whether a client should reconnect (with jittered backoff) after this code."""
+        return self not in _TERMINAL
+
+
+_TERMINAL = frozenset(
+    {CloseCode.NORMAL_CLOSURE, CloseCode.POLICY_VIOLATION, CloseCode.MESSAGE_TOO_BIG}
+)
+
+
+class ErrorCode(StrEnum):
+    """The ``code`` of an ``error`` frame. The connection stays open after each of them."""
+
+    BAD_JSON = "bad_json"
+    BAD_FRAME = "bad_frame"
+    UNKNOWN_TYPE = "unknown_type"
+    BINARY_UNSUPPORTED = "binary_unsupported"
+    TEXT_TOO_LONG = "text_too_long"
+    NOT_JOINED = "not_joined"
+    TOO_MANY_ROOMS = "too_many_rooms"
+    RATE_LIMITED = "rate_limited"
+    BROKER_UNAVAILABLE = "broker_unavailable"
+
+
+class FrameError(Exception):
+    """A client frame was refused; the client gets an ``error`` frame and the socket stays open."""
+
+    def __init__(self, code: ErrorCode, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+class BrokerUnavailable(Exception):
+    """The broker cannot take a publish or subscription right now (it is down or reconnecting)."""

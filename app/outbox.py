@@ -1,0 +1,62 @@
+"""Outbox: the bounded queue of frames waiting to be written to one socket. Pure, no I/O.
+
+The bound is in bytes (UTF-8 size of the queued frames), so a few large messages and many
+small ones cost the same room. When the writer catches up it takes everything queued, up to
+``coalesce_max_bytes``, as one text frame of ``\\n``-separated JSON objects: under load a client
+gets fewer, larger frames instead of falling behind.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+
+class Outbox:
+    """FIFO of encoded frames with a byte bound. Order in is order out."""
+
+    __slots__ = ("_bytes", "_coalesce_max_bytes", "_frames", "_max_bytes")
+
+    def __init__(self, max_bytes: int, coalesce_max_bytes: int) -> None:
+        self._frames: deque[tuple[str, int]] = deque()
+        self._bytes = 0
+        self._max_bytes = max_bytes
+        self._coalesce_max_bytes = coalesce_max_bytes
+
+    def put(self, frame: str, nbytes: int) -> bool:
+        """Queue ``frame`` (``nbytes`` long in UTF-8). False, and nothing queued, if it would
+        overflow the bound: the caller must then treat the consumer as too slow."""
+        if self._bytes + nbytes > self._max_bytes:
+            return False
+        self._frames.append((frame, nbytes))
+        self._bytes += nbytes
+        return True
+
+    def take(self) -> str:
+        """Remove and return the oldest frames, joined by ``\\n`` up to ``coalesce_max_bytes``
+        (at least one frame, however large). The outbox must not be empty."""
+        frame, nbytes = self._frames.popleft()
+        self._bytes -= nbytes
+        if not self._frames or nbytes >= self._coalesce_max_bytes:
+            return frame
+        batch = [frame]
+        size = nbytes
+        while self._frames:
+            next_frame, next_bytes = self._frames[0]
+            size += next_bytes + 1
+            if size > self._coalesce_max_bytes:
+                break
+            self._frames.popleft()
+            self._bytes -= next_bytes
+            batch.append(next_frame)
+        return "\n".join(batch)
+
+    def clear(self) -> None:
+        self._frames.clear()
+        self._bytes = 0
+
+    @property
+    def queued_bytes(self) -> int:
+        return self._bytes
+
+    def __len__(self) -> int:
+        return len(self._frames)

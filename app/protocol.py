@@ -1,0 +1,141 @@
+"""The wire format: client frames in, server frames out. Pure functions, no I/O.
+
+Client frames are single JSON objects in text frames, told apart by ``type``. A server text
+frame holds one JSON object, or several separated by ``\\n`` when the writer coalesces queued
+frames (see :mod:`app.outbox`). ``docs/protocol.md`` documents every frame.
+
+:func:`parse_client_frame` never raises anything but :class:`~app.errors.FrameError`, whatever
+the input: a property-based test holds it to that.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Final, Literal
+
+import orjson
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, TypeAdapter, ValidationError
+
+from app.errors import ErrorCode, FrameError
+
+ROOM_PATTERN: Final = r"^[A-Za-z0-9][A-Za-z0-9_.:\-]{0,63}$"
+USER_PATTERN: Final = r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,31}$"
+CID_MAX_CHARS: Final = 64
+
+RoomName = Annotated[str, StringConstraints(pattern=ROOM_PATTERN)]
+UserName = Annotated[str, StringConstraints(pattern=USER_PATTERN)]
+ClientMessageId = (
+    Annotated[str, StringConstraints(min_length=1, max_length=CID_MAX_CHARS)]
+    | Annotated[int, Field(ge=-(2**63), lt=2**63)]
+)
+
+
+class _Frame(BaseModel):
+    # strict: no coercion ("1" is not 1); unknown fields are ignored so clients may add their own.
+    model_config = ConfigDict(strict=True, extra="ignore", frozen=True)
+
+
+class Join(_Frame):
+    type: Literal["join"]
+    room: RoomName
+
+
+class Leave(_Frame):
+    type: Literal["leave"]
+    room: RoomName
+
+
+class Send(_Frame):
+    type: Literal["send"]
+    room: RoomName
+    text: str
+    cid: ClientMessageId | None = None
+
+
+class Ping(_Frame):
+    type: Literal["ping"]
+
+
+class Pong(_Frame):
+    type: Literal["pong"]
+
+
+ClientFrame = Join | Leave | Send | Ping | Pong
+_CLIENT_FRAME: Final[TypeAdapter[ClientFrame]] = TypeAdapter(
+    Annotated[ClientFrame, Field(discriminator="type")]
+)
+CLIENT_TYPES: Final = ("join", "leave", "send", "ping", "pong")
+
+
+def parse_client_frame(data: str) -> ClientFrame:
+    """Decode and validate one client text frame, or raise :class:`FrameError` saying why."""
+    try:
+        obj = orjson.loads(data)
+    except orjson.JSONDecodeError as exc:
+        raise FrameError(ErrorCode.BAD_JSON, f"frame is not valid JSON: {exc}") from None
+    if not isinstance(obj, dict):
+        raise FrameError(ErrorCode.BAD_FRAME, "frame must be a JSON object")
+    kind = obj.get("type")
+    if not isinstance(kind, str):
+        raise FrameError(ErrorCode.BAD_FRAME, 'frame needs a string "type"')
+    if kind not in CLIENT_TYPES:
+        shown = kind if len(kind) <= 32 else kind[:32] + "…"
+        raise FrameError(ErrorCode.UNKNOWN_TYPE, f"unknown frame type {shown!r}")
+    try:
+        return _CLIENT_FRAME.validate_python(obj)
+    except ValidationError as exc:
+        raise FrameError(ErrorCode.BAD_FRAME, _describe(exc)) from None
+
+
+def _describe(exc: ValidationError) -> str:
+    first = exc.errors(include_url=False, include_input=False)[0]
+    # loc is (tag, field, ...) for a discriminated union; only the field means anything to a client.
+    field = str(first["loc"][1]) if len(first["loc"]) > 1 else "frame"
+    message = first["msg"]
+    if field == "cid":
+        message = f"must be a string of 1 to {CID_MAX_CHARS} characters or a 64-bit integer"
+    elif first["type"] == "string_pattern_mismatch":
+        message = "invalid name (letters, digits and _ . - :, starting with a letter or digit)"
+    return f"{field}: {message}"
+
+
+def encode(frame: dict[str, Any]) -> str:
+    """One server frame as JSON text."""
+    return orjson.dumps(frame).decode()
+
+
+def encode_message(room: str, message_id: int, user: str, text: str, ts_ms: int) -> bytes:
+    """A ``message`` frame, encoded once per fan-out and forwarded as-is to every recipient."""
+    return orjson.dumps(
+        {"type": "message", "room": room, "id": message_id, "user": user, "text": text, "ts": ts_ms}
+    )
+
+
+PING_FRAME: Final = encode({"type": "ping"})
+PONG_FRAME: Final = encode({"type": "pong"})
+
+
+def hello_frame(user: str, connection_id: str, limits: dict[str, int | float]) -> str:
+    return encode({"type": "hello", "user": user, "conn": connection_id, "limits": limits})
+
+
+def joined_frame(room: str) -> str:
+    return encode({"type": "joined", "room": room})
+
+
+def left_frame(room: str) -> str:
+    return encode({"type": "left", "room": room})
+
+
+def ack_frame(cid: str | int | None, message_id: int, duplicate: bool) -> str:
+    frame: dict[str, Any] = {"type": "ack", "cid": cid, "id": message_id}
+    if duplicate:
+        frame["duplicate"] = True
+    return encode(frame)
+
+
+def error_frame(code: ErrorCode, message: str, ref: dict[str, Any] | None = None) -> str:
+    """An ``error`` frame; ``ref`` echoes what the client needs to match it (frame type, cid)."""
+    frame: dict[str, Any] = {"type": "error", "code": code.value, "message": message}
+    if ref:
+        frame.update(ref)
+    return encode(frame)

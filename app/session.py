@@ -1,0 +1,229 @@
+"""Session: the life of one WebSocket, from upgrade to close, and every frame the client sends.
+
+The session owns the socket: it accepts it, reads frames in order, answers each (an ``error``
+frame when a frame is refused, never an exception out of the worker) and, when the socket ends
+for whatever reason, unregisters the connection from the Hub. Nothing the client sends can
+disturb another connection: a refused frame costs an error frame on this socket only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+import secrets
+
+from starlette.websockets import WebSocket
+
+from app.broker import Broker
+from app.connection import Connection
+from app.errors import BrokerUnavailable, CloseCode, ErrorCode, FrameError
+from app.hub import Hub
+from app.outbox import Outbox
+from app.protocol import (
+    PONG_FRAME,
+    USER_PATTERN,
+    Join,
+    Leave,
+    Ping,
+    Send,
+    ack_frame,
+    error_frame,
+    hello_frame,
+    joined_frame,
+    left_frame,
+    parse_client_frame,
+)
+from app.ratelimit import RateLimiter, Verdict
+from app.settings import Settings
+
+logger = logging.getLogger(__name__)
+_USER_RE = re.compile(USER_PATTERN)
+
+
+def _user_name(ws: WebSocket) -> str | None:
+    """The validated ``?name=``, a fresh guest name when absent, None when invalid."""
+    name = ws.query_params.get("name")
+    if name is None or name == "":
+        return f"guest-{secrets.token_hex(3)}"
+    return name if _USER_RE.fullmatch(name) else None
+
+
+class Session:
+    """Handles the frames of one connection. Created by :func:`serve`."""
+
+    __slots__ = ("_broker", "_hub", "_settings", "conn")
+
+    def __init__(self, conn: Connection, hub: Hub, broker: Broker, settings: Settings) -> None:
+        self.conn = conn
+        self._hub = hub
+        self._broker = broker
+        self._settings = settings
+
+    async def handle_text(self, text: str) -> None:
+        """Answer one text frame. Raises nothing for bad input: the client gets an error frame."""
+        try:
+            frame = parse_client_frame(text)
+            if isinstance(frame, Send):
+                await self._send(frame)
+            elif isinstance(frame, Join):
+                await self._join(frame)
+            elif isinstance(frame, Leave):
+                await self._leave(frame)
+            elif isinstance(frame, Ping):
+                self.conn.offer(PONG_FRAME)
+            # Pong: nothing to do; receiving it already refreshed last_seen.
+        except FrameError as exc:
+            self.conn.offer(error_frame(exc.code, exc.message, _ref(text)))
+
+    async def _join(self, frame: Join) -> None:
+        conn = self.conn
+        if frame.room not in conn.rooms:
+            if len(conn.rooms) >= self._settings.max_rooms_per_connection:
+                raise FrameError(
+                    ErrorCode.TOO_MANY_ROOMS,
+                    f"a connection may be in at most {self._settings.max_rooms_per_connection} "
+                    "rooms",
+                )
+            try:
+                await self._hub.join(conn, frame.room)
+            except BrokerUnavailable:
+                raise FrameError(
+                    ErrorCode.BROKER_UNAVAILABLE, "cannot join now, try again"
+                ) from None
+        conn.offer(joined_frame(frame.room))
+
+    async def _leave(self, frame: Leave) -> None:
+        if frame.room not in self.conn.rooms:
+            raise FrameError(ErrorCode.NOT_JOINED, f"not in room {frame.room!r}")
+        await self._hub.leave(self.conn, frame.room)
+        self.conn.offer(left_frame(frame.room))
+
+    async def _send(self, frame: Send) -> None:
+        conn = self.conn
+        if frame.room not in conn.rooms:
+            raise FrameError(ErrorCode.NOT_JOINED, f"join room {frame.room!r} before sending")
+        if len(frame.text) > self._settings.max_text_chars:
+            raise FrameError(
+                ErrorCode.TEXT_TOO_LONG,
+                f"text is {len(frame.text)} characters, at most "
+                f"{self._settings.max_text_chars} are allowed",
+            )
+        try:
+            published = await self._broker.publish(frame.room, conn.user, frame.text, frame.cid)
+        except BrokerUnavailable:
+            raise FrameError(
+                ErrorCode.BROKER_UNAVAILABLE, "message not sent: the broker is unavailable"
+            ) from None
+        if frame.cid is not None:
+            conn.offer(ack_frame(frame.cid, published.id, published.duplicate))
+
+
+def _ref(text: str) -> dict[str, object] | None:
+    """The fields of a refused frame the client needs to match the error to it (its ``type``
+    as ``ref``, and its ``cid``), or None when the frame itself is malformed."""
+    try:
+        frame = parse_client_frame(text)
+    except FrameError:
+        return None
+    ref: dict[str, object] = {"ref": frame.type}
+    if isinstance(frame, Send) and frame.cid is not None:
+        ref["cid"] = frame.cid
+    return ref
+
+
+async def serve(ws: WebSocket, hub: Hub, broker: Broker, settings: Settings) -> None:
+    """Run one WebSocket from upgrade to close (the ``/ws`` endpoint)."""
+    loop = asyncio.get_running_loop()
+    now = loop.time()
+    user = _user_name(ws)
+    conn = Connection(
+        ws,
+        user or "",
+        Outbox(settings.outbox_max_bytes, settings.coalesce_max_bytes),
+        RateLimiter(
+            settings.rate_limit_frames_per_s,
+            settings.rate_limit_burst,
+            settings.rate_limit_max_violations,
+            settings.rate_limit_violation_window_s,
+            now,
+        ),
+        settings.close_timeout_s,
+        now,
+    )
+    if not hub.add(conn):
+        await ws.accept()
+        await ws.close(CloseCode.TRY_AGAIN_LATER, "server full")
+        logger.warning("refused connection: %d connections open", len(hub.connections))
+        return
+    try:
+        await ws.accept()
+        if user is None:
+            await ws.close(CloseCode.POLICY_VIOLATION, "invalid name")
+            return
+        logger.info("open conn=%s user=%s", conn.id, conn.user)
+        conn.offer(
+            hello_frame(
+                conn.user,
+                conn.id,
+                {
+                    "heartbeat_interval_s": settings.heartbeat_interval_s,
+                    "heartbeat_timeout_s": settings.heartbeat_timeout_s,
+                    "max_frame_bytes": settings.max_frame_bytes,
+                    "max_text_chars": settings.max_text_chars,
+                    "max_rooms": settings.max_rooms_per_connection,
+                    "rate_limit_frames_per_s": settings.rate_limit_frames_per_s,
+                    "rate_limit_burst": settings.rate_limit_burst,
+                },
+            )
+        )
+        code = await _read_frames(ws, Session(conn, hub, broker, settings), settings, loop)
+        logger.info(
+            "close conn=%s user=%s code=%s by=%s",
+            conn.id,
+            conn.user,
+            conn.close_code or code,
+            "server" if conn.close_code else "client",
+        )
+    finally:
+        await hub.remove(conn)
+        conn.discard()
+
+
+async def _read_frames(
+    ws: WebSocket, session: Session, settings: Settings, loop: asyncio.AbstractEventLoop
+) -> int:
+    """Read and answer frames until the socket ends; returns the close code seen."""
+    conn = session.conn
+    max_frame = settings.max_frame_bytes
+    while True:
+        message = await ws.receive()
+        if message["type"] == "websocket.disconnect":
+            return int(message.get("code", CloseCode.NORMAL_CLOSURE))
+        if conn.closing:
+            continue  # the server is closing this socket: the disconnect is on its way
+        now = loop.time()
+        conn.last_seen = now
+        text = message.get("text")
+        if text is not None and len(text) > max_frame:
+            # uvicorn enforces ws_max_size itself; this catches a server run with a larger one.
+            conn.close(CloseCode.MESSAGE_TOO_BIG, "frame too large")
+            continue
+        verdict = conn.limiter.check(now)
+        if verdict is not Verdict.ALLOW:
+            if verdict is Verdict.ABUSE:
+                conn.close(CloseCode.POLICY_VIOLATION, "rate limit exceeded repeatedly")
+            else:
+                ref = _ref(text) if text is not None else None
+                conn.offer(error_frame(ErrorCode.RATE_LIMITED, "too many frames, slow down", ref))
+            continue
+        if text is None:
+            conn.offer(
+                error_frame(ErrorCode.BINARY_UNSUPPORTED, "send JSON in text frames, not binary")
+            )
+            continue
+        try:
+            await session.handle_text(text)
+        except Exception:
+            logger.exception("conn=%s: unexpected error handling a frame", conn.id)
+            conn.close(CloseCode.INTERNAL_ERROR, "internal error")

@@ -1,0 +1,17 @@
+"""ChatState: the per-worker objects the routes share, built by the app's lifespan."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from app.broker import Broker
+from app.hub import Hub
+from app.settings import Settings
+
+
+@dataclass(slots=True)
+class ChatState:
+    settings: Settings
+    broker: Broker
+    hub: Hub
+    draining: bool = False

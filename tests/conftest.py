@@ -1,0 +1,22 @@
+"""Shared fixtures. Every server in these tests is real and listens on 127.0.0.1 only."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable, Mapping
+from typing import Any
+
+import pytest
+import uvloop
+
+from tests.helpers import LiveServer, make_settings, run_server
+
+
+def pytest_asyncio_loop_factories(config: Any, item: Any) -> Mapping[str, Callable[[], Any]]:
+    """Run every async test on uvloop, the loop production uses."""
+    return {"uvloop": uvloop.new_event_loop}
+
+
+@pytest.fixture
+async def server() -> AsyncIterator[LiveServer]:
+    async with run_server(make_settings()) as live:
+        yield live

@@ -1,0 +1,146 @@
+"""Test helpers: a real uvicorn server on a free port, and a chat client speaking the protocol."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+from collections import deque
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+import uvicorn
+from fastapi import FastAPI
+from websockets.asyncio.client import ClientConnection, connect
+from websockets.exceptions import ConnectionClosed
+
+from app.main import create_app
+from app.server import uvicorn_options
+from app.settings import Settings
+from app.state import ChatState
+
+Frame = dict[str, Any]
+
+
+def make_settings(**overrides: object) -> Settings:
+    """Settings for tests: production defaults with a generous rate limit, plus overrides."""
+    base: dict[str, object] = {"rate_limit_frames_per_s": 10_000.0, "rate_limit_burst": 10_000}
+    return Settings(**(base | overrides))  # type: ignore[arg-type]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@dataclass
+class LiveServer:
+    app: FastAPI
+    port: int
+
+    @property
+    def state(self) -> ChatState:
+        state: ChatState = self.app.state.chat
+        return state
+
+    def ws_url(self, name: str | None = None) -> str:
+        query = f"?name={name}" if name is not None else ""
+        return f"ws://127.0.0.1:{self.port}/ws{query}"
+
+    @property
+    def http_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+
+@contextlib.asynccontextmanager
+async def run_server(settings: Settings) -> AsyncIterator[LiveServer]:
+    """A real uvicorn server, configured like production, serving in this event loop."""
+    app = create_app(settings)
+    port = free_port()
+    options = uvicorn_options(settings) | {"loop": "none", "log_level": "warning"}
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, **options))
+    task = asyncio.create_task(server.serve())
+    async with asyncio.timeout(10):
+        while not server.started:
+            if task.done():
+                task.result()
+            await asyncio.sleep(0.01)
+    try:
+        yield LiveServer(app, port)
+    finally:
+        server.should_exit = True
+        async with asyncio.timeout(15):
+            await task
+
+
+async def wait_until(condition: Callable[[], bool], timeout: float = 5.0) -> None:
+    """Poll ``condition`` until it holds; fail the test after ``timeout`` seconds."""
+    async with asyncio.timeout(timeout):
+        while not condition():
+            await asyncio.sleep(0.01)
+
+
+class ChatClient:
+    """A protocol client for tests: splits coalesced frames and can skip server pings."""
+
+    def __init__(self, ws: ClientConnection) -> None:
+        self.ws = ws
+        self._pending: deque[Frame] = deque()
+        self.hello: Frame = {}
+
+    @classmethod
+    @contextlib.asynccontextmanager
+    async def connect(cls, url: str, **kwargs: Any) -> AsyncIterator[ChatClient]:
+        async with connect(url, open_timeout=5, close_timeout=2, **kwargs) as ws:
+            client = cls(ws)
+            client.hello = await client.next_frame()
+            assert client.hello["type"] == "hello", client.hello
+            yield client
+
+    async def send(self, frame: Frame) -> None:
+        await self.ws.send(orjson.dumps(frame).decode())
+
+    async def next_frame(self, timeout: float = 5.0, skip_pings: bool = True) -> Frame:
+        """The next server frame (pings skipped unless asked for)."""
+        async with asyncio.timeout(timeout):
+            while True:
+                while not self._pending:
+                    data = await self.ws.recv()
+                    assert isinstance(data, str), "server frames are text"
+                    self._pending.extend(orjson.loads(line) for line in data.split("\n"))
+                frame = self._pending.popleft()
+                if not (skip_pings and frame["type"] == "ping"):
+                    return frame
+
+    async def expect(self, kind: str, timeout: float = 5.0) -> Frame:
+        frame = await self.next_frame(timeout)
+        assert frame["type"] == kind, f"expected {kind!r}, got {frame}"
+        return frame
+
+    async def join(self, room: str) -> Frame:
+        await self.send({"type": "join", "room": room})
+        return await self.expect("joined")
+
+    async def say(self, room: str, text: str, **extra: Any) -> None:
+        await self.send({"type": "send", "room": room, "text": text, **extra})
+
+    async def messages(self, count: int, timeout: float = 5.0) -> list[Frame]:
+        """The next ``count`` frames, all of which must be ``message`` frames."""
+        return [await self.expect("message", timeout) for _ in range(count)]
+
+    async def closed_with(self, timeout: float = 5.0) -> int:
+        """Read until the server closes the socket; return the close code it sent."""
+        async with asyncio.timeout(timeout):
+            with contextlib.suppress(ConnectionClosed):
+                while True:
+                    await self.ws.recv()
+        assert self.ws.close_code is not None
+        return self.ws.close_code
+
+    async def is_responsive(self) -> bool:
+        """The socket is open and the server answers a ping."""
+        await self.send({"type": "ping"})
+        return (await self.expect("pong"))["type"] == "pong"

@@ -1,0 +1,236 @@
+"""Bad input and limits over a real socket: each gets its documented answer, nothing else breaks."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+from typing import Any
+
+import pytest
+from websockets.asyncio.client import connect
+
+from app.errors import CloseCode
+from tests.helpers import ChatClient, LiveServer, make_settings, run_server, wait_until
+
+BAD_FRAMES: list[tuple[str, str, str]] = [
+    # (id, raw text frame, expected error code)
+    ("not-json", "hello", "bad_json"),
+    ("truncated-json", '{"type":"join"', "bad_json"),
+    ("array", '["join","r"]', "bad_frame"),
+    ("number", "42", "bad_frame"),
+    ("no-type", '{"room":"r"}', "bad_frame"),
+    ("type-not-string", '{"type":1}', "bad_frame"),
+    ("unknown-type", '{"type":"shout","room":"r"}', "unknown_type"),
+    ("join-no-room", '{"type":"join"}', "bad_frame"),
+    ("join-room-number", '{"type":"join","room":5}', "bad_frame"),
+    ("join-room-html", '{"type":"join","room":"<b>x</b>"}', "bad_frame"),
+    ("join-room-too-long", '{"type":"join","room":"' + "r" * 65 + '"}', "bad_frame"),
+    ("join-room-empty", '{"type":"join","room":""}', "bad_frame"),
+    ("send-no-text", '{"type":"send","room":"r"}', "bad_frame"),
+    ("send-text-list", '{"type":"send","room":"r","text":["x"]}', "bad_frame"),
+    ("send-bad-cid", '{"type":"send","room":"r","text":"x","cid":{"a":1}}', "bad_frame"),
+    ("send-not-joined", '{"type":"send","room":"elsewhere","text":"x"}', "not_joined"),
+    ("leave-not-joined", '{"type":"leave","room":"elsewhere"}', "not_joined"),
+    (
+        "send-text-too-long",
+        '{"type":"send","room":"r","text":"' + "x" * 101 + '"}',
+        "text_too_long",
+    ),
+    ("deep-json", "[" * 5000 + "]" * 5000, "bad_json"),
+    ("huge-number", '{"type":"join","room":1' + "0" * 400 + "}", "bad_json"),
+    ("nul-in-room", '{"type":"join","room":"a\\u0000b"}', "bad_frame"),
+]
+
+
+@pytest.fixture
+async def limited() -> Any:
+    async with run_server(make_settings(max_text_chars=100)) as live:
+        yield live
+
+
+@pytest.mark.parametrize(
+    ("raw", "code"), [(r, c) for _, r, c in BAD_FRAMES], ids=[i for i, _, _ in BAD_FRAMES]
+)
+async def test_bad_frame_gets_error_and_connection_stays(
+    limited: LiveServer, raw: str, code: str
+) -> None:
+    """Each malformed or refused frame gets an error frame with its code; the socket stays
+    usable and another member of the same room is unaffected."""
+    async with (
+        ChatClient.connect(limited.ws_url("bad")) as bad,
+        ChatClient.connect(limited.ws_url("good")) as good,
+    ):
+        await bad.join("r")
+        await good.join("r")
+        await bad.ws.send(raw)
+        error = await bad.expect("error")
+        assert error["code"] == code
+        assert isinstance(error["message"], str) and error["message"]
+        await bad.say("r", "still here")
+        assert (await good.expect("message"))["text"] == "still here"
+        assert (await bad.expect("message"))["text"] == "still here"
+
+
+async def test_error_echoes_cid(server: LiveServer) -> None:
+    """A refused send names the frame type and its cid, so the client can match it."""
+    async with ChatClient.connect(server.ws_url("a")) as a:
+        await a.say("nowhere", "x", cid="m-9")
+        error = await a.expect("error")
+        assert error["code"] == "not_joined"
+        assert error["ref"] == "send" and error["cid"] == "m-9"
+
+
+async def test_binary_frame_is_refused(server: LiveServer) -> None:
+    """Binary frames get an error; the socket stays open."""
+    async with ChatClient.connect(server.ws_url("a")) as a:
+        await a.ws.send(b"\x00\x01binary")
+        assert (await a.expect("error"))["code"] == "binary_unsupported"
+        assert await a.is_responsive()
+
+
+async def test_invalid_utf8_closes_1007(server: LiveServer) -> None:
+    """A text frame that is not UTF-8 is a protocol error: the server closes with 1007."""
+    async with ChatClient.connect(server.ws_url("a")) as a:
+        # websockets refuses to send invalid UTF-8 as text, so write the raw frame ourselves.
+        payload = b"\xff\xfe"
+        mask = b"\x00\x00\x00\x00"
+        a.ws.transport.write(bytes([0x81, 0x80 | len(payload)]) + mask + payload)
+        assert await a.closed_with() == 1007
+    async with ChatClient.connect(server.ws_url("b")) as b:
+        assert await b.is_responsive()
+
+
+async def test_oversize_frame_closes_1009() -> None:
+    """A frame above max_frame_bytes closes the connection with 1009; others carry on."""
+    async with run_server(make_settings(max_frame_bytes=1024)) as live:
+        async with (
+            ChatClient.connect(live.ws_url("big")) as big,
+            ChatClient.connect(live.ws_url("ok")) as ok,
+        ):
+            await big.ws.send('{"type":"ping","pad":"' + "x" * 2000 + '"}')
+            assert await big.closed_with() == CloseCode.MESSAGE_TOO_BIG
+            assert await ok.is_responsive()
+
+
+async def test_too_many_rooms() -> None:
+    """Joining more than max_rooms_per_connection rooms is refused with an error."""
+    async with run_server(make_settings(max_rooms_per_connection=3)) as live:
+        async with ChatClient.connect(live.ws_url("a")) as a:
+            for n in range(3):
+                await a.join(f"r{n}")
+            await a.send({"type": "join", "room": "r3"})
+            error = await a.expect("error")
+            assert error["code"] == "too_many_rooms" and error["ref"] == "join"
+            await a.send({"type": "leave", "room": "r0"})
+            await a.expect("left")
+            assert (await a.join("r3"))["room"] == "r3"
+
+
+async def test_rate_limit_then_policy_close() -> None:
+    """Past the burst, frames get `rate_limited` errors; persisting gets a 1008 close."""
+    settings = make_settings(
+        rate_limit_frames_per_s=1.0, rate_limit_burst=5, rate_limit_max_violations=10
+    )
+    async with run_server(settings) as live:
+        async with (
+            ChatClient.connect(live.ws_url("spammer")) as spammer,
+            ChatClient.connect(live.ws_url("calm")) as calm,
+        ):
+            await spammer.join("r")
+            await calm.join("r")
+            for n in range(4):
+                await spammer.say("r", f"m{n}", cid=n)
+            for _ in range(4):
+                await spammer.expect("message")
+                await spammer.expect("ack")
+            await spammer.say("r", "one too many", cid="x")
+            error = await spammer.expect("error")
+            assert error["code"] == "rate_limited" and error["cid"] == "x"
+            for n in range(20):
+                await spammer.say("r", f"flood{n}")
+            assert await spammer.closed_with() == CloseCode.POLICY_VIOLATION
+            # calm saw exactly the four accepted messages and is still served.
+            assert [m["text"] for m in await calm.messages(4)] == [f"m{n}" for n in range(4)]
+            assert await calm.is_responsive()
+
+
+async def test_max_connections_refused_with_1013() -> None:
+    """Past max_connections an upgrade is accepted and closed with 1013; a slot freed is
+    usable again."""
+    async with run_server(make_settings(max_connections=2)) as live:
+        async with contextlib.AsyncExitStack() as stack:
+            first = await stack.enter_async_context(ChatClient.connect(live.ws_url("a")))
+            await stack.enter_async_context(ChatClient.connect(live.ws_url("b")))
+            async with connect(live.ws_url("c")) as third:
+                assert await ChatClient(third).closed_with() == CloseCode.TRY_AGAIN_LATER
+            assert await first.is_responsive()
+            await first.ws.close()
+            await wait_until(lambda: len(live.state.hub.connections) == 1)
+            async with ChatClient.connect(live.ws_url("d")) as fourth:
+                assert await fourth.is_responsive()
+
+
+async def test_invalid_name_closes_1008(server: LiveServer) -> None:
+    """An invalid ?name= is refused with 1008 after the upgrade."""
+    async with connect(server.ws_url("bad%20name<script>")) as ws:
+        assert await ChatClient(ws).closed_with() == CloseCode.POLICY_VIOLATION
+        assert ws.close_reason == "invalid name"
+
+
+async def _raw_upgrade(port: int, rcvbuf: int) -> socket.socket:
+    """A WebSocket client socket, upgraded, that the test then never reads from."""
+    loop = asyncio.get_running_loop()
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
+    sock.setblocking(False)
+    await loop.sock_connect(sock, ("127.0.0.1", port))
+    await loop.sock_sendall(
+        sock,
+        b"GET /ws?name=slow HTTP/1.1\r\nHost: 127.0.0.1\r\nUpgrade: websocket\r\n"
+        b"Connection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
+        b"Sec-WebSocket-Version: 13\r\n\r\n",
+    )
+    response = b""
+    while b"\r\n\r\n" not in response:
+        response += await loop.sock_recv(sock, 1024)
+    assert response.startswith(b"HTTP/1.1 101"), response
+    return sock
+
+
+def _client_frame(text: str) -> bytes:
+    payload = text.encode()
+    assert len(payload) < 126
+    return bytes([0x81, 0x80 | len(payload)]) + b"\x00\x00\x00\x00" + payload
+
+
+async def test_slow_consumer_closed_others_keep_up() -> None:
+    """A member that never reads is dropped with 4008 once its outbox overflows, while the
+    publisher and the other members receive every message, promptly."""
+    settings = make_settings(outbox_max_bytes=16_384, close_timeout_s=0.5)
+    async with run_server(settings) as live:
+        slow = await _raw_upgrade(live.port, rcvbuf=4096)
+        try:
+            await asyncio.get_running_loop().sock_sendall(
+                slow, _client_frame('{"type":"join","room":"r"}')
+            )
+            await wait_until(lambda: len(live.state.hub.members("r")) == 1)
+            (slow_conn,) = live.state.hub.members("r")
+            async with (
+                ChatClient.connect(live.ws_url("pub")) as pub,
+                ChatClient.connect(live.ws_url("fast")) as fast,
+            ):
+                await pub.join("r")
+                await fast.join("r")
+                total, text = 3000, "x" * 1000
+                fast_reader = asyncio.create_task(fast.messages(total, timeout=10))
+                for n in range(total):  # closed loop: the publisher waits for its own echo
+                    await pub.say("r", f"{n}:{text}")
+                    assert (await pub.expect("message"))["text"].startswith(f"{n}:")
+                got = await fast_reader
+                assert [int(m["text"].split(":")[0]) for m in got] == list(range(total))
+                assert slow_conn.close_code == CloseCode.SLOW_CONSUMER
+                await wait_until(lambda: slow_conn not in live.state.hub.connections)
+                assert all(conn.user != "slow" for conn in live.state.hub.members("r"))
+        finally:
+            slow.close()
