@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from fastapi import APIRouter, Request, WebSocket
-from fastapi.responses import ORJSONResponse
+from fastapi.responses import JSONResponse
 
 from app.session import serve
 from app.state import ChatState
@@ -18,19 +18,19 @@ async def websocket_endpoint(ws: WebSocket) -> None:
     await serve(ws, state.hub, state.broker, state.settings)
 
 
-@router.get("/healthz", response_class=ORJSONResponse)
-async def healthz() -> ORJSONResponse:
+@router.get("/healthz")
+async def healthz() -> dict[str, str]:
     """Liveness: the worker's event loop answers. Deliberately checks nothing else."""
-    return ORJSONResponse({"status": "ok"})
+    return {"status": "ok"}
 
 
-@router.get("/readyz", response_class=ORJSONResponse)
-async def readyz(request: Request) -> ORJSONResponse:
+@router.get("/readyz", responses={503: {"description": "not ready"}})
+async def readyz(request: Request) -> JSONResponse:
     """Readiness: the broker is up and this worker is not draining. 503 otherwise."""
     state: ChatState = request.app.state.chat
     checks = {"broker": state.broker.ready, "accepting": not state.draining}
     ready = all(checks.values())
-    return ORJSONResponse(
+    return JSONResponse(
         {"status": "ready" if ready else "unavailable", "checks": checks},
         status_code=200 if ready else 503,
     )

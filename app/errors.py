@@ -13,6 +13,7 @@ class CloseCode(IntEnum):
     """WebSocket close codes the server sends, with the client's reconnect policy."""
 
     NORMAL_CLOSURE = 1000
+    INVALID_DATA = 1007  # sent by uvicorn for a text frame that is not UTF-8
     POLICY_VIOLATION = 1008
     MESSAGE_TOO_BIG = 1009
     INTERNAL_ERROR = 1011
@@ -28,7 +29,12 @@ class CloseCode(IntEnum):
 
 
 _TERMINAL = frozenset(
-    {CloseCode.NORMAL_CLOSURE, CloseCode.POLICY_VIOLATION, CloseCode.MESSAGE_TOO_BIG}
+    {
+        CloseCode.NORMAL_CLOSURE,
+        CloseCode.INVALID_DATA,
+        CloseCode.POLICY_VIOLATION,
+        CloseCode.MESSAGE_TOO_BIG,
+    }
 )
 
 

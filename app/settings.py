@@ -45,7 +45,7 @@ class Settings(BaseSettings):
         10.0,
         gt=0,
         description="A connection that sends no frame within this many seconds after a ping "
-        "is closed with 4009. Must be below `heartbeat_interval_s`.",
+        "is closed with 4009. Must be below `CHAT_HEARTBEAT_INTERVAL_S`.",
     )
     close_timeout_s: float = Field(
         5.0,
@@ -83,7 +83,7 @@ class Settings(BaseSettings):
     rate_limit_max_violations: int = Field(
         50,
         ge=1,
-        description="Rate-limited frames tolerated within `rate_limit_violation_window_s`; "
+        description="Rate-limited frames tolerated within `CHAT_RATE_LIMIT_VIOLATION_WINDOW_S`; "
         "one more closes the connection with 1008.",
     )
     rate_limit_violation_window_s: float = Field(

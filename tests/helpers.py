@@ -143,4 +143,5 @@ class ChatClient:
     async def is_responsive(self) -> bool:
         """The socket is open and the server answers a ping."""
         await self.send({"type": "ping"})
-        return (await self.expect("pong"))["type"] == "pong"
+        frame = await self.expect("pong")
+        return bool(frame == {"type": "pong"})

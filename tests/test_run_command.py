@@ -1,0 +1,76 @@
+"""`python -m app` (what `make run` starts) serves a chat two clients can use."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import httpx2 as httpx
+import pytest
+from fastapi.testclient import TestClient
+
+from app.main import create_app
+from tests.helpers import ChatClient, free_port, make_settings
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture
+async def served() -> AsyncIterator[str]:
+    port = free_port()
+    env = {**os.environ, "CHAT_PORT": str(port), "CHAT_LOG_LEVEL": "warning"}
+    proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "app", cwd=ROOT, env=env)
+    base = f"127.0.0.1:{port}"
+    try:
+        async with httpx.AsyncClient() as http, asyncio.timeout(20):
+            while True:
+                assert proc.returncode is None, "server exited"
+                try:
+                    if (await http.get(f"http://{base}/readyz")).status_code == 200:
+                        break
+                except httpx.TransportError:
+                    await asyncio.sleep(0.1)
+        yield base
+    finally:
+        proc.terminate()
+        async with asyncio.timeout(15):
+            # uvicorn shuts down gracefully, then re-raises SIGTERM so the exit shows the signal.
+            assert await proc.wait() in (0, -signal.SIGTERM)
+
+
+async def test_make_run_serves_chat(served: str) -> None:
+    """Two websockets clients chat through the standalone server; health endpoints answer."""
+    async with (
+        ChatClient.connect(f"ws://{served}/ws?name=ann") as ann,
+        ChatClient.connect(f"ws://{served}/ws?name=ben") as ben,
+    ):
+        await ann.join("lobby")
+        await ben.join("lobby")
+        await ann.say("lobby", "hello ben")
+        assert (await ben.expect("message"))["text"] == "hello ben"
+        await ben.say("lobby", "hello ann")
+        got = [m["text"] for m in await ann.messages(2)]
+        assert got == ["hello ben", "hello ann"]
+    async with httpx.AsyncClient() as http:
+        assert (await http.get(f"http://{served}/healthz")).json() == {"status": "ok"}
+        ready = (await http.get(f"http://{served}/readyz")).json()
+        assert ready["status"] == "ready"
+
+
+def test_in_process_client() -> None:
+    """The app also works under Starlette's TestClient (no server), readiness included."""
+    with TestClient(create_app(make_settings())) as client:
+        assert client.get("/readyz").status_code == 200
+        with client.websocket_connect("/ws?name=tc") as ws:
+            assert ws.receive_json()["type"] == "hello"
+            ws.send_json({"type": "join", "room": "r"})
+            assert ws.receive_json() == {"type": "joined", "room": "r"}
+            ws.send_json({"type": "send", "room": "r", "text": "hi", "cid": 1})
+            frames = ws.receive_text().split("\n")
+            while len(frames) < 2:
+                frames += ws.receive_text().split("\n")
+            assert [f.split(",")[0] for f in frames] == ['{"type":"message"', '{"type":"ack"']
