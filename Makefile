@@ -11,6 +11,8 @@ VENV := .venv
 STAMP := $(VENV)/.synced
 export UV_PYTHON_DOWNLOADS := never
 export UV_PROJECT_ENVIRONMENT := $(VENV)
+# Trust the machine's CA store (corporate proxies, mirrors), like pip and apt do.
+export UV_SYSTEM_CERTS := 1
 # Debian packages the test suite drives for real (binary:package).
 DEB_TEST_DEPS := redis-server:redis-server
 
