@@ -8,7 +8,7 @@ import sys
 import uvicorn
 
 from app.main import create_app
-from app.server import uvicorn_options
+from app.server import DrainingServer, uvicorn_options
 from app.settings import SettingsError, load_settings
 
 
@@ -19,13 +19,14 @@ def main() -> int:
     except SettingsError as exc:
         print(f"hubbub: {exc}", file=sys.stderr)
         return 2
-    uvicorn.run(
+    config = uvicorn.Config(
         create_app(settings),
         host=settings.host,
         port=settings.port,
         log_level=settings.log_level,
         **uvicorn_options(settings),
     )
+    DrainingServer(config).run()
     return 0
 
 

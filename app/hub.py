@@ -1,40 +1,78 @@
-"""Hub: this worker's connections and which rooms they are in; fans messages out locally.
+"""Hub: this worker's connections, the rooms they are in, and local fan-out.
 
-One Hub per worker. It is the broker's ``on_message`` callback and never awaits a socket:
-delivering a message is a loop of :meth:`Connection.offer <app.connection.Connection.offer>`
-calls, each a bounded append. It subscribes the broker to a room when the room's first local
-member joins and unsubscribes when the last one leaves, so a worker hears only the rooms its
-clients are in.
+One Hub per worker. It is the broker's :class:`~app.broker.BrokerHandler` and never awaits a
+socket: delivering a message is a loop of :meth:`Connection.offer
+<app.connection.Connection.offer>` calls, each a bounded append. It subscribes the broker to a
+room when the room's first local member joins and unsubscribes when the last one leaves (and
+likewise to a user's direct messages), so a worker hears only what its clients need. It tells
+the broker of presence changes per (room, user), however many tabs the user has here.
 """
 
 from __future__ import annotations
 
+import contextlib
+from collections import Counter
+from dataclasses import dataclass
+
+import orjson
+
 from app.broker import Broker
 from app.connection import Connection
+from app.errors import BrokerUnavailable
+from app.protocol import joined_frame
+
+_Buffer = list[tuple[str, int]]
+
+
+@dataclass(frozen=True, slots=True)
+class JoinOutcome:
+    """What a join replayed: ``recovered`` is None for a join without ``since``."""
+
+    recovered: bool | None
+    replayed: int
 
 
 class Hub:
-    """Rooms → local connections, plus the set of every open connection of this worker."""
+    """Rooms → local connections, users → local connections, and every open connection."""
 
     def __init__(self, broker: Broker, max_connections: int) -> None:
         self._broker = broker
         self._max_connections = max_connections
         self._rooms: dict[str, set[Connection]] = {}
+        # Connections between "subscribed" and "history replayed": live frames wait here.
+        self._joining: dict[str, dict[Connection, _Buffer]] = {}
+        self._users: dict[str, set[Connection]] = {}
+        self._present: Counter[tuple[str, str]] = Counter()
         self.connections: set[Connection] = set()
+        self.draining = False
 
-    def deliver(self, room: str, payload: bytes) -> None:
+    # -- delivery (called by the broker; never awaits) ---------------------------------------
+
+    def deliver_room(self, room: str, payload: bytes) -> None:
         """Queue ``payload`` (one encoded frame) on every local member of ``room``.
 
-        The payload is decoded once for all recipients. Offers never change room membership
-        (a slow consumer's close happens later, in its own task), so iterating is safe.
+        The payload is decoded once for all recipients. Offers never change membership (a slow
+        consumer's close happens later, in its own task), so iterating is safe.
         """
-        members = self._rooms.get(room)
-        if not members:
-            return
         frame = payload.decode()
         nbytes = len(payload)
-        for conn in members:
-            conn.offer(frame, nbytes)
+        members = self._rooms.get(room)
+        if members:
+            for conn in members:
+                conn.offer(frame, nbytes)
+        if self._joining:
+            for buffer in self._joining.get(room, {}).values():
+                buffer.append((frame, nbytes))
+
+    def deliver_user(self, user: str, payload: bytes) -> None:
+        """Queue a direct message on every local connection of ``user``."""
+        conns = self._users.get(user)
+        if conns:
+            frame = payload.decode()
+            for conn in conns:
+                conn.offer(frame, len(payload))
+
+    # -- connections ------------------------------------------------------------------------
 
     def add(self, conn: Connection) -> bool:
         """Register a new connection; False when this worker is at ``max_connections``."""
@@ -43,44 +81,117 @@ class Hub:
         self.connections.add(conn)
         return True
 
+    async def register_user(self, conn: Connection) -> None:
+        """Route direct messages for ``conn.user`` here (first local connection subscribes)."""
+        conns = self._users.setdefault(conn.user, set())
+        conns.add(conn)
+        if len(conns) == 1:
+            await self._broker.subscribe_user(conn.user)
+
     async def remove(self, conn: Connection) -> None:
-        """Unregister ``conn`` and take it out of every room it is in."""
+        """Unregister ``conn``: out of every room, and out of its user's routing."""
         self.connections.discard(conn)
         for room in list(conn.rooms):
             await self.leave(conn, room)
+        conns = self._users.get(conn.user)
+        if conns is not None and conn in conns:
+            conns.discard(conn)
+            if not conns:
+                del self._users[conn.user]
+                await self._broker.unsubscribe_user(conn.user)
 
-    async def join(self, conn: Connection, room: str) -> None:
-        """Add ``conn`` to ``room``; returns once the broker delivers that room here.
+    # -- rooms ------------------------------------------------------------------------------
 
-        If the broker subscription fails, ``conn`` is not in the room and the error propagates.
+    async def join(self, conn: Connection, room: str, since: int | None) -> JoinOutcome:
+        """Put ``conn`` in ``room`` and queue its ``joined`` frame, then (with ``since``) the
+        missed messages, then live ones: no gap, no duplicate, in id order.
+
+        Raises :class:`BrokerUnavailable` (and ``conn`` is not in the room) when the broker is
+        down. Subscribing comes before reading history; live frames that arrive meanwhile are
+        buffered and released after the replay, minus those the replay already held.
         """
-        members = self._rooms.get(room)
-        if members is not None:
-            members.add(conn)
-            conn.rooms.add(room)
-            return
-        self._rooms[room] = {conn}
+        if not self._broker.ready:
+            raise BrokerUnavailable("the broker is not connected")
+        first_here = room not in self._rooms and room not in self._joining
+        buffer: _Buffer = []
+        self._joining.setdefault(room, {})[conn] = buffer
         conn.rooms.add(room)
+        key = (room, conn.user)
+        counted = False
         try:
-            await self._broker.subscribe(room)
+            if first_here:
+                await self._broker.subscribe_room(room)
+            history = None if since is None else await self._broker.history_since(room, since)
+            self._present[key] += 1
+            counted = True
+            if self._present[key] == 1:
+                await self._broker.presence_join(room, conn.user)
+            presence = await self._broker.presence(room)
         except BaseException:
+            if counted:
+                self._present[key] -= 1
+                if self._present[key] == 0:
+                    del self._present[key]
+            self._stop_joining(conn, room)
             await self.leave(conn, room)
             raise
+        # From here on nothing awaits: the replay and the buffered frames go out in one piece.
+        self._stop_joining(conn, room)
+        self._rooms.setdefault(room, set()).add(conn)
+        recovered = None if history is None else history.recovered
+        conn.offer(joined_frame(room, recovered, presence.count, presence.users))
+        last_replayed = since or 0
+        if history is not None:
+            for payload in history.frames:
+                conn.offer(payload.decode(), len(payload))
+            if history.frames:
+                last_replayed = int(orjson.loads(history.frames[-1])["id"])
+        for frame, nbytes in buffer:
+            message_id = _message_id(frame)
+            if history is not None and message_id is not None and message_id <= last_replayed:
+                continue  # already in the replay
+            conn.offer(frame, nbytes)
+        return JoinOutcome(recovered, len(history.frames) if history else 0)
+
+    def _stop_joining(self, conn: Connection, room: str) -> None:
+        joining = self._joining.get(room)
+        if joining is not None:
+            joining.pop(conn, None)
+            if not joining:
+                del self._joining[room]
 
     async def leave(self, conn: Connection, room: str) -> None:
-        """Take ``conn`` out of ``room``; the last member out unsubscribes the broker."""
+        """Take ``conn`` out of ``room``; the last local member out unsubscribes the broker."""
+        if room not in conn.rooms:
+            return
         conn.rooms.discard(room)
         members = self._rooms.get(room)
-        if members is None:
-            return
-        members.discard(conn)
-        if not members:
-            del self._rooms[room]
-            await self._broker.unsubscribe(room)
+        was_member = members is not None and conn in members
+        if members is not None:
+            members.discard(conn)
+            if not members:
+                del self._rooms[room]
+        key = (room, conn.user)
+        if was_member and self._present[key] > 0:
+            self._present[key] -= 1
+            if self._present[key] == 0:
+                del self._present[key]
+                # When the broker is down, the entry expires by itself (nobody refreshes it).
+                with contextlib.suppress(BrokerUnavailable):
+                    await self._broker.presence_leave(room, conn.user)
+        if room not in self._rooms and room not in self._joining:
+            await self._broker.unsubscribe_room(room)
 
     def members(self, room: str) -> frozenset[Connection]:
         return frozenset(self._rooms.get(room, ()))
 
     @property
     def room_count(self) -> int:
-        return len(self._rooms)
+        return len(self._rooms) + len(self._joining)
+
+
+def _message_id(frame: str) -> int | None:
+    """The id of a ``message`` frame; None for frames without one (presence)."""
+    if not frame.startswith('{"type":"message"'):
+        return None
+    return int(orjson.loads(frame)["id"])

@@ -36,7 +36,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         hub = Hub(broker, settings.max_connections)
         state = ChatState(settings, broker, hub)
         app.state.chat = state
-        await broker.start(hub.deliver)
+        await broker.start(hub)
         heartbeat = asyncio.create_task(
             run_heartbeat(hub, settings.heartbeat_interval_s, settings.heartbeat_timeout_s),
             name="heartbeat",
@@ -45,7 +45,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         try:
             yield
         finally:
-            state.draining = True
+            hub.draining = True
             heartbeat.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await heartbeat

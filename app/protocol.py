@@ -13,7 +13,15 @@ from __future__ import annotations
 from typing import Annotated, Any, Final, Literal
 
 import orjson
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, TypeAdapter, ValidationError
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    TypeAdapter,
+    ValidationError,
+    model_validator,
+)
 
 from app.errors import ErrorCode, FrameError
 
@@ -37,6 +45,7 @@ class _Frame(BaseModel):
 class Join(_Frame):
     type: Literal["join"]
     room: RoomName
+    since: Annotated[int, Field(ge=0, lt=2**63)] | None = None
 
 
 class Leave(_Frame):
@@ -45,10 +54,19 @@ class Leave(_Frame):
 
 
 class Send(_Frame):
+    """To a room (``room``) or to every connection of one user (``to``): exactly one of them."""
+
     type: Literal["send"]
-    room: RoomName
+    room: RoomName | None = None
+    to: UserName | None = None
     text: str
     cid: ClientMessageId | None = None
+
+    @model_validator(mode="after")
+    def _one_target(self) -> Send:
+        if (self.room is None) == (self.to is None):
+            raise ValueError("give exactly one of room or to")
+        return self
 
 
 class Ping(_Frame):
@@ -90,7 +108,7 @@ def _describe(exc: ValidationError) -> str:
     first = exc.errors(include_url=False, include_input=False)[0]
     # loc is (tag, field, ...) for a discriminated union; only the field means anything to a client.
     field = str(first["loc"][1]) if len(first["loc"]) > 1 else "frame"
-    message = first["msg"]
+    message = first["msg"].removeprefix("Value error, ")
     if field == "cid":
         message = f"must be a string of 1 to {CID_MAX_CHARS} characters or a 64-bit integer"
     elif first["type"] == "string_pattern_mismatch":
@@ -110,6 +128,20 @@ def encode_message(room: str, message_id: int, user: str, text: str, ts_ms: int)
     )
 
 
+def encode_direct(to: str, message_id: int, sender: str, text: str, ts_ms: int) -> bytes:
+    """A direct ``message`` frame: like a room message, with ``to`` instead of ``room``."""
+    return orjson.dumps(
+        {"type": "message", "to": to, "id": message_id, "user": sender, "text": text, "ts": ts_ms}
+    )
+
+
+def presence_frame(room: str, event: str, user: str | None, count: int) -> dict[str, Any]:
+    """A ``presence`` frame; without ``user`` (big rooms) it only carries the new count."""
+    if user is None:
+        return {"type": "presence", "room": room, "count": count}
+    return {"type": "presence", "room": room, "event": event, "user": user, "count": count}
+
+
 PING_FRAME: Final = encode({"type": "ping"})
 PONG_FRAME: Final = encode({"type": "pong"})
 
@@ -118,8 +150,16 @@ def hello_frame(user: str, connection_id: str, limits: dict[str, int | float]) -
     return encode({"type": "hello", "user": user, "conn": connection_id, "limits": limits})
 
 
-def joined_frame(room: str) -> str:
-    return encode({"type": "joined", "room": room})
+def joined_frame(room: str, recovered: bool | None, count: int, users: list[str] | None) -> str:
+    """``joined``: ``recovered`` only for a join with ``since``; ``users`` only below the
+    presence threshold."""
+    frame: dict[str, Any] = {"type": "joined", "room": room}
+    if recovered is not None:
+        frame["recovered"] = recovered
+    frame["count"] = count
+    if users is not None:
+        frame["users"] = users
+    return encode(frame)
 
 
 def left_frame(room: str) -> str:

@@ -1,10 +1,20 @@
-"""Uvicorn options derived from the settings, shared by ``python -m app`` and Gunicorn."""
+"""Running the app under uvicorn: options from the settings, and a server that drains.
+
+Shared by ``python -m app`` and the Gunicorn worker (:mod:`app.worker`).
+"""
 
 from __future__ import annotations
 
+import asyncio
+import signal
+from types import FrameType
 from typing import Any
 
+import uvicorn
+
+from app.drain import drain
 from app.settings import Settings
+from app.state import ChatState
 
 
 def uvicorn_options(settings: Settings) -> dict[str, Any]:
@@ -20,4 +30,46 @@ def uvicorn_options(settings: Settings) -> dict[str, Any]:
         "ws_ping_timeout": None,
         "lifespan": "on",
         "server_header": False,
+        # Past the drain, uvicorn closes what is left with 1012 and waits this long for tasks.
+        "timeout_graceful_shutdown": settings.close_timeout_s + 1,
     }
+
+
+class DrainingServer(uvicorn.Server):
+    """A uvicorn server whose first SIGTERM drains (:func:`app.drain.drain`) before it stops.
+
+    A second SIGTERM, or SIGINT, stops at once the way uvicorn does (every socket gets 1012).
+    """
+
+    def __init__(self, config: uvicorn.Config) -> None:
+        super().__init__(config)
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._drain_task: asyncio.Task[None] | None = None
+
+    async def serve(self, sockets: Any = None) -> None:
+        self._loop = asyncio.get_running_loop()
+        await super().serve(sockets=sockets)
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        state = getattr(getattr(self.config.app, "state", None), "chat", None)
+        if (
+            sig == signal.SIGTERM
+            and self._drain_task is None
+            and self._loop is not None
+            and isinstance(state, ChatState)
+        ):
+            self._captured_signals.append(sig)  # re-raised after shutdown, as uvicorn does
+            self._loop.call_soon_threadsafe(self._start_drain, state)
+            return
+        super().handle_exit(sig, frame)
+
+    def _start_drain(self, state: ChatState) -> None:
+        if self._drain_task is None:
+            self._drain_task = asyncio.create_task(self._drain_then_exit(state))
+
+    async def _drain_then_exit(self, state: ChatState) -> None:
+        settings = state.settings
+        try:
+            await drain(state.hub, settings.drain_window_s, settings.close_timeout_s)
+        finally:
+            self.should_exit = True

@@ -15,7 +15,7 @@ import secrets
 
 from starlette.websockets import WebSocket
 
-from app.broker import Broker
+from app.broker import Broker, RoomPresence
 from app.connection import Connection
 from app.errors import BrokerUnavailable, CloseCode, ErrorCode, FrameError
 from app.hub import Hub
@@ -78,20 +78,27 @@ class Session:
 
     async def _join(self, frame: Join) -> None:
         conn = self.conn
-        if frame.room not in conn.rooms:
-            if len(conn.rooms) >= self._settings.max_rooms_per_connection:
-                raise FrameError(
-                    ErrorCode.TOO_MANY_ROOMS,
-                    f"a connection may be in at most {self._settings.max_rooms_per_connection} "
-                    "rooms",
-                )
-            try:
-                await self._hub.join(conn, frame.room)
-            except BrokerUnavailable:
-                raise FrameError(
-                    ErrorCode.BROKER_UNAVAILABLE, "cannot join now, try again"
-                ) from None
-        conn.offer(joined_frame(frame.room))
+        if frame.room in conn.rooms:
+            if frame.since is None:
+                presence = await self._presence(frame.room)
+                conn.offer(joined_frame(frame.room, None, presence.count, presence.users))
+                return
+            await self._hub.leave(conn, frame.room)  # rejoin to replay from `since`
+        if len(conn.rooms) >= self._settings.max_rooms_per_connection:
+            raise FrameError(
+                ErrorCode.TOO_MANY_ROOMS,
+                f"a connection may be in at most {self._settings.max_rooms_per_connection} rooms",
+            )
+        try:
+            await self._hub.join(conn, frame.room, frame.since)
+        except BrokerUnavailable:
+            raise FrameError(ErrorCode.BROKER_UNAVAILABLE, "cannot join now, try again") from None
+
+    async def _presence(self, room: str) -> RoomPresence:
+        try:
+            return await self._broker.presence(room)
+        except BrokerUnavailable:
+            raise FrameError(ErrorCode.BROKER_UNAVAILABLE, "cannot join now, try again") from None
 
     async def _leave(self, frame: Leave) -> None:
         if frame.room not in self.conn.rooms:
@@ -101,7 +108,7 @@ class Session:
 
     async def _send(self, frame: Send) -> None:
         conn = self.conn
-        if frame.room not in conn.rooms:
+        if frame.room is not None and frame.room not in conn.rooms:
             raise FrameError(ErrorCode.NOT_JOINED, f"join room {frame.room!r} before sending")
         if len(frame.text) > self._settings.max_text_chars:
             raise FrameError(
@@ -110,7 +117,13 @@ class Session:
                 f"{self._settings.max_text_chars} are allowed",
             )
         try:
-            published = await self._broker.publish(frame.room, conn.user, frame.text, frame.cid)
+            if frame.room is not None:
+                published = await self._broker.publish(frame.room, conn.user, frame.text, frame.cid)
+            else:
+                assert frame.to is not None  # the model guarantees room xor to
+                published = await self._broker.publish_direct(
+                    conn.user, frame.to, frame.text, frame.cid
+                )
         except BrokerUnavailable:
             raise FrameError(
                 ErrorCode.BROKER_UNAVAILABLE, "message not sent: the broker is unavailable"
@@ -151,6 +164,10 @@ async def serve(ws: WebSocket, hub: Hub, broker: Broker, settings: Settings) -> 
         settings.close_timeout_s,
         now,
     )
+    if hub.draining:
+        await ws.accept()
+        await ws.close(CloseCode.SERVICE_RESTART, "draining")
+        return
     if not hub.add(conn):
         await ws.accept()
         await ws.close(CloseCode.TRY_AGAIN_LATER, "server full")
@@ -162,6 +179,7 @@ async def serve(ws: WebSocket, hub: Hub, broker: Broker, settings: Settings) -> 
             await ws.close(CloseCode.POLICY_VIOLATION, "invalid name")
             return
         logger.info("open conn=%s user=%s", conn.id, conn.user)
+        await hub.register_user(conn)
         conn.offer(
             hello_frame(
                 conn.user,

@@ -116,12 +116,87 @@ class Settings(BaseSettings):
         100_000, ge=1, description="Most `cid`s remembered per broker (oldest dropped first)."
     )
 
+    redis_url: str | None = Field(
+        None,
+        pattern=r"^(redis|rediss|unix)://",
+        description="Redis for fan-out across workers and pods, e.g. `redis://redis:6379/0`. "
+        "Unset: the embedded memory broker (one worker only).",
+    )
+    redis_prefix: str = Field(
+        "hubbub",
+        pattern=r"^[A-Za-z0-9_.-]{1,32}$",
+        description="Prefix of every Redis key and channel (several deployments can share a "
+        "Redis).",
+    )
+    redis_timeout_s: float = Field(
+        2.0, gt=0, description="Timeout of one Redis command; a publish that takes longer fails."
+    )
+    redis_reconnect_max_s: float = Field(
+        5.0,
+        gt=0,
+        description="Cap of the jittered exponential backoff between Redis reconnect attempts.",
+    )
+    canary_interval_s: float = Field(
+        2.0, gt=0, description="Seconds between pub/sub canaries each worker sends itself."
+    )
+    canary_timeout_s: float = Field(
+        6.0,
+        gt=0,
+        description="A worker that hears none of its canaries for this long treats its "
+        "subscription as deaf and reconnects.",
+    )
+    history_size: int = Field(
+        1_000, ge=0, description="Messages kept per room for recovery and paging (0: none)."
+    )
+    history_ttl_s: float = Field(
+        86_400.0,
+        gt=0,
+        description="A room's history (and id counter) expires after this long without messages.",
+    )
+    memory_history_max_rooms: int = Field(
+        10_000,
+        ge=1,
+        description="Memory broker only: rooms whose history is kept (least recently active "
+        "dropped first).",
+    )
+    recovery_max_messages: int = Field(
+        500,
+        ge=0,
+        description="Most messages replayed on a join with `since`; more missed means "
+        '`"recovered": false`.',
+    )
+    history_page_max: int = Field(
+        100, ge=1, description="Largest `limit` of `GET /rooms/{room}/messages`."
+    )
+    presence_ttl_s: float = Field(
+        30.0,
+        gt=0,
+        description="Presence entries of a worker that stops refreshing them (it died) expire "
+        "after this long; refreshed every third of it.",
+    )
+    presence_max_members: int = Field(
+        100,
+        ge=0,
+        description="Rooms with more present users send counts only, not member lists and names.",
+    )
+    drain_window_s: float = Field(
+        10.0,
+        ge=0,
+        description="On SIGTERM a worker closes its connections with 1012 in paced batches "
+        "spread over this many seconds.",
+    )
+
     @model_validator(mode="after")
     def _check_relations(self) -> Self:
         if self.heartbeat_timeout_s >= self.heartbeat_interval_s:
             raise ValueError(
                 f"{ENV_PREFIX}HEARTBEAT_TIMEOUT_S ({self.heartbeat_timeout_s}) must be below "
                 f"{ENV_PREFIX}HEARTBEAT_INTERVAL_S ({self.heartbeat_interval_s})"
+            )
+        if self.canary_timeout_s <= self.canary_interval_s:
+            raise ValueError(
+                f"{ENV_PREFIX}CANARY_TIMEOUT_S ({self.canary_timeout_s}) must be above "
+                f"{ENV_PREFIX}CANARY_INTERVAL_S ({self.canary_interval_s})"
             )
         return self
 
@@ -152,6 +227,7 @@ def settings_table() -> str:
     for name, field in Settings.model_fields.items():
         default = field.default
         shown = str(default).lower() if isinstance(default, bool) else str(default)
+        shown = "(unset)" if default is None else shown
         rows.append(f"| `{ENV_PREFIX}{name.upper()}` | `{shown}` | {field.description} |")
     return "\n".join(rows)
 

@@ -14,4 +14,3 @@ class ChatState:
     settings: Settings
     broker: Broker
     hub: Hub
-    draining: bool = False

@@ -103,8 +103,11 @@ class ChatClient:
     async def send(self, frame: Frame) -> None:
         await self.ws.send(orjson.dumps(frame).decode())
 
-    async def next_frame(self, timeout: float = 5.0, skip_pings: bool = True) -> Frame:
-        """The next server frame (pings skipped unless asked for)."""
+    async def next_frame(
+        self, timeout: float = 5.0, skip: tuple[str, ...] = ("ping", "presence")
+    ) -> Frame:
+        """The next server frame whose type is not in ``skip`` (by default pings and presence
+        announcements, which arrive at times a test does not control)."""
         async with asyncio.timeout(timeout):
             while True:
                 while not self._pending:
@@ -112,11 +115,12 @@ class ChatClient:
                     assert isinstance(data, str), "server frames are text"
                     self._pending.extend(orjson.loads(line) for line in data.split("\n"))
                 frame = self._pending.popleft()
-                if not (skip_pings and frame["type"] == "ping"):
+                if frame["type"] not in skip:
                     return frame
 
     async def expect(self, kind: str, timeout: float = 5.0) -> Frame:
-        frame = await self.next_frame(timeout)
+        skip = tuple(t for t in ("ping", "presence") if t != kind)
+        frame = await self.next_frame(timeout, skip)
         assert frame["type"] == kind, f"expected {kind!r}, got {frame}"
         return frame
 

@@ -15,7 +15,8 @@ async def test_two_clients_chat(server: LiveServer) -> None:
         ChatClient.connect(server.ws_url("bob")) as bob,
     ):
         assert alice.hello["user"] == "alice"
-        assert await alice.join("lobby") == {"type": "joined", "room": "lobby"}
+        joined = await alice.join("lobby")
+        assert joined == {"type": "joined", "room": "lobby", "count": 1, "users": ["alice"]}
         await bob.join("lobby")
         await alice.say("lobby", "hi bob")
         for client in (alice, bob):

@@ -19,7 +19,7 @@ async def test_silent_client_closed_for_heartbeat_timeout() -> None:
     """A client that never answers the server's pings is closed with 4009."""
     async with run_server(make_settings(**HEARTBEAT)) as live:
         async with ChatClient.connect(live.ws_url("silent")) as silent:
-            ping = await silent.next_frame(timeout=2, skip_pings=False)
+            ping = await silent.next_frame(timeout=2, skip=())
             assert ping == {"type": "ping"}
             assert await silent.closed_with(timeout=3) == CloseCode.HEARTBEAT_TIMEOUT
             assert silent.ws.close_reason == "heartbeat timeout"
@@ -31,7 +31,7 @@ async def test_client_answering_pings_stays() -> None:
     async with run_server(make_settings(**HEARTBEAT)) as live:
         async with ChatClient.connect(live.ws_url("alive")) as alive:
             for _ in range(5):  # five full intervals, i.e. five ping/pong rounds
-                assert await alive.next_frame(timeout=2, skip_pings=False) == {"type": "ping"}
+                assert await alive.next_frame(timeout=2, skip=()) == {"type": "ping"}
                 await alive.send({"type": "pong"})
             assert await alive.is_responsive()
             assert alive.ws.close_code is None

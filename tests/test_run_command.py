@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import httpx2 as httpx
+import orjson
 import pytest
 from fastapi.testclient import TestClient
 
@@ -66,11 +67,17 @@ def test_in_process_client() -> None:
     with TestClient(create_app(make_settings())) as client:
         assert client.get("/readyz").status_code == 200
         with client.websocket_connect("/ws?name=tc") as ws:
-            assert ws.receive_json()["type"] == "hello"
+            frames: list[dict[str, object]] = []
+
+            def until(kind: str) -> dict[str, object]:
+                while not any(f["type"] == kind for f in frames):
+                    frames.extend(orjson.loads(line) for line in ws.receive_text().split("\n"))
+                return next(f for f in frames if f["type"] == kind)
+
+            assert until("hello")["user"] == "tc"
             ws.send_json({"type": "join", "room": "r"})
-            assert ws.receive_json() == {"type": "joined", "room": "r"}
+            assert until("joined")["room"] == "r"
             ws.send_json({"type": "send", "room": "r", "text": "hi", "cid": 1})
-            frames = ws.receive_text().split("\n")
-            while len(frames) < 2:
-                frames += ws.receive_text().split("\n")
-            assert [f.split(",")[0] for f in frames] == ['{"type":"message"', '{"type":"ack"']
+            assert until("ack")["id"] == until("message")["id"]
+            kinds = [f["type"] for f in frames]
+            assert kinds.index("message") < kinds.index("ack")

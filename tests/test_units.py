@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import orjson
 import pytest
 
+from app.broker import History
 from app.broker.memory import MemoryBroker
 from app.dedup import RecentIds
 from app.errors import BrokerUnavailable
 from app.outbox import Outbox
 from app.ratelimit import RateLimiter, Verdict
+from tests.helpers import make_settings
 
 
 def test_outbox_refuses_past_its_byte_bound() -> None:
@@ -66,24 +69,54 @@ def test_recent_ids_expire_and_are_bounded() -> None:
     assert recent.get("c", now=11.5) == 3
 
 
+class _Recorder:
+    """A BrokerHandler that records what it is given."""
+
+    def __init__(self) -> None:
+        self.rooms: list[tuple[str, bytes]] = []
+        self.users: list[tuple[str, bytes]] = []
+
+    def deliver_room(self, room: str, payload: bytes) -> None:
+        self.rooms.append((room, payload))
+
+    def deliver_user(self, user: str, payload: bytes) -> None:
+        self.users.append((user, payload))
+
+
 async def test_memory_broker_ids_order_and_dedup() -> None:
     """Ids increase across rooms and calls, even with a clock that stands still; a repeated
     cid returns the first id and is not delivered; unsubscribed rooms are not delivered."""
-    delivered: list[tuple[str, bytes]] = []
-    broker = MemoryBroker(dedup_ttl_s=60, dedup_max_entries=100, clock=lambda: 1000.0)
+    recorder = _Recorder()
+    broker = MemoryBroker(make_settings(dedup_ttl_s=60), clock=lambda: 1000.0)
     with pytest.raises(BrokerUnavailable):
         await broker.publish("r", "u", "x", None)
-    await broker.start(lambda room, payload: delivered.append((room, payload)))
-    await broker.subscribe("r")
+    await broker.start(recorder)
+    await broker.subscribe_room("r")
     first = await broker.publish("r", "u", "a", "c1")
     second = await broker.publish("other", "u", "b", None)
     again = await broker.publish("r", "u", "a", "c1")
     third = await broker.publish("r", "u", "c", "c1-other-user-same-cid")
     assert first.id < second.id < third.id
     assert again.duplicate and again.id == first.id
-    assert [room for room, _ in delivered] == ["r", "r"]
-    await broker.unsubscribe("r")
+    assert [room for room, _ in recorder.rooms] == ["r", "r"]
+    await broker.unsubscribe_room("r")
     await broker.publish("r", "u", "d", None)
-    assert len(delivered) == 2
+    assert len(recorder.rooms) == 2
     await broker.stop()
     assert not broker.ready
+
+
+async def test_memory_broker_history_and_recovery_limits() -> None:
+    """History keeps the newest history_size messages; since older than that, or more missed
+    than recovery_max_messages, is not recovered; a since from the future neither."""
+    broker = MemoryBroker(make_settings(history_size=5, recovery_max_messages=3))
+    await broker.start(_Recorder())
+    ids = [(await broker.publish("r", "u", str(n), None)).id for n in range(8)]
+    recent = await broker.history_since("r", ids[5])
+    assert recent.recovered and [orjson.loads(f)["text"] for f in recent.frames] == ["6", "7"]
+    assert not (await broker.history_since("r", ids[3])).recovered  # 4 missed > 3
+    assert not (await broker.history_since("r", ids[1])).recovered  # trimmed away
+    assert not (await broker.history_since("r", ids[-1] + 1)).recovered
+    assert (await broker.history_since("r", ids[-1])) == History(True, [])
+    page = await broker.history_before("r", ids[7], 2)
+    assert [orjson.loads(f)["text"] for f in page] == ["5", "6"]

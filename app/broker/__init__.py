@@ -1,44 +1,72 @@
 """Broker: where every published message goes, and where each worker's Hub hears it from.
 
 The interface is a :class:`typing.Protocol` so mypy checks each implementation structurally.
-:func:`create_broker` picks the implementation from the settings.
+:func:`create_broker` picks the implementation from the settings: ``CHAT_REDIS_URL`` set means
+:class:`~app.broker.redis.RedisBroker`, unset the embedded
+:class:`~app.broker.memory.MemoryBroker`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
 from app.settings import Settings
 
-OnMessage = Callable[[str, bytes], None]
-"""Called with ``(room, payload)`` for each message of a subscribed room; must not block."""
+
+class BrokerHandler(Protocol):
+    """What a broker delivers to (the Hub). Both calls must return at once, never block."""
+
+    def deliver_room(self, room: str, payload: bytes) -> None: ...
+
+    def deliver_user(self, user: str, payload: bytes) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)
 class Published:
-    """What :meth:`Broker.publish` assigned: the message id, and whether it was a retry."""
+    """What a publish assigned: the message id, and whether it was a retried duplicate."""
 
     id: int
     duplicate: bool = False
 
 
+@dataclass(frozen=True, slots=True)
+class History:
+    """Messages after a client's ``since``: ``recovered`` is False when some are gone (or more
+    than the replay limit), and then ``frames`` is empty and the client must resync."""
+
+    recovered: bool
+    frames: list[bytes]
+
+
+@dataclass(frozen=True, slots=True)
+class RoomPresence:
+    """Who is in a room across all workers: ``users`` is None above the member threshold."""
+
+    count: int
+    users: list[str] | None
+
+
 class Broker(Protocol):
-    """Publish/subscribe for rooms, shared by every worker that uses the same backend.
+    """Publish/subscribe, history and presence for rooms, shared by every worker of a backend.
 
     Contract:
-    - ``publish`` gives each message an id that increases within its room, and delivers the
-      encoded ``message`` frame to ``on_message`` of every worker subscribed to that room,
-      the publisher's own included, in id order. Every subscriber of a room sees the same order.
-    - Delivery is at most once: a message published while a worker is disconnected from the
-      backend does not reach it live.
-    - A ``publish`` carrying a ``cid`` the same user already used in that room within the dedup
-      window returns the first message's id with ``duplicate=True`` and delivers nothing.
-    - ``subscribe``/``unsubscribe`` take effect in call order. The Hub reference-counts rooms,
-      so each is called once per room transition.
-    - Every method but ``ready`` raises :class:`~app.errors.BrokerUnavailable` when the backend
-      cannot be reached.
+    - ``publish`` gives each message an id that increases within its room, stores it in the
+      room's bounded history, and delivers the encoded ``message`` frame to every worker
+      subscribed to the room, the publisher's own included, in id order: every subscriber of a
+      room sees the same order. Storing and publishing are one atomic step.
+    - Live delivery is at most once: a message published while a worker is disconnected from
+      the backend does not reach it live; clients recover it from history with ``since``.
+    - A publish carrying a ``cid`` the same user already used in that room (or to that user)
+      within the dedup window returns the first id with ``duplicate=True`` and delivers nothing.
+    - ``subscribe_*``/``unsubscribe_*`` take effect in call order and are remembered: after a
+      reconnect the broker resubscribes everything. ``subscribe_room`` returns once messages
+      published from then on will be delivered (when the broker is ready).
+    - ``presence_join``/``presence_leave`` are called once per (room, user) transition on this
+      worker; the broker announces a user's first arrival and last departure across all
+      workers with a ``presence`` frame on the room.
+    - Calls that need the backend raise :class:`~app.errors.BrokerUnavailable` when it cannot
+      be reached.
     """
 
     @property
@@ -46,21 +74,45 @@ class Broker(Protocol):
         """True while the broker can publish and deliver."""
         ...
 
-    async def start(self, on_message: OnMessage) -> None: ...
+    async def start(self, handler: BrokerHandler) -> None: ...
 
     async def stop(self) -> None: ...
 
-    async def subscribe(self, room: str) -> None: ...
+    async def subscribe_room(self, room: str) -> None: ...
 
-    async def unsubscribe(self, room: str) -> None: ...
+    async def unsubscribe_room(self, room: str) -> None: ...
+
+    async def subscribe_user(self, user: str) -> None: ...
+
+    async def unsubscribe_user(self, user: str) -> None: ...
 
     async def publish(
         self, room: str, user: str, text: str, cid: str | int | None
     ) -> Published: ...
 
+    async def publish_direct(
+        self, sender: str, to: str, text: str, cid: str | int | None
+    ) -> Published: ...
+
+    async def history_since(self, room: str, since: int) -> History: ...
+
+    async def history_before(self, room: str, before: int | None, limit: int) -> list[bytes]:
+        """Up to ``limit`` stored frames of ``room`` with ids below ``before``, oldest first."""
+        ...
+
+    async def presence_join(self, room: str, user: str) -> None: ...
+
+    async def presence_leave(self, room: str, user: str) -> None: ...
+
+    async def presence(self, room: str) -> RoomPresence: ...
+
 
 def create_broker(settings: Settings) -> Broker:
-    """The broker the settings ask for (the embedded memory broker for now)."""
+    """The broker the settings ask for."""
+    if settings.redis_url:
+        from app.broker.redis import RedisBroker
+
+        return RedisBroker(settings)
     from app.broker.memory import MemoryBroker
 
-    return MemoryBroker(settings.dedup_ttl_s, settings.dedup_max_entries)
+    return MemoryBroker(settings)

@@ -3,12 +3,24 @@
 from __future__ import annotations
 
 import time
+from collections import OrderedDict, deque
 from collections.abc import Callable
+from dataclasses import dataclass, field
 
-from app.broker import OnMessage, Published
+import orjson
+
+from app.broker import BrokerHandler, History, Published, RoomPresence
 from app.dedup import RecentIds
 from app.errors import BrokerUnavailable
-from app.protocol import encode_message
+from app.protocol import encode_direct, encode_message, presence_frame
+from app.settings import Settings
+
+
+@dataclass(slots=True)
+class _RoomLog:
+    last: int = 0
+    trimmed: int = 0
+    frames: deque[tuple[int, bytes]] = field(default_factory=deque)
 
 
 class MemoryBroker:
@@ -17,52 +29,145 @@ class MemoryBroker:
     ``publish`` delivers synchronously, before it returns, so the publisher's own ``message``
     frame is always queued before its ``ack``. Ids come from one counter for all rooms that is
     never below ``1000 * (ms since the epoch)``: they increase within every room and, as long
-    as the clock does not go back, across restarts too. Only valid with a single worker: other
-    processes never see these messages (the app refuses to start several workers with it).
+    as the clock does not go back, across restarts too. History lives in this process (lost on
+    restart). Only valid with a single worker: other processes never see these messages, and
+    Gunicorn refuses to start several workers with it.
     """
 
-    def __init__(
-        self,
-        dedup_ttl_s: float,
-        dedup_max_entries: int,
-        clock: Callable[[], float] = time.time,
-    ) -> None:
-        self._on_message: OnMessage | None = None
-        self._subscribed: set[str] = set()
+    def __init__(self, settings: Settings, clock: Callable[[], float] = time.time) -> None:
+        self._settings = settings
+        self._handler: BrokerHandler | None = None
+        self._rooms: set[str] = set()
+        self._users: set[str] = set()
+        self._present: dict[str, set[str]] = {}
+        self._logs: OrderedDict[str, _RoomLog] = OrderedDict()
         self._last_id = 0
-        self._recent = RecentIds(dedup_ttl_s, dedup_max_entries)
+        self._recent = RecentIds(settings.dedup_ttl_s, settings.dedup_max_entries)
         self._clock = clock
 
     @property
     def ready(self) -> bool:
-        return self._on_message is not None
+        return self._handler is not None
 
-    async def start(self, on_message: OnMessage) -> None:
-        self._on_message = on_message
+    async def start(self, handler: BrokerHandler) -> None:
+        self._handler = handler
 
     async def stop(self) -> None:
-        self._on_message = None
-        self._subscribed.clear()
+        self._handler = None
 
-    async def subscribe(self, room: str) -> None:
-        self._subscribed.add(room)
+    async def subscribe_room(self, room: str) -> None:
+        self._rooms.add(room)
 
-    async def unsubscribe(self, room: str) -> None:
-        self._subscribed.discard(room)
+    async def unsubscribe_room(self, room: str) -> None:
+        self._rooms.discard(room)
 
-    async def publish(self, room: str, user: str, text: str, cid: str | int | None) -> Published:
-        if self._on_message is None:
+    async def subscribe_user(self, user: str) -> None:
+        self._users.add(user)
+
+    async def unsubscribe_user(self, user: str) -> None:
+        self._users.discard(user)
+
+    def _running(self) -> BrokerHandler:
+        if self._handler is None:
             raise BrokerUnavailable("the broker is not running")
+        return self._handler
+
+    def _next_id(self, key: tuple[str, str, str, str | int] | None) -> tuple[int, int, bool]:
+        """(id, ts_ms, duplicate) for a new message; a known dedup key returns its first id."""
         now = self._clock()
-        key = (room, user, cid)
-        if cid is not None:
+        if key is not None:
             first = self._recent.get(key, now)
             if first is not None:
-                return Published(first, duplicate=True)
+                return first, 0, True
         ts_ms = int(now * 1000)
         message_id = self._last_id = max(self._last_id + 1, ts_ms * 1000)
-        if cid is not None:
+        if key is not None:
             self._recent.add(key, message_id, now)
-        if room in self._subscribed:
-            self._on_message(room, encode_message(room, message_id, user, text, ts_ms))
+        return message_id, ts_ms, False
+
+    async def publish(self, room: str, user: str, text: str, cid: str | int | None) -> Published:
+        handler = self._running()
+        key = None if cid is None else ("r", room, user, cid)
+        message_id, ts_ms, duplicate = self._next_id(key)
+        if duplicate:
+            return Published(message_id, duplicate=True)
+        payload = encode_message(room, message_id, user, text, ts_ms)
+        self._remember(room, message_id, payload)
+        if room in self._rooms:
+            handler.deliver_room(room, payload)
         return Published(message_id)
+
+    async def publish_direct(
+        self, sender: str, to: str, text: str, cid: str | int | None
+    ) -> Published:
+        handler = self._running()
+        key = None if cid is None else ("u", to, sender, cid)
+        message_id, ts_ms, duplicate = self._next_id(key)
+        if duplicate:
+            return Published(message_id, duplicate=True)
+        payload = encode_direct(to, message_id, sender, text, ts_ms)
+        for user in {to, sender}:
+            if user in self._users:
+                handler.deliver_user(user, payload)
+        return Published(message_id)
+
+    def _remember(self, room: str, message_id: int, payload: bytes) -> None:
+        size = self._settings.history_size
+        log = self._logs.get(room)
+        if log is None:
+            log = self._logs[room] = _RoomLog()
+            if len(self._logs) > self._settings.memory_history_max_rooms:
+                self._logs.popitem(last=False)
+        else:
+            self._logs.move_to_end(room)
+        log.last = message_id
+        if size == 0:
+            log.trimmed = message_id
+            return
+        if len(log.frames) >= size:
+            log.trimmed = log.frames.popleft()[0]
+        log.frames.append((message_id, payload))
+
+    async def history_since(self, room: str, since: int) -> History:
+        self._running()
+        log = self._logs.get(room)
+        last = log.last if log else 0
+        if since > last or (log is not None and since < log.trimmed):
+            return History(False, [])
+        frames = [payload for mid, payload in log.frames if mid > since] if log else []
+        if len(frames) > self._settings.recovery_max_messages:
+            return History(False, [])
+        return History(True, frames)
+
+    async def history_before(self, room: str, before: int | None, limit: int) -> list[bytes]:
+        self._running()
+        log = self._logs.get(room)
+        if log is None:
+            return []
+        older = [p for mid, p in log.frames if before is None or mid < before]
+        return older[-limit:] if limit else []
+
+    async def presence_join(self, room: str, user: str) -> None:
+        users = self._present.setdefault(room, set())
+        users.add(user)
+        self._announce(room, "join", user, len(users))
+
+    async def presence_leave(self, room: str, user: str) -> None:
+        users = self._present.get(room, set())
+        users.discard(user)
+        if not users:
+            self._present.pop(room, None)
+        self._announce(room, "leave", user, len(users))
+
+    def _announce(self, room: str, event: str, user: str, count: int) -> None:
+        if self._handler is not None and room in self._rooms:
+            shown = user if count <= self._settings.presence_max_members else None
+            self._handler.deliver_room(
+                room, orjson.dumps(presence_frame(room, event, shown, count))
+            )
+
+    async def presence(self, room: str) -> RoomPresence:
+        users = self._present.get(room, set())
+        if len(users) > self._settings.presence_max_members:
+            return RoomPresence(len(users), None)
+        return RoomPresence(len(users), sorted(users))

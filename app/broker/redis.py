@@ -1,0 +1,403 @@
+"""RedisBroker: fan-out across Gunicorn workers and pods through Redis.
+
+One pub/sub connection per worker, subscribed to the rooms and users its clients need, plus a
+control channel of its own that carries a periodic canary. Publishing runs one Lua script that
+assigns the id, appends to the room's bounded stream and publishes the frame atomically, so id
+order is delivery order on every worker. Frames are built once, in Redis, and forwarded to
+sockets as they arrive. See :mod:`app.broker.redis_scripts` for the key layout.
+
+Self-healing: if the pub/sub connection fails, or the canary stops coming back (a deaf
+subscription), the broker is not ready (``/readyz`` fails), reconnects with capped, jittered
+exponential backoff, and resubscribes everything before it is ready again. Publishes meanwhile
+raise :class:`~app.errors.BrokerUnavailable`, so clients get an error frame, never a silent
+drop; what they missed live they recover from history with ``join`` + ``since``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import secrets
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar, cast
+
+import orjson
+from redis.asyncio import Redis
+from redis.asyncio.client import PubSub
+from redis.backoff import NoBackoff
+from redis.exceptions import RedisError
+from redis.retry import Retry
+
+from app.broker import BrokerHandler, History, Published, RoomPresence
+from app.broker import redis_scripts as scripts
+from app.errors import BrokerUnavailable
+from app.protocol import presence_frame
+from app.settings import Settings
+
+logger = logging.getLogger(__name__)
+T = TypeVar("T")
+
+_ERRORS = (RedisError, OSError, asyncio.TimeoutError)
+
+
+class RedisBroker:
+    """A :class:`~app.broker.Broker` backed by Redis (7.0 or later)."""
+
+    def __init__(self, settings: Settings) -> None:
+        assert settings.redis_url is not None
+        self._settings = settings
+        self._prefix = settings.redis_prefix
+        self.worker_id = secrets.token_hex(6)
+        self._redis: Redis = Redis.from_url(
+            settings.redis_url,
+            socket_timeout=settings.redis_timeout_s,
+            socket_connect_timeout=settings.redis_timeout_s,
+            retry=Retry(NoBackoff(), 1),
+        )
+        # The subscriber has no socket timeout: it blocks until a message comes. The canary
+        # finds out when none can come any more.
+        self._sub_redis: Redis = Redis.from_url(
+            settings.redis_url,
+            socket_connect_timeout=settings.redis_timeout_s,
+            retry=Retry(NoBackoff(), 0),
+        )
+        self._scripts = {
+            name: self._redis.register_script(getattr(scripts, name))
+            for name in (
+                "PUBLISH",
+                "HISTORY_SINCE",
+                "PRESENCE_JOIN",
+                "PRESENCE_LEAVE",
+                "PRESENCE_REFRESH",
+                "PRESENCE_SWEEP",
+            )
+        }
+        self._handler: BrokerHandler | None = None
+        self._rooms: set[str] = set()
+        self._users: set[str] = set()
+        self._present: dict[str, set[str]] = {}  # room -> users present through this worker
+        self._pubsub: PubSub | None = None
+        self._confirmations: dict[bytes, asyncio.Future[None]] = {}
+        self._ready = False
+        self._tasks: list[asyncio.Task[None]] = []
+        self._listener: asyncio.Task[None] | None = None
+        self._canary_seen = 0.0
+        self.pubsub_lag_s = 0.0
+        self.reconnects = 0
+
+    # -- channels and keys --------------------------------------------------------------------
+
+    def _room_channel(self, room: str) -> str:
+        return f"{self._prefix}:r:{room}"
+
+    def _user_channel(self, user: str) -> str:
+        return f"{self._prefix}:u:{user}"
+
+    @property
+    def _control_channel(self) -> str:
+        return f"{self._prefix}:w:{self.worker_id}"
+
+    def _room_key(self, room: str, part: str) -> str:
+        return f"{self._prefix}:{{r:{room}}}:{part}"
+
+    # -- lifecycle ----------------------------------------------------------------------------
+
+    @property
+    def ready(self) -> bool:
+        return self._ready
+
+    async def start(self, handler: BrokerHandler) -> None:
+        """Start listening; returns at once. ``ready`` turns true once subscribed."""
+        self._handler = handler
+        self._tasks = [
+            asyncio.create_task(self._supervise(), name="redis-listener"),
+            asyncio.create_task(self._canary(), name="redis-canary"),
+            asyncio.create_task(self._presence_upkeep(), name="redis-presence"),
+        ]
+
+    async def stop(self) -> None:
+        self._ready = False
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        with contextlib.suppress(*_ERRORS):
+            await self._withdraw_presence()
+        await self._redis.aclose()
+        await self._sub_redis.aclose()
+
+    async def _supervise(self) -> None:
+        """Keep one listener running; back off (capped, jittered) between attempts."""
+        delay = 0.1
+        while True:
+            self._listener = asyncio.create_task(self._listen())
+            await asyncio.wait({self._listener})
+            failure = "deaf subscription" if self._listener.cancelled() else None
+            if failure is None:
+                exc = self._listener.exception()
+                failure = repr(exc) if exc is not None else "listener stopped"
+            if self._ready:
+                delay = 0.1  # it had been working: start the backoff over
+            self._set_unready()
+            self.reconnects += 1
+            pause = random.uniform(delay / 2, delay)
+            logger.warning("redis pub/sub lost (%s); reconnecting in %.2f s", failure, pause)
+            await asyncio.sleep(pause)
+            delay = min(delay * 2, self._settings.redis_reconnect_max_s)
+
+    def _set_unready(self) -> None:
+        self._ready = False
+        for future in self._confirmations.values():
+            if not future.done():
+                future.set_exception(BrokerUnavailable("redis connection lost"))
+        self._confirmations.clear()
+
+    async def _listen(self) -> None:
+        pubsub = self._sub_redis.pubsub()
+        self._pubsub = pubsub
+        try:
+            channels = [self._room_channel(r) for r in self._rooms]
+            channels += [self._user_channel(u) for u in self._users]
+            # The control channel goes last: its confirmation means all the others are done.
+            await pubsub.subscribe(*channels, self._control_channel)
+            control = self._control_channel.encode()
+            deliver_room = self._handler.deliver_room if self._handler else None
+            deliver_user = self._handler.deliver_user if self._handler else None
+            room_prefix = f"{self._prefix}:r:".encode()
+            user_prefix = f"{self._prefix}:u:".encode()
+            while True:
+                message = await pubsub.get_message(timeout=None)
+                if message is None:
+                    continue
+                kind = message["type"]
+                channel: bytes = message["channel"]
+                if kind == "message":
+                    data: bytes = message["data"]
+                    if channel.startswith(room_prefix) and deliver_room is not None:
+                        deliver_room(channel[len(room_prefix) :].decode(), data)
+                    elif channel.startswith(user_prefix) and deliver_user is not None:
+                        deliver_user(channel[len(user_prefix) :].decode(), data)
+                    elif channel == control:
+                        self._canary_seen = time.monotonic()
+                        self.pubsub_lag_s = max(0.0, time.time() - float(data))
+                elif kind == "subscribe":
+                    if channel == control and not self._ready:
+                        self._canary_seen = time.monotonic()
+                        self._ready = True
+                        logger.info(
+                            "redis pub/sub ready: %d rooms, %d users",
+                            len(self._rooms),
+                            len(self._users),
+                        )
+                    future = self._confirmations.pop(channel, None)
+                    if future is not None and not future.done():
+                        future.set_result(None)
+        finally:
+            self._pubsub = None
+            with contextlib.suppress(*_ERRORS):
+                await pubsub.aclose()  # type: ignore[no-untyped-call]  # redis-py: untyped
+
+    async def _canary(self) -> None:
+        """Publish to our own control channel; no echo within the timeout means deaf."""
+        interval = self._settings.canary_interval_s
+        while True:
+            await asyncio.sleep(interval)
+            if not self._ready:
+                continue
+            with contextlib.suppress(*_ERRORS):
+                await self._redis.publish(self._control_channel, repr(time.time()))
+            silent_for = time.monotonic() - self._canary_seen
+            if silent_for > self._settings.canary_timeout_s and self._listener is not None:
+                logger.warning("no canary for %.1f s: resubscribing", silent_for)
+                self._listener.cancel()
+
+    # -- subscriptions ------------------------------------------------------------------------
+
+    async def _subscribe(self, channel: str) -> None:
+        pubsub = self._pubsub
+        if pubsub is None or not self._ready:
+            return  # remembered; the next connection subscribes it
+        future = asyncio.get_running_loop().create_future()
+        self._confirmations[channel.encode()] = future
+        try:
+            async with asyncio.timeout(self._settings.redis_timeout_s):
+                await pubsub.subscribe(channel)
+                await future
+        except _ERRORS as exc:
+            self._confirmations.pop(channel.encode(), None)
+            raise BrokerUnavailable(f"cannot subscribe: {exc!r}") from exc
+
+    async def _unsubscribe(self, channel: str) -> None:
+        pubsub = self._pubsub
+        if pubsub is not None and self._ready:
+            with contextlib.suppress(*_ERRORS):
+                await pubsub.unsubscribe(channel)
+
+    async def subscribe_room(self, room: str) -> None:
+        self._rooms.add(room)
+        await self._subscribe(self._room_channel(room))
+
+    async def unsubscribe_room(self, room: str) -> None:
+        self._rooms.discard(room)
+        await self._unsubscribe(self._room_channel(room))
+
+    async def subscribe_user(self, user: str) -> None:
+        self._users.add(user)
+        with contextlib.suppress(BrokerUnavailable):  # resubscribed on reconnect
+            await self._subscribe(self._user_channel(user))
+
+    async def unsubscribe_user(self, user: str) -> None:
+        self._users.discard(user)
+        await self._unsubscribe(self._user_channel(user))
+
+    # -- publishing and history ---------------------------------------------------------------
+
+    async def _call(self, call: Callable[[], Awaitable[T]]) -> T:
+        try:
+            return await call()
+        except _ERRORS as exc:
+            raise BrokerUnavailable(f"redis: {exc!r}") from exc
+
+    async def publish(self, room: str, user: str, text: str, cid: str | int | None) -> Published:
+        head = b'{"type":"message","room":' + orjson.dumps(room) + b',"id":'
+        body = b',"user":' + orjson.dumps(user) + b',"text":' + orjson.dumps(text) + b',"ts":'
+        dedup = "" if cid is None else self._room_key(room, f"cid:{user}:{cid!r}")
+        keys = [self._room_key(room, "meta"), self._room_key(room, "log"), dedup]
+        if self._settings.history_size == 0:
+            keys[1] = ""
+        return await self._publish(keys, self._room_channel(room), head, body, "")
+
+    async def publish_direct(
+        self, sender: str, to: str, text: str, cid: str | int | None
+    ) -> Published:
+        head = b'{"type":"message","to":' + orjson.dumps(to) + b',"id":'
+        body = b',"user":' + orjson.dumps(sender) + b',"text":' + orjson.dumps(text) + b',"ts":'
+        tag = f"{self._prefix}:{{u:{to}}}"
+        dedup = "" if cid is None else f"{tag}:cid:{sender}:{cid!r}"
+        channel, copy = self._user_channel(to), self._user_channel(sender)
+        return await self._publish([f"{tag}:meta", "", dedup], channel, head, body, copy)
+
+    async def _publish(
+        self, keys: list[str], channel: str, head: bytes, body: bytes, copy_channel: str
+    ) -> Published:
+        settings = self._settings
+        args: list[Any] = [
+            channel,
+            head,
+            body,
+            max(settings.history_size, 1),
+            int(settings.history_ttl_s * 1000),
+            int(settings.dedup_ttl_s * 1000),
+            copy_channel,
+        ]
+        result = await self._call(lambda: self._scripts["PUBLISH"](keys=keys, args=args))
+        message_id, duplicate = result
+        return Published(int(message_id), duplicate=bool(duplicate))
+
+    async def history_since(self, room: str, since: int) -> History:
+        keys = [self._room_key(room, "meta"), self._room_key(room, "log")]
+        limit = self._settings.recovery_max_messages
+        result = await self._call(
+            lambda: self._scripts["HISTORY_SINCE"](keys=keys, args=[since, limit])
+        )
+        recovered = bool(result[0])
+        return History(recovered, list(result[1:]) if recovered else [])
+
+    async def history_before(self, room: str, before: int | None, limit: int) -> list[bytes]:
+        upper = "+" if before is None else f"({before}-0"
+        entries = await self._call(
+            lambda: self._redis.xrevrange(self._room_key(room, "log"), upper, "-", count=limit)
+        )
+        return [cast(bytes, fields[b"f"]) for _, fields in reversed(entries or []) if fields]
+
+    # -- presence -----------------------------------------------------------------------------
+
+    def _presence_keys(self, room: str, user: str) -> list[str]:
+        return [self._room_key(room, "present"), self._room_key(room, f"tabs:{user}")]
+
+    async def presence_join(self, room: str, user: str) -> None:
+        self._present.setdefault(room, set()).add(user)
+        now = int(time.time() * 1000)
+        ttl = int(self._settings.presence_ttl_s * 1000)
+        changed = await self._call(
+            lambda: self._scripts["PRESENCE_JOIN"](
+                keys=self._presence_keys(room, user),
+                args=[user, self.worker_id, now, now + ttl, ttl],
+            )
+        )
+        if changed:
+            await self._announce(room, "join", user)
+
+    async def presence_leave(self, room: str, user: str) -> None:
+        users = self._present.get(room)
+        if users is not None:
+            users.discard(user)
+            if not users:
+                del self._present[room]
+        now = int(time.time() * 1000)
+        changed = await self._call(
+            lambda: self._scripts["PRESENCE_LEAVE"](
+                keys=self._presence_keys(room, user), args=[user, self.worker_id, now]
+            )
+        )
+        if changed:
+            await self._announce(room, "leave", user)
+
+    async def _announce(self, room: str, event: str, user: str) -> None:
+        count = (await self.presence(room)).count
+        shown = user if count <= self._settings.presence_max_members else None
+        frame = orjson.dumps(presence_frame(room, event, shown, count))
+        await self._call(lambda: self._redis.publish(self._room_channel(room), frame))
+
+    async def presence(self, room: str) -> RoomPresence:
+        key = self._room_key(room, "present")
+        now = int(time.time() * 1000)
+        limit = self._settings.presence_max_members
+        count = await self._call(lambda: self._redis.zcount(key, now, "+inf"))
+        if count > limit:
+            return RoomPresence(int(count), None)
+        users = await self._call(lambda: self._redis.zrangebyscore(key, now, "+inf"))
+        return RoomPresence(int(count), sorted(cast(bytes, u).decode() for u in users))
+
+    async def _presence_upkeep(self) -> None:
+        """Refresh this worker's entries and sweep out users of dead workers, every ttl/3."""
+        while True:
+            await asyncio.sleep(self._settings.presence_ttl_s / 3)
+            if not self._ready:
+                continue
+            try:
+                await self._refresh_presence()
+                await self._sweep_presence()
+            except (*_ERRORS, BrokerUnavailable) as exc:
+                logger.warning("presence upkeep failed: %r", exc)
+
+    async def _refresh_presence(self) -> None:
+        now = int(time.time() * 1000)
+        ttl = int(self._settings.presence_ttl_s * 1000)
+        for room, users in list(self._present.items()):
+            ordered = sorted(users)
+            keys = [self._room_key(room, "present")]
+            keys += [self._room_key(room, f"tabs:{u}") for u in ordered]
+            await self._scripts["PRESENCE_REFRESH"](
+                keys=keys, args=[self.worker_id, now + ttl, ttl, *ordered]
+            )
+
+    async def _sweep_presence(self) -> None:
+        now = int(time.time() * 1000)
+        for room in list(self._rooms):
+            gone = await self._scripts["PRESENCE_SWEEP"](
+                keys=[self._room_key(room, "present")],
+                args=[now, self._room_key(room, "tabs:")],
+            )
+            for user in gone:
+                await self._announce(room, "leave", user.decode())
+
+    async def _withdraw_presence(self) -> None:
+        """On a clean stop, leave every room at once instead of waiting for expiry."""
+        for room, users in list(self._present.items()):
+            for user in list(users):
+                await self.presence_leave(room, user)

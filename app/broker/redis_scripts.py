@@ -1,0 +1,109 @@
+"""The Lua scripts behind :class:`~app.broker.redis.RedisBroker`: each runs atomically in Redis.
+
+Key layout for a room R (the hash tag keeps a room's keys in one cluster slot):
+``{prefix}:{r:R}:meta`` hash {last: id of the newest message, trimmed: id of the newest
+message dropped from history}, ``{prefix}:{r:R}:log`` the stream of retained frames, whose
+entry ids are ``<message id>-0``, ``{prefix}:{r:R}:cid:<user>:<cid>`` a dedup marker, and
+``{prefix}:{r:R}:present`` the presence sorted set.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+# Message ids: max(last + 1, 1000 * Redis time in ms). They increase per room and survive the
+# loss of the room's keys (as long as Redis' clock does not go back), and stay below 2^53 so
+# Lua's doubles and JavaScript clients hold them exactly.
+PUBLISH: Final = """
+-- KEYS: meta, log (or '' for no history), dedup (or '')
+-- ARGV: channel, head, body, maxlen, ttl_ms, dedup_ttl_ms, second channel (or '')
+if KEYS[3] ~= '' then
+  local first = redis.call('GET', KEYS[3])
+  if first then return {first, 1} end
+end
+local t = redis.call('TIME')
+local ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local last = tonumber(redis.call('HGET', KEYS[1], 'last') or '0')
+local id = string.format('%.0f', math.max(last + 1, ms * 1000))
+local payload = ARGV[2] .. id .. ARGV[3] .. string.format('%.0f', ms) .. '}'
+redis.call('HSET', KEYS[1], 'last', id)
+redis.call('PEXPIRE', KEYS[1], ARGV[5])
+if KEYS[2] ~= '' then
+  local maxlen = tonumber(ARGV[4])
+  if redis.call('XLEN', KEYS[2]) >= maxlen then
+    local oldest = redis.call('XRANGE', KEYS[2], '-', '+', 'COUNT', 1)[1][1]
+    redis.call('HSET', KEYS[1], 'trimmed', string.sub(oldest, 1, -3))
+  end
+  redis.call('XADD', KEYS[2], 'MAXLEN', maxlen, id .. '-0', 'f', payload)
+  redis.call('PEXPIRE', KEYS[2], ARGV[5])
+end
+redis.call('PUBLISH', ARGV[1], payload)
+if ARGV[7] ~= '' and ARGV[7] ~= ARGV[1] then redis.call('PUBLISH', ARGV[7], payload) end
+if KEYS[3] ~= '' then redis.call('SET', KEYS[3], id, 'PX', ARGV[6]) end
+return {id, 0}
+"""
+
+# Replay for a join with `since`: {1, frames...} when every message after `since` is still
+# retained (and there are at most `limit` of them), {0} when the client must resync.
+HISTORY_SINCE: Final = """
+-- KEYS: meta, log   ARGV: since, limit
+local since = tonumber(ARGV[1])
+local last = tonumber(redis.call('HGET', KEYS[1], 'last') or '0')
+if since > last then return {0} end
+if since == last then return {1} end
+local trimmed = tonumber(redis.call('HGET', KEYS[1], 'trimmed') or '0')
+if since < trimmed then return {0} end
+local limit = tonumber(ARGV[2])
+local start = string.format('%.0f', since + 1) .. '-0'
+local entries = redis.call('XRANGE', KEYS[2], start, '+', 'COUNT', limit + 1)
+if #entries > limit then return {0} end
+local out = {1}
+for i = 1, #entries do out[#out + 1] = entries[i][2][2] end
+return out
+"""
+
+# Presence, per room: ``present`` is a sorted set user -> expiry (ms) of the user's freshest
+# entry; ``tabs:<user>`` a sorted set worker -> expiry. A user is present while its ``present``
+# score is in the future. Every operation is O(log n). JOIN/LEAVE return 1 when the call changed
+# the user's presence (first entry in, last entry out) and 0 otherwise.
+PRESENCE_JOIN: Final = """
+-- KEYS: present, tabs   ARGV: user, worker, now_ms, expires_ms, ttl_ms
+local live = redis.call('ZCOUNT', KEYS[2], ARGV[3], '+inf')
+redis.call('ZADD', KEYS[2], ARGV[4], ARGV[2])
+redis.call('ZADD', KEYS[1], 'GT', ARGV[4], ARGV[1])
+redis.call('PEXPIRE', KEYS[1], ARGV[5])
+redis.call('PEXPIRE', KEYS[2], ARGV[5])
+return live == 0 and 1 or 0
+"""
+
+PRESENCE_LEAVE: Final = """
+-- KEYS: present, tabs   ARGV: user, worker, now_ms
+redis.call('ZREM', KEYS[2], ARGV[2])
+if redis.call('ZCOUNT', KEYS[2], ARGV[3], '+inf') > 0 then return 0 end
+redis.call('DEL', KEYS[2])
+return redis.call('ZREM', KEYS[1], ARGV[1])
+"""
+
+# Refresh this worker's entries in one room: the user of KEYS[i] (i >= 2) is ARGV[i + 2].
+PRESENCE_REFRESH: Final = """
+-- KEYS: present, tabs1, tabs2, ...   ARGV: worker, expires_ms, ttl_ms, user1, user2, ...
+for i = 2, #KEYS do
+  redis.call('ZADD', KEYS[i], ARGV[2], ARGV[1])
+  redis.call('PEXPIRE', KEYS[i], ARGV[3])
+  redis.call('ZADD', KEYS[1], 'GT', ARGV[2], ARGV[i + 2])
+end
+redis.call('PEXPIRE', KEYS[1], ARGV[3])
+return 1
+"""
+
+# Remove users whose every entry expired (their workers died); returns those users. The tabs
+# keys it deletes share the room's hash tag, so this stays within one cluster slot.
+PRESENCE_SWEEP: Final = """
+-- KEYS: present   ARGV: now_ms, tabs key prefix
+local gone = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', '(' .. ARGV[1])
+for _, user in ipairs(gone) do
+  redis.call('ZREM', KEYS[1], user)
+  redis.call('DEL', ARGV[2] .. user)
+end
+return gone
+"""
