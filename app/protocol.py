@@ -146,8 +146,11 @@ PING_FRAME: Final = encode({"type": "ping"})
 PONG_FRAME: Final = encode({"type": "pong"})
 
 
-def hello_frame(user: str, connection_id: str, limits: dict[str, int | float]) -> str:
-    return encode({"type": "hello", "user": user, "conn": connection_id, "limits": limits})
+def hello_frame(user: str, connection_id: str, node: str, limits: dict[str, int | float]) -> str:
+    """``hello``: who you are, which server process you reached, and the limits that apply."""
+    return encode(
+        {"type": "hello", "user": user, "conn": connection_id, "node": node, "limits": limits}
+    )
 
 
 def joined_frame(room: str, recovered: bool | None, count: int, users: list[str] | None) -> str:

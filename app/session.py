@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import re
 import secrets
+import socket
 
 from starlette.websockets import WebSocket
 
@@ -38,6 +40,7 @@ from app.ratelimit import RateLimiter, Verdict
 from app.settings import Settings
 
 logger = logging.getLogger(__name__)
+_HOST = socket.gethostname()
 _USER_RE = re.compile(USER_PATTERN)
 
 
@@ -184,6 +187,7 @@ async def serve(ws: WebSocket, hub: Hub, broker: Broker, settings: Settings) -> 
             hello_frame(
                 conn.user,
                 conn.id,
+                f"{_HOST}:{os.getpid()}",  # this worker, for debugging (and tests)
                 {
                     "heartbeat_interval_s": settings.heartbeat_interval_s,
                     "heartbeat_timeout_s": settings.heartbeat_timeout_s,

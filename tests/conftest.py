@@ -9,6 +9,7 @@ import pytest
 import uvloop
 
 from tests.helpers import LiveServer, make_settings, run_server
+from tests.processes import RedisServer
 
 
 def pytest_asyncio_loop_factories(config: Any, item: Any) -> Mapping[str, Callable[[], Any]]:
@@ -20,3 +21,14 @@ def pytest_asyncio_loop_factories(config: Any, item: Any) -> Mapping[str, Callab
 async def server() -> AsyncIterator[LiveServer]:
     async with run_server(make_settings()) as live:
         yield live
+
+
+@pytest.fixture
+async def redis_server() -> AsyncIterator[RedisServer]:
+    """A real redis-server on a free port, for this test only (it may kill and restart it)."""
+    server = RedisServer()
+    await server.start()
+    try:
+        yield server
+    finally:
+        await server.stop()

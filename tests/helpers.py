@@ -131,6 +131,25 @@ class ChatClient:
     async def say(self, room: str, text: str, **extra: Any) -> None:
         await self.send({"type": "send", "room": room, "text": text, **extra})
 
+    async def say_to(self, user: str, text: str, **extra: Any) -> None:
+        await self.send({"type": "send", "to": user, "text": text, **extra})
+
+    async def messages_until(self, text: str, timeout: float = 10.0) -> list[Frame]:
+        """Message frames up to and including the first whose text is ``text``."""
+        got: list[Frame] = []
+        async with asyncio.timeout(timeout):
+            while not got or got[-1]["text"] != text:
+                got.append(await self.expect("message"))
+        return got
+
+    async def presence_of(self, user: str, timeout: float = 5.0) -> Frame:
+        """The next ``presence`` frame about ``user`` (others are skipped)."""
+        async with asyncio.timeout(timeout):
+            while True:
+                frame = await self.expect("presence", timeout)
+                if frame.get("user") == user:
+                    return frame
+
     async def messages(self, count: int, timeout: float = 5.0) -> list[Frame]:
         """The next ``count`` frames, all of which must be ``message`` frames."""
         return [await self.expect("message", timeout) for _ in range(count)]

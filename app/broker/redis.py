@@ -85,6 +85,7 @@ class RedisBroker:
         self._tasks: list[asyncio.Task[None]] = []
         self._listener: asyncio.Task[None] | None = None
         self._canary_seen = 0.0
+        self._stopping = False
         self.pubsub_lag_s = 0.0
         self.reconnects = 0
 
@@ -119,12 +120,19 @@ class RedisBroker:
         ]
 
     async def stop(self) -> None:
+        self._stopping = True
         self._ready = False
-        for task in self._tasks:
+        tasks = [*self._tasks, *([self._listener] if self._listener else [])]
+        for task in tasks:
             task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        # redis-py may turn a cancellation into a timeout error; the loops also check
+        # _stopping, and this wait is bounded whatever happens.
+        done, pending = await asyncio.wait(tasks, timeout=self._settings.redis_timeout_s * 2)
+        for task in done:
+            if not task.cancelled():
+                task.exception()  # retrieved: it was logged (or is moot) already
+        if pending:
+            logger.warning("redis broker: %d tasks did not stop in time", len(pending))
         with contextlib.suppress(*_ERRORS):
             await self._withdraw_presence()
         await self._redis.aclose()
@@ -133,7 +141,7 @@ class RedisBroker:
     async def _supervise(self) -> None:
         """Keep one listener running; back off (capped, jittered) between attempts."""
         delay = 0.1
-        while True:
+        while not self._stopping:
             self._listener = asyncio.create_task(self._listen())
             await asyncio.wait({self._listener})
             failure = "deaf subscription" if self._listener.cancelled() else None
@@ -204,7 +212,7 @@ class RedisBroker:
     async def _canary(self) -> None:
         """Publish to our own control channel; no echo within the timeout means deaf."""
         interval = self._settings.canary_interval_s
-        while True:
+        while not self._stopping:
             await asyncio.sleep(interval)
             if not self._ready:
                 continue
@@ -365,7 +373,7 @@ class RedisBroker:
 
     async def _presence_upkeep(self) -> None:
         """Refresh this worker's entries and sweep out users of dead workers, every ttl/3."""
-        while True:
+        while not self._stopping:
             await asyncio.sleep(self._settings.presence_ttl_s / 3)
             if not self._ready:
                 continue

@@ -1,0 +1,130 @@
+"""Real processes for tests: redis-server, ``python -m app`` and gunicorn, each on a free
+loopback port, started and stopped (by PID) by the test that uses them."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import signal
+import sys
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+
+import httpx2 as httpx
+
+from tests.helpers import free_port
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+class RedisServer:
+    """A throwaway redis-server (no persistence) that a test can kill and restart."""
+
+    def __init__(self) -> None:
+        binary = shutil.which("redis-server")
+        assert binary, "redis-server is missing: `make test` installs it"
+        self.binary = binary
+        self.port = free_port()
+        self.dir = tempfile.mkdtemp(prefix="hubbub-redis-")
+        self.proc: asyncio.subprocess.Process | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    async def start(self) -> None:
+        self.proc = await asyncio.create_subprocess_exec(
+            self.binary,
+            "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+            "--dir", self.dir, "--logfile", "",
+            stdout=asyncio.subprocess.DEVNULL,
+        )  # fmt: skip
+        async with asyncio.timeout(10):
+            while True:
+                try:
+                    _, writer = await asyncio.open_connection("127.0.0.1", self.port)
+                except OSError:
+                    await asyncio.sleep(0.02)
+                    continue
+                writer.close()
+                return
+
+    async def kill(self) -> None:
+        """SIGKILL: an abrupt loss, as when the Redis host dies."""
+        if self.proc is not None and self.proc.returncode is None:
+            self.proc.send_signal(signal.SIGKILL)
+            await self.proc.wait()
+        self.proc = None
+
+    async def stop(self) -> None:
+        await self.kill()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+class AppProcess:
+    """The service as a separate process: ``python -m app`` or gunicorn with the repo's config."""
+
+    def __init__(self, env: Mapping[str, str], gunicorn_workers: int | None = None) -> None:
+        self.port = free_port()
+        self.env = {**os.environ, "CHAT_HOST": "127.0.0.1", "CHAT_PORT": str(self.port), **env}
+        self.gunicorn_workers = gunicorn_workers
+        self.proc: asyncio.subprocess.Process | None = None
+        # A file, not a pipe: nobody has to keep reading it for the app to keep logging.
+        self.log = tempfile.NamedTemporaryFile(prefix="hubbub-app-", suffix=".log")  # noqa: SIM115
+
+    @property
+    def http_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def ws_url(self, name: str) -> str:
+        return f"ws://127.0.0.1:{self.port}/ws?name={name}"
+
+    def command(self) -> list[str]:
+        if self.gunicorn_workers is None:
+            return [sys.executable, "-m", "app"]
+        gunicorn = str(Path(sys.executable).parent / "gunicorn")
+        return [
+            gunicorn, "-c", "deploy/gunicorn.conf.py",
+            "--bind", f"127.0.0.1:{self.port}", "--workers", str(self.gunicorn_workers),
+        ]  # fmt: skip
+
+    async def start(self, wait_ready: bool = True) -> None:
+        self.proc = await asyncio.create_subprocess_exec(
+            *self.command(), cwd=ROOT, env=self.env, stdout=self.log, stderr=self.log
+        )
+        if wait_ready:
+            await self.wait_status(200)
+
+    async def readyz(self) -> int:
+        async with httpx.AsyncClient() as http:
+            try:
+                return (await http.get(f"{self.http_url}/readyz", timeout=2)).status_code
+            except httpx.TransportError:
+                return 0
+
+    async def wait_status(self, status: int, timeout: float = 20) -> None:
+        async with asyncio.timeout(timeout):
+            while await self.readyz() != status:
+                assert self.proc is not None and self.proc.returncode is None, "app exited"
+                await asyncio.sleep(0.05)
+
+    def signal(self, sig: int) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(sig)
+
+    async def wait(self, timeout: float = 30) -> int:
+        assert self.proc is not None
+        async with asyncio.timeout(timeout):
+            return await self.proc.wait()
+
+    def output(self) -> str:
+        """Everything the process has logged so far."""
+        return Path(self.log.name).read_text(errors="replace")
+
+    async def stop(self) -> None:
+        if self.proc is not None and self.proc.returncode is None:
+            self.proc.send_signal(signal.SIGKILL)
+            await self.proc.wait()
+        self.log.close()

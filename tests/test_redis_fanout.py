@@ -1,0 +1,284 @@
+"""Fan-out through a real Redis: across processes, recovery, presence, direct messages,
+self-healing, drain, and Gunicorn."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx2 as httpx
+from websockets.asyncio.client import connect
+
+from app.broker.redis import RedisBroker
+from app.settings import Settings
+from tests.helpers import ChatClient, LiveServer, make_settings, run_server, wait_until
+from tests.processes import AppProcess, RedisServer
+
+
+def redis_settings(redis: RedisServer, **overrides: Any) -> Settings:
+    fast = {
+        "redis_url": redis.url,
+        "canary_interval_s": 0.2,
+        "canary_timeout_s": 1.0,
+        "redis_reconnect_max_s": 0.5,
+        "redis_timeout_s": 1.0,
+    }
+    return make_settings(**(fast | overrides))
+
+
+@contextlib.asynccontextmanager
+async def two_servers(
+    redis: RedisServer, **overrides: Any
+) -> AsyncIterator[tuple[LiveServer, LiveServer]]:
+    """Two independent app instances (as two workers or pods) sharing one Redis."""
+    settings = redis_settings(redis, **overrides)
+    async with run_server(settings) as a, run_server(settings) as b:
+        await wait_until(lambda: a.state.broker.ready and b.state.broker.ready)
+        yield a, b
+
+
+async def test_message_crosses_processes_in_one_order(redis_server: RedisServer) -> None:
+    """Messages published through either instance reach members on both, and every member
+    sees the same order."""
+    async with two_servers(redis_server) as (a, b), contextlib.AsyncExitStack() as stack:
+        clients = [
+            await stack.enter_async_context(ChatClient.connect(server.ws_url(f"u{n}")))
+            for n, server in enumerate([a, b, a, b])
+        ]
+        for client in clients:
+            await client.join("hall")
+
+        async def publish(client: ChatClient, tag: str) -> None:
+            for k in range(30):
+                await client.say("hall", f"{tag}{k}")
+
+        await asyncio.gather(publish(clients[0], "a"), publish(clients[1], "b"))
+        seen = [[m["text"] for m in await c.messages(60)] for c in clients]
+        assert all(order == seen[0] for order in seen)
+        assert [t for t in seen[0] if t[0] == "a"] == [f"a{k}" for k in range(30)]
+
+
+async def test_recovery_on_the_other_process(redis_server: RedisServer) -> None:
+    """A client that missed messages rejoins on the other instance with `since` and gets
+    exactly the missed ones, in order, then live ones; too old a `since` is not recovered."""
+    async with two_servers(redis_server, history_size=20) as (a, b):
+        async with ChatClient.connect(b.ws_url("talker")) as talker:
+            await talker.join("r")
+            async with ChatClient.connect(a.ws_url("reader")) as reader:
+                await reader.join("r")
+                await talker.say("r", "seen")
+                last = (await reader.expect("message"))["id"]
+            for k in range(5):
+                await talker.say("r", f"missed{k}")
+            await talker.messages_until("missed4")
+            async with ChatClient.connect(b.ws_url("reader")) as back:
+                await back.send({"type": "join", "room": "r", "since": last})
+                joined = await back.expect("joined")
+                assert joined["recovered"] is True
+                replay = await back.messages(5)
+                assert [m["text"] for m in replay] == [f"missed{k}" for k in range(5)]
+                await talker.say("r", "live")
+                assert (await back.expect("message"))["text"] == "live"
+            for k in range(30):  # push "seen" out of the 20-message history
+                await talker.say("r", f"more{k}")
+            await talker.messages_until("more29")  # all of them published
+            async with ChatClient.connect(a.ws_url("late")) as late:
+                await late.send({"type": "join", "room": "r", "since": last})
+                assert (await late.expect("joined"))["recovered"] is False
+                assert await late.is_responsive()  # nothing replayed
+
+
+async def test_recovery_has_no_gap_or_duplicate_under_traffic(redis_server: RedisServer) -> None:
+    """Rejoining with `since` on the other instance while messages keep flowing yields every
+    message exactly once, in order: no gap, no duplicate."""
+    async with two_servers(redis_server) as (a, b):
+        async with ChatClient.connect(a.ws_url("pub")) as pub:
+            await pub.join("flow")
+            stop = asyncio.Event()
+
+            async def publish() -> int:
+                n = 0
+                while not stop.is_set():
+                    await pub.say("flow", str(n))
+                    n += 1
+                    await asyncio.sleep(0.002)
+                return n
+
+            async def drain_own_echoes() -> None:
+                while True:
+                    await pub.next_frame(timeout=30)
+
+            publisher = asyncio.create_task(publish())
+            echoes = asyncio.create_task(drain_own_echoes())
+            async with ChatClient.connect(b.ws_url("sub")) as sub:
+                joined = await sub.join("flow")
+                assert "recovered" not in joined
+                first = await sub.messages(20)
+            got = [int(m["text"]) for m in first]
+            async with ChatClient.connect(a.ws_url("sub")) as sub2:
+                await sub2.send({"type": "join", "room": "flow", "since": first[-1]["id"]})
+                assert (await sub2.expect("joined"))["recovered"] is True
+                await asyncio.sleep(0.2)  # let traffic flow across the rejoin
+                stop.set()
+                total = await publisher
+                got += [int(m["text"]) for m in await sub2.messages(total - got[0] - len(got))]
+            echoes.cancel()
+            assert got == list(range(got[0], total))
+
+
+async def test_presence_across_processes(redis_server: RedisServer) -> None:
+    """`joined` lists users on every instance; joins and leaves are announced everywhere; a
+    user with two tabs counts once and leaves only when the last tab goes."""
+    async with two_servers(redis_server) as (a, b):
+        async with ChatClient.connect(a.ws_url("ann")) as ann:
+            await ann.join("p")
+            async with ChatClient.connect(b.ws_url("bob")) as bob:
+                joined = await bob.join("p")
+                assert joined["users"] == ["ann", "bob"] and joined["count"] == 2
+                event = await ann.presence_of("bob")  # (her own arrival is announced too)
+                assert event == {
+                    "type": "presence", "room": "p", "event": "join", "user": "bob", "count": 2
+                }  # fmt: skip
+                async with ChatClient.connect(a.ws_url("bob")) as bob_tab2:
+                    assert (await bob_tab2.join("p"))["count"] == 2
+                # bob's second tab left, his first is still there: no announcement.
+                assert await ann.is_responsive()
+            leave = await ann.presence_of("bob")
+            assert leave["event"] == "leave" and leave["user"] == "bob" and leave["count"] == 1
+
+
+async def test_presence_counts_only_above_threshold(redis_server: RedisServer) -> None:
+    """Above presence_max_members, joined and presence frames carry counts, not names."""
+    async with two_servers(redis_server, presence_max_members=1) as (a, b):
+        async with ChatClient.connect(a.ws_url("x")) as x, ChatClient.connect(b.ws_url("y")) as y:
+            assert (await x.join("big"))["users"] == ["x"]
+            joined = await y.join("big")
+            assert joined["count"] == 2 and "users" not in joined
+            own = await x.expect("presence")  # x's own arrival, when the room was small
+            assert own["user"] == "x" and own["count"] == 1
+            assert await x.expect("presence") == {"type": "presence", "room": "big", "count": 2}
+
+
+async def test_presence_of_killed_process_expires(redis_server: RedisServer) -> None:
+    """When a process dies without cleaning up (SIGKILL), its users disappear from presence
+    within the presence TTL and the others are told."""
+    env = {"CHAT_REDIS_URL": redis_server.url, "CHAT_PRESENCE_TTL_S": "1.5"}
+    doomed = AppProcess(env)
+    await doomed.start()
+    try:
+        async with run_server(redis_settings(redis_server, presence_ttl_s=1.5)) as live:
+            await wait_until(lambda: live.state.broker.ready)
+            async with ChatClient.connect(live.ws_url("stays")) as stays:
+                await stays.join("room")
+                ghost = await connect(doomed.ws_url("ghost"))
+                await ghost.send('{"type":"join","room":"room"}')
+                assert (await stays.presence_of("ghost"))["event"] == "join"
+                doomed.signal(signal.SIGKILL)
+                await doomed.wait()
+                leave = await stays.presence_of("ghost", timeout=6)
+                assert leave["event"] == "leave" and leave["user"] == "ghost"
+                assert (await stays.join("room"))["users"] == ["stays"]
+    finally:
+        await doomed.stop()
+
+
+async def test_direct_messages_across_processes(redis_server: RedisServer) -> None:
+    """`send` with `to` reaches every connection of that user on any instance, plus the
+    sender's own connections; the sender gets an ack."""
+    async with two_servers(redis_server) as (a, b):
+        async with (
+            ChatClient.connect(a.ws_url("amy")) as amy,
+            ChatClient.connect(a.ws_url("ben")) as ben_a,
+            ChatClient.connect(b.ws_url("ben")) as ben_b,
+            ChatClient.connect(b.ws_url("cat")) as cat,
+        ):
+            await amy.say_to("ben", "psst", cid="d1")
+            for client in (ben_a, ben_b):
+                dm = await client.expect("message")
+                assert dm["to"] == "ben" and dm["user"] == "amy" and dm["text"] == "psst"
+            # With Redis the ack may come before the sender's own copy.
+            own = {f["type"]: f for f in [await amy.next_frame(), await amy.next_frame()]}
+            assert own["ack"]["cid"] == "d1" and own["ack"]["id"] == own["message"]["id"]
+            assert await cat.is_responsive()  # cat got nothing
+
+
+async def test_redis_outage_loses_nothing_silently(redis_server: RedisServer) -> None:
+    """Redis is killed under steady traffic and restarted. Every send is answered by an ack or
+    an error frame; acked messages are delivered live or recoverable; /readyz fails during the
+    outage and recovers; rooms are resubscribed so live delivery resumes."""
+    async with two_servers(redis_server) as (a, b):
+        async with (
+            ChatClient.connect(a.ws_url("sender")) as sender,
+            ChatClient.connect(b.ws_url("receiver")) as receiver,
+        ):
+            await sender.join("steady")
+            await receiver.join("steady")
+            acked: dict[int, int] = {}  # seq -> message id
+            refused: list[int] = []
+            seq = 0
+
+            async def send_one() -> None:
+                nonlocal seq
+                await sender.say("steady", str(seq), cid=seq)
+                while True:
+                    frame = await sender.next_frame(
+                        timeout=10, skip=("ping", "presence", "message")
+                    )
+                    if frame["type"] == "ack":
+                        acked[frame["cid"]] = frame["id"]
+                        break
+                    if frame["type"] == "error":
+                        assert frame["code"] == "broker_unavailable" and frame["cid"] == seq
+                        refused.append(seq)
+                        break
+                seq += 1
+
+            for _ in range(20):
+                await send_one()
+            await redis_server.kill()
+            async with httpx.AsyncClient() as http:
+                async with asyncio.timeout(5):
+                    while (await http.get(f"{a.http_url}/readyz")).status_code != 503:
+                        await send_one()
+                for _ in range(5):
+                    await send_one()  # sends during the outage: refused, never silently lost
+                await redis_server.start()
+                async with asyncio.timeout(10):
+                    while (await http.get(f"{a.http_url}/readyz")).status_code != 200:
+                        await asyncio.sleep(0.05)
+                await wait_until(lambda: b.state.broker.ready, 10)
+            for _ in range(20):
+                await send_one()
+            assert refused, "the outage refused no send"
+            assert set(acked) | set(refused) == set(range(seq))
+            # Everything acked after the restart reaches the receiver live: rooms resubscribed.
+            after = [s for s in acked if s > max(refused)]
+            got = [int(m["text"]) for m in await receiver.messages_until(str(max(after)))]
+            assert set(after) <= set(got)
+            assert not set(refused) & set(got)
+
+
+async def test_deaf_subscription_is_detected_and_healed(redis_server: RedisServer) -> None:
+    """If a worker's subscriber connection is silently cut, the canary notices, the worker
+    resubscribes, and delivery resumes."""
+    async with two_servers(redis_server) as (a, b):
+        broker = b.state.broker
+        assert isinstance(broker, RedisBroker)
+        async with (
+            ChatClient.connect(a.ws_url("pub")) as pub,
+            ChatClient.connect(b.ws_url("sub")) as sub,
+        ):
+            await pub.join("c")
+            await sub.join("c")
+            reconnects = broker.reconnects
+            # Make b's subscription deaf behind its back: the connection stays up, but Redis no
+            # longer sends it anything (what a lost subscription looks like to a client).
+            assert broker._pubsub is not None
+            await broker._pubsub.unsubscribe()
+            await wait_until(lambda: broker.reconnects > reconnects, 10)
+            await wait_until(lambda: broker.ready, 10)
+            await pub.say("c", "after")
+            assert (await sub.expect("message", timeout=10))["text"] == "after"
