@@ -179,6 +179,12 @@ class Settings(BaseSettings):
         ge=0,
         description="Rooms with more present users send counts only, not member lists and names.",
     )
+    presence_count_interval_s: float = Field(
+        2.0,
+        gt=0,
+        description="Above `CHAT_PRESENCE_MAX_MEMBERS`, a room's count is announced at most this "
+        "often (per worker).",
+    )
     drain_window_s: float = Field(
         10.0,
         ge=0,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import orjson
 import pytest
 
@@ -120,3 +122,21 @@ async def test_memory_broker_history_and_recovery_limits() -> None:
     assert (await broker.history_since("r", ids[-1])) == History(True, [])
     page = await broker.history_before("r", ids[7], 2)
     assert [orjson.loads(f)["text"] for f in page] == ["5", "6"]
+
+
+async def test_big_room_presence_is_throttled() -> None:
+    """Above presence_max_members, joins are announced as counts, at most once per interval,
+    with one trailing update carrying the final count: no N² storm when a room fills up."""
+    recorder = _Recorder()
+    broker = MemoryBroker(make_settings(presence_max_members=3, presence_count_interval_s=0.2))
+    await broker.start(recorder)
+    await broker.subscribe_room("big")
+    for n in range(200):
+        await broker.presence_join("big", f"u{n}")
+    frames = [orjson.loads(p) for _, p in recorder.rooms]
+    assert [f.get("user") for f in frames[:3]] == ["u0", "u1", "u2"]  # small: by name
+    assert len(frames) == 4 and frames[3] == {"type": "presence", "room": "big", "count": 4}
+    await asyncio.sleep(0.35)  # the trailing update
+    assert len(recorder.rooms) == 5
+    assert orjson.loads(recorder.rooms[-1][1]) == {"type": "presence", "room": "big", "count": 200}
+    await broker.stop()

@@ -7,12 +7,11 @@ from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-import orjson
-
+from app.announcer import PresenceAnnouncer
 from app.broker import BrokerHandler, History, Published, RoomPresence
 from app.dedup import RecentIds
 from app.errors import BrokerUnavailable
-from app.protocol import encode_direct, encode_message, presence_frame
+from app.protocol import encode_direct, encode_message
 from app.settings import Settings
 
 
@@ -44,6 +43,12 @@ class MemoryBroker:
         self._last_id = 0
         self._recent = RecentIds(settings.dedup_ttl_s, settings.dedup_max_entries)
         self._clock = clock
+        self._announcer = PresenceAnnouncer(
+            self._deliver_presence,
+            self._count,
+            settings.presence_max_members,
+            settings.presence_count_interval_s,
+        )
 
     @property
     def ready(self) -> bool:
@@ -53,6 +58,7 @@ class MemoryBroker:
         self._handler = handler
 
     async def stop(self) -> None:
+        await self._announcer.close()
         self._handler = None
 
     async def subscribe_room(self, room: str) -> None:
@@ -60,6 +66,7 @@ class MemoryBroker:
 
     async def unsubscribe_room(self, room: str) -> None:
         self._rooms.discard(room)
+        self._announcer.forget(room)
 
     async def subscribe_user(self, user: str) -> None:
         self._users.add(user)
@@ -148,23 +155,22 @@ class MemoryBroker:
         return older[-limit:] if limit else []
 
     async def presence_join(self, room: str, user: str) -> None:
-        users = self._present.setdefault(room, set())
-        users.add(user)
-        self._announce(room, "join", user, len(users))
+        self._present.setdefault(room, set()).add(user)
+        await self._announcer.announce(room, "join", user)
 
     async def presence_leave(self, room: str, user: str) -> None:
         users = self._present.get(room, set())
         users.discard(user)
         if not users:
             self._present.pop(room, None)
-        self._announce(room, "leave", user, len(users))
+        await self._announcer.announce(room, "leave", user)
 
-    def _announce(self, room: str, event: str, user: str, count: int) -> None:
+    async def _deliver_presence(self, room: str, payload: bytes) -> None:
         if self._handler is not None and room in self._rooms:
-            shown = user if count <= self._settings.presence_max_members else None
-            self._handler.deliver_room(
-                room, orjson.dumps(presence_frame(room, event, shown, count))
-            )
+            self._handler.deliver_room(room, payload)
+
+    async def _count(self, room: str) -> int:
+        return len(self._present.get(room, ()))
 
     async def presence(self, room: str) -> RoomPresence:
         users = self._present.get(room, set())

@@ -31,10 +31,10 @@ from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 from redis.retry import Retry
 
+from app.announcer import PresenceAnnouncer
 from app.broker import BrokerHandler, History, Published, RoomPresence
 from app.broker import redis_scripts as scripts
 from app.errors import BrokerUnavailable
-from app.protocol import presence_frame
 from app.settings import Settings
 
 logger = logging.getLogger(__name__)
@@ -88,6 +88,12 @@ class RedisBroker:
         self._stopping = False
         self.pubsub_lag_s = 0.0
         self.reconnects = 0
+        self._announcer = PresenceAnnouncer(
+            self._publish_presence,
+            self._count,
+            settings.presence_max_members,
+            settings.presence_count_interval_s,
+        )
 
     # -- channels and keys --------------------------------------------------------------------
 
@@ -122,6 +128,7 @@ class RedisBroker:
     async def stop(self) -> None:
         self._stopping = True
         self._ready = False
+        await self._announcer.close()
         tasks = [*self._tasks, *([self._listener] if self._listener else [])]
         for task in tasks:
             task.cancel()
@@ -251,6 +258,7 @@ class RedisBroker:
 
     async def unsubscribe_room(self, room: str) -> None:
         self._rooms.discard(room)
+        self._announcer.forget(room)
         await self._unsubscribe(self._room_channel(room))
 
     async def subscribe_user(self, user: str) -> None:
@@ -356,10 +364,15 @@ class RedisBroker:
             await self._announce(room, "leave", user)
 
     async def _announce(self, room: str, event: str, user: str) -> None:
-        count = (await self.presence(room)).count
-        shown = user if count <= self._settings.presence_max_members else None
-        frame = orjson.dumps(presence_frame(room, event, shown, count))
-        await self._call(lambda: self._redis.publish(self._room_channel(room), frame))
+        await self._announcer.announce(room, event, user)
+
+    async def _publish_presence(self, room: str, payload: bytes) -> None:
+        await self._call(lambda: self._redis.publish(self._room_channel(room), payload))
+
+    async def _count(self, room: str) -> int:
+        key = self._room_key(room, "present")
+        now = int(time.time() * 1000)
+        return int(await self._call(lambda: self._redis.zcount(key, now, "+inf")))
 
     async def presence(self, room: str) -> RoomPresence:
         key = self._room_key(room, "present")
