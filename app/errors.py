@@ -50,6 +50,7 @@ class ErrorCode(StrEnum):
     TOO_MANY_ROOMS = "too_many_rooms"
     RATE_LIMITED = "rate_limited"
     BROKER_UNAVAILABLE = "broker_unavailable"
+    RESYNC = "resync"
 
 
 class FrameError(Exception):

@@ -10,7 +10,9 @@ the broker of presence changes per (room, user), however many tabs the user has 
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import logging
 from collections import Counter
 from dataclasses import dataclass
 
@@ -18,8 +20,10 @@ import orjson
 
 from app.broker import Broker
 from app.connection import Connection
-from app.errors import BrokerUnavailable
-from app.protocol import joined_frame
+from app.errors import BrokerUnavailable, ErrorCode
+from app.protocol import error_frame, joined_frame
+
+logger = logging.getLogger(__name__)
 
 _Buffer = list[tuple[str, int]]
 
@@ -43,6 +47,11 @@ class Hub:
         self._joining: dict[str, dict[Connection, _Buffer]] = {}
         self._users: dict[str, set[Connection]] = {}
         self._present: Counter[tuple[str, str]] = Counter()
+        # Newest message id delivered per room, and rooms catching up after a broker outage
+        # (their live frames wait here until the missed ones have been delivered).
+        self._last_id: dict[str, int] = {}
+        self._catching_up: dict[str, _Buffer] = {}
+        self._catch_up_task: asyncio.Task[None] | None = None
         self.connections: set[Connection] = set()
         self.draining = False
 
@@ -56,13 +65,60 @@ class Hub:
         """
         frame = payload.decode()
         nbytes = len(payload)
-        members = self._rooms.get(room)
-        if members:
-            for conn in members:
-                conn.offer(frame, nbytes)
+        if self._catching_up and room in self._catching_up:
+            self._catching_up[room].append((frame, nbytes))
+        else:
+            self._offer_members(room, frame, nbytes)
         if self._joining:
             for buffer in self._joining.get(room, {}).values():
                 buffer.append((frame, nbytes))
+
+    def _offer_members(self, room: str, frame: str, nbytes: int) -> None:
+        members = self._rooms.get(room)
+        if members:
+            message_id = _message_id(frame)
+            if message_id is not None:
+                self._last_id[room] = message_id
+            for conn in members:
+                conn.offer(frame, nbytes)
+
+    def resubscribed(self) -> None:
+        """After a broker outage, fetch what each room missed and deliver it, in order,
+        before the live frames that arrive meanwhile (see :meth:`_catch_up`)."""
+        if self._catch_up_task is None or self._catch_up_task.done():
+            self._catch_up_task = asyncio.create_task(self._catch_up(), name="catch-up")
+
+    async def _catch_up(self) -> None:
+        """Deliver, room by room, the messages published while this worker was not
+        subscribed (from the broker's history), then the live frames held back meanwhile,
+        minus those the history already held. A room whose gap is not in the history any
+        more gets a ``resync`` error frame: its members must reload it."""
+        rooms = [room for room in self._rooms if room in self._last_id]
+        for room in rooms:
+            self._catching_up[room] = []
+        for room in rooms:
+            try:
+                history = await self._broker.history_since(room, self._last_id[room])
+            except BrokerUnavailable:
+                history = None
+            held = self._catching_up.pop(room)
+            if history is None or not history.recovered:
+                error = error_frame(
+                    ErrorCode.RESYNC,
+                    "messages of this room may have been missed: rejoin it with since",
+                    {"room": room},
+                )
+                for conn in self._rooms.get(room, ()):
+                    conn.offer(error)
+            else:
+                for payload in history.frames:
+                    self._offer_members(room, payload.decode(), len(payload))
+            last = self._last_id.get(room, 0)
+            for frame, nbytes in held:
+                message_id = _message_id(frame)
+                if message_id is None or message_id > last:
+                    self._offer_members(room, frame, nbytes)
+        logger.info("caught up %d rooms after a broker outage", len(rooms))
 
     def deliver_user(self, user: str, payload: bytes) -> None:
         """Queue a direct message on every local connection of ``user``."""
@@ -132,6 +188,10 @@ class Hub:
                 self._present[key] -= 1
                 if self._present[key] == 0:
                     del self._present[key]
+                    # Undo a presence entry that may have been made, or it would be refreshed
+                    # for a user who is not here.
+                    with contextlib.suppress(BrokerUnavailable):
+                        await self._broker.presence_leave(room, conn.user)
             self._stop_joining(conn, room)
             await self.leave(conn, room)
             raise
@@ -146,6 +206,7 @@ class Hub:
                 conn.offer(payload.decode(), len(payload))
             if history.frames:
                 last_replayed = int(orjson.loads(history.frames[-1])["id"])
+                self._last_id[room] = max(self._last_id.get(room, 0), last_replayed)
         for frame, nbytes in buffer:
             message_id = _message_id(frame)
             if history is not None and message_id is not None and message_id <= last_replayed:
@@ -171,6 +232,7 @@ class Hub:
             members.discard(conn)
             if not members:
                 del self._rooms[room]
+                self._last_id.pop(room, None)
         key = (room, conn.user)
         if was_member and self._present[key] > 0:
             self._present[key] -= 1
@@ -181,6 +243,13 @@ class Hub:
                     await self._broker.presence_leave(room, conn.user)
         if room not in self._rooms and room not in self._joining:
             await self._broker.unsubscribe_room(room)
+
+    async def close(self) -> None:
+        """Stop background work (a catch-up in progress)."""
+        if self._catch_up_task is not None:
+            self._catch_up_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._catch_up_task
 
     def members(self, room: str) -> frozenset[Connection]:
         return frozenset(self._rooms.get(room, ()))

@@ -49,6 +49,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             heartbeat.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await heartbeat
+            await hub.close()
             await broker.stop()
 
     app = FastAPI(title="Hubbub", version=__version__, lifespan=lifespan, docs_url=None)

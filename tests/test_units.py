@@ -84,6 +84,9 @@ class _Recorder:
     def deliver_user(self, user: str, payload: bytes) -> None:
         self.users.append((user, payload))
 
+    def resubscribed(self) -> None:
+        raise AssertionError("the memory broker never loses its subscriptions")
+
 
 async def test_memory_broker_ids_order_and_dedup() -> None:
     """Ids increase across rooms and calls, even with a clock that stands still; a repeated

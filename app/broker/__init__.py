@@ -21,6 +21,10 @@ class BrokerHandler(Protocol):
 
     def deliver_user(self, user: str, payload: bytes) -> None: ...
 
+    def resubscribed(self) -> None:
+        """The broker reconnected after an outage: live messages may have been missed."""
+        ...
+
 
 @dataclass(frozen=True, slots=True)
 class Published:

@@ -203,6 +203,8 @@ class RedisBroker:
                     if channel == control and not self._ready:
                         self._canary_seen = time.monotonic()
                         self._ready = True
+                        if self._handler is not None and self.reconnects:
+                            self._handler.resubscribed()
                         logger.info(
                             "redis pub/sub ready: %d rooms, %d users",
                             len(self._rooms),
