@@ -348,7 +348,7 @@ class RedisBroker:
             )
         )
         if changed:
-            await self._announce(room, "join", user)
+            await self._announcer.announce(room, "join", user)
 
     async def presence_leave(self, room: str, user: str) -> None:
         users = self._present.get(room)
@@ -363,10 +363,7 @@ class RedisBroker:
             )
         )
         if changed:
-            await self._announce(room, "leave", user)
-
-    async def _announce(self, room: str, event: str, user: str) -> None:
-        await self._announcer.announce(room, event, user)
+            await self._announcer.announce(room, "leave", user)
 
     async def _publish_presence(self, room: str, payload: bytes) -> None:
         await self._call(lambda: self._redis.publish(self._room_channel(room), payload))
@@ -377,14 +374,12 @@ class RedisBroker:
         return int(await self._call(lambda: self._redis.zcount(key, now, "+inf")))
 
     async def presence(self, room: str) -> RoomPresence:
-        key = self._room_key(room, "present")
-        now = int(time.time() * 1000)
-        limit = self._settings.presence_max_members
-        count = await self._call(lambda: self._redis.zcount(key, now, "+inf"))
-        if count > limit:
-            return RoomPresence(int(count), None)
+        count = await self._count(room)
+        if count > self._settings.presence_max_members:
+            return RoomPresence(count, None)
+        key, now = self._room_key(room, "present"), int(time.time() * 1000)
         users = await self._call(lambda: self._redis.zrangebyscore(key, now, "+inf"))
-        return RoomPresence(int(count), sorted(cast(bytes, u).decode() for u in users))
+        return RoomPresence(count, sorted(cast(bytes, u).decode() for u in users))
 
     async def _presence_upkeep(self) -> None:
         """Refresh this worker's entries and sweep out users of dead workers, every ttl/3."""
@@ -417,7 +412,7 @@ class RedisBroker:
                 args=[now, self._room_key(room, "tabs:")],
             )
             for user in gone:
-                await self._announce(room, "leave", user.decode())
+                await self._announcer.announce(room, "leave", user.decode())
 
     async def _withdraw_presence(self) -> None:
         """On a clean stop, leave every room at once instead of waiting for expiry."""
