@@ -1,19 +1,20 @@
-"""``python -m app``: serve the chat with one uvicorn worker and the embedded memory broker."""
+"""``python -m app``: serve the chat with one uvicorn worker and the embedded memory broker
+(or Redis, with ``CHAT_REDIS_URL``), plus the metrics port when ``CHAT_METRICS_PORT`` is set."""
 
 from __future__ import annotations
 
-import logging
+import socket
 import sys
 
 import uvicorn
 
+from app.logs import logging_config
 from app.main import create_app
 from app.server import DrainingServer, uvicorn_options
 from app.settings import SettingsError, load_settings
 
 
 def main() -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     try:
         settings = load_settings()
     except SettingsError as exc:
@@ -24,9 +25,15 @@ def main() -> int:
         host=settings.host,
         port=settings.port,
         log_level=settings.log_level,
+        log_config=logging_config(settings),
         **uvicorn_options(settings),
     )
-    DrainingServer(config).run()
+    sockets: list[socket.socket] = [config.bind_socket()]
+    if settings.metrics_port is not None:
+        family = socket.AF_INET6 if ":" in settings.metrics_host else socket.AF_INET
+        address = (settings.metrics_host, settings.metrics_port)
+        sockets.append(socket.create_server(address, family=family))
+    DrainingServer(config).run(sockets=sockets)
     return 0
 
 

@@ -24,8 +24,7 @@ def _state(request: Request) -> ChatState:
 @router.websocket("/ws")
 async def websocket_endpoint(ws: WebSocket) -> None:
     """The chat socket; see docs/protocol.md."""
-    state: ChatState = ws.app.state.chat
-    await serve(ws, state.hub, state.broker, state.settings)
+    await serve(ws, ws.app.state.chat)
 
 
 @router.get("/rooms/{room}/messages")

@@ -16,6 +16,7 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from app.abort import abort
 from app.errors import CloseCode
+from app.metrics import Metrics
 from app.outbox import Outbox
 from app.ratelimit import RateLimiter
 
@@ -43,6 +44,7 @@ class Connection:
     __slots__ = (
         "_close_timeout_s",
         "_closer",
+        "_metrics",
         "_outbox",
         "_writer",
         "_ws",
@@ -50,6 +52,7 @@ class Connection:
         "id",
         "last_seen",
         "limiter",
+        "opened_at",
         "rooms",
         "user",
     )
@@ -62,16 +65,19 @@ class Connection:
         limiter: RateLimiter,
         close_timeout_s: float,
         now: float,
+        metrics: Metrics,
     ) -> None:
         self.id = secrets.token_hex(6)
         self.user = user
         self.rooms: set[str] = set()
         self.last_seen = now
+        self.opened_at = now
         self.limiter = limiter
         self.close_code: CloseCode | None = None
         self._ws = ws
         self._outbox = outbox
         self._close_timeout_s = close_timeout_s
+        self._metrics = metrics
         self._writer: asyncio.Task[None] | None = None
         self._closer: asyncio.Task[None] | None = None
 
@@ -93,10 +99,12 @@ class Connection:
             self._writer = asyncio.get_running_loop().create_task(self._write())
 
     async def _write(self) -> None:
-        outbox = self._outbox
+        outbox, ws, metrics = self._outbox, self._ws, self._metrics
         try:
             while outbox:
-                await self._ws.send_text(outbox.take())
+                text = outbox.take()
+                await ws.send_text(text)
+                metrics.wrote(text)
         except _GONE:
             outbox.clear()
         finally:

@@ -18,6 +18,7 @@ from collections import Counter
 from app.broker import Broker
 from app.connection import Connection
 from app.errors import BrokerUnavailable, ErrorCode
+from app.metrics import Metrics
 from app.protocol import error_frame, joined_frame
 
 logger = logging.getLogger(__name__)
@@ -28,8 +29,9 @@ _Buffer = list[tuple[str, int]]
 class Hub:
     """Rooms → local connections, users → local connections, and every open connection."""
 
-    def __init__(self, broker: Broker, max_connections: int) -> None:
+    def __init__(self, broker: Broker, max_connections: int, metrics: Metrics) -> None:
         self._broker = broker
+        self._metrics = metrics
         self._max_connections = max_connections
         self._rooms: dict[str, set[Connection]] = {}
         # Connections between "subscribed" and "history replayed": live frames wait here.
@@ -68,6 +70,7 @@ class Hub:
             message_id = _message_id(frame)
             if message_id is not None:
                 self._last_id[room] = message_id
+                self._metrics.delivered_since_sync += len(members)
             for conn in members:
                 conn.offer(frame, nbytes)
 
@@ -97,7 +100,9 @@ class Hub:
                     "messages of this room may have been missed: rejoin it with since",
                     {"room": room},
                 )
-                for conn in self._rooms.get(room, ()):
+                members = self._rooms.get(room, ())
+                self._metrics.error_sent(ErrorCode.RESYNC, len(members))
+                for conn in members:
                     conn.offer(error)
             else:
                 for payload in history.frames:
@@ -114,6 +119,7 @@ class Hub:
         conns = self._users.get(user)
         if conns:
             frame, nbytes = payload.decode(), len(payload)
+            self._metrics.delivered_since_sync += len(conns)
             for conn in conns:
                 conn.offer(frame, nbytes)
 
@@ -188,6 +194,7 @@ class Hub:
         self._stop_joining(conn, room)
         self._rooms.setdefault(room, set()).add(conn)
         recovered = None if history is None else history.recovered
+        self._metrics.join_room_size.observe(presence.count)
         conn.offer(joined_frame(room, recovered, presence.count, presence.users))
         last_replayed = since or 0
         if history is not None:

@@ -12,6 +12,7 @@ import logging
 from collections.abc import AsyncIterator
 
 from fastapi import FastAPI
+from prometheus_fastapi_instrumentator import Instrumentator
 
 from app import __version__
 from app.abort import AbortableWebSockets
@@ -19,6 +20,8 @@ from app.api import router
 from app.broker import create_broker
 from app.heartbeat import run_heartbeat
 from app.hub import Hub
+from app.metrics import Metrics, run_metrics_sync
+from app.metrics_endpoint import MetricsEndpoint
 from app.settings import Settings, load_settings
 from app.state import ChatState
 
@@ -29,30 +32,46 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     """Build the app. ``settings`` defaults to the ``CHAT_*`` environment."""
     settings = settings or load_settings()
     logging.getLogger("app").setLevel(settings.log_level.upper())
+    metrics = Metrics()
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         broker = create_broker(settings)
-        hub = Hub(broker, settings.max_connections)
-        state = ChatState(settings, broker, hub)
+        hub = Hub(broker, settings.max_connections, metrics)
+        state = ChatState(settings, broker, hub, metrics)
         app.state.chat = state
         await broker.start(hub)
-        heartbeat = asyncio.create_task(
-            run_heartbeat(hub, settings.heartbeat_interval_s, settings.heartbeat_timeout_s),
-            name="heartbeat",
-        )
-        logger.info("hubbub %s ready (broker=%s)", __version__, type(broker).__name__)
+        background = [
+            asyncio.create_task(
+                run_heartbeat(hub, settings.heartbeat_interval_s, settings.heartbeat_timeout_s),
+                name="heartbeat",
+            ),
+            asyncio.create_task(run_metrics_sync(metrics, hub, broker), name="metrics-sync"),
+        ]
+        logger.info("hubbub ready", extra={"version": __version__, "broker": type(broker).__name__})
         try:
             yield
         finally:
             hub.draining = True
-            heartbeat.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await heartbeat
+            for task in background:
+                task.cancel()
+            for task in background:
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
             await hub.close()
             await broker.stop()
+            metrics.sync(hub, broker)  # the last counts, before the worker's files go quiet
 
     app = FastAPI(title="Hubbub", version=__version__, lifespan=lifespan, docs_url=None)
     app.include_router(router)
-    app.add_middleware(AbortableWebSockets)
+    Instrumentator(registry=metrics.registry, excluded_handlers=["/healthz", "/readyz"]).instrument(
+        app
+    )
+    app.add_middleware(
+        MetricsEndpoint,
+        render=metrics.render,
+        path=settings.metrics_path,
+        port=settings.metrics_port,
+    )
+    app.add_middleware(AbortableWebSockets)  # outermost: it must see uvicorn's own send
     return app

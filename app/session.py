@@ -14,13 +14,14 @@ import os
 import re
 import secrets
 import socket
+import time
 
 from starlette.websockets import WebSocket
 
-from app.broker import Broker, RoomPresence
+from app.broker import RoomPresence
 from app.connection import Connection
 from app.errors import BrokerUnavailable, CloseCode, ErrorCode, FrameError
-from app.hub import Hub
+from app.metrics import Metrics
 from app.outbox import Outbox
 from app.protocol import (
     PONG_FRAME,
@@ -38,6 +39,7 @@ from app.protocol import (
 )
 from app.ratelimit import RateLimiter, Verdict
 from app.settings import Settings
+from app.state import ChatState
 
 logger = logging.getLogger(__name__)
 _HOST = socket.gethostname()
@@ -55,18 +57,25 @@ def _user_name(ws: WebSocket) -> str | None:
 class Session:
     """Handles the frames of one connection. Created by :func:`serve`."""
 
-    __slots__ = ("_broker", "_hub", "_settings", "conn")
+    __slots__ = ("_broker", "_hub", "_settings", "conn", "metrics")
 
-    def __init__(self, conn: Connection, hub: Hub, broker: Broker, settings: Settings) -> None:
+    def __init__(self, conn: Connection, state: ChatState) -> None:
         self.conn = conn
-        self._hub = hub
-        self._broker = broker
-        self._settings = settings
+        self._hub = state.hub
+        self._broker = state.broker
+        self._settings = state.settings
+        self.metrics = state.metrics
 
     async def handle_text(self, text: str) -> None:
         """Answer one text frame. Raises nothing for bad input: the client gets an error frame."""
+        received = self.metrics.frames_received_since_sync
         try:
-            frame = parse_client_frame(text)
+            try:
+                frame = parse_client_frame(text)
+            except FrameError:
+                received["invalid"] += 1
+                raise
+            received[frame.type] += 1
             if isinstance(frame, Send):
                 await self._send(frame)
             elif isinstance(frame, Join):
@@ -77,6 +86,7 @@ class Session:
                 self.conn.offer(PONG_FRAME)
             # Pong: nothing to do; receiving it already refreshed last_seen.
         except FrameError as exc:
+            self.metrics.error_sent(exc.code)
             self.conn.offer(error_frame(exc.code, exc.message, _ref(text)))
 
     async def _join(self, frame: Join) -> None:
@@ -119,6 +129,7 @@ class Session:
                 f"text is {len(frame.text)} characters, at most "
                 f"{self._settings.max_text_chars} are allowed",
             )
+        started = time.perf_counter()
         try:
             if frame.room is not None:
                 published = await self._broker.publish(frame.room, conn.user, frame.text, frame.cid)
@@ -128,9 +139,12 @@ class Session:
                     conn.user, frame.to, frame.text, frame.cid
                 )
         except BrokerUnavailable:
+            self.metrics.publish_failures.inc()
             raise FrameError(
                 ErrorCode.BROKER_UNAVAILABLE, "message not sent: the broker is unavailable"
             ) from None
+        now = time.perf_counter()
+        self.metrics.publish_took(now - started, now)
         if frame.cid is not None:
             conn.offer(ack_frame(frame.cid, published.id, published.duplicate))
 
@@ -148,8 +162,13 @@ def _ref(text: str) -> dict[str, object] | None:
     return ref
 
 
-async def serve(ws: WebSocket, hub: Hub, broker: Broker, settings: Settings) -> None:
-    """Run one WebSocket from upgrade to close (the ``/ws`` endpoint)."""
+async def serve(ws: WebSocket, state: ChatState) -> None:
+    """Run one WebSocket from upgrade to close (the ``/ws`` endpoint).
+
+    Logs one line when the connection opens and one when it ends (with its close code and who
+    closed), and counts both in the metrics; refused upgrades are closed with a documented code.
+    """
+    hub, settings, metrics = state.hub, state.settings, state.metrics
     loop = asyncio.get_running_loop()
     now = loop.time()
     user = _user_name(ws)
@@ -166,22 +185,26 @@ async def serve(ws: WebSocket, hub: Hub, broker: Broker, settings: Settings) -> 
         ),
         settings.close_timeout_s,
         now,
+        metrics,
     )
     if hub.draining:
-        await ws.accept()
-        await ws.close(CloseCode.SERVICE_RESTART, "draining")
+        await _refuse(ws, metrics, CloseCode.SERVICE_RESTART, "draining")
         return
     if not hub.add(conn):
-        await ws.accept()
-        await ws.close(CloseCode.TRY_AGAIN_LATER, "server full")
-        logger.warning("refused connection: %d connections open", len(hub.connections))
+        await _refuse(ws, metrics, CloseCode.TRY_AGAIN_LATER, "server full")
+        logger.warning(
+            "connection refused: server full", extra={"connections": len(hub.connections)}
+        )
         return
+    code: int = CloseCode.INTERNAL_ERROR
     try:
         await ws.accept()
+        metrics.opened.inc()
         if user is None:
-            await ws.close(CloseCode.POLICY_VIOLATION, "invalid name")
+            code = conn.close_code = CloseCode.POLICY_VIOLATION
+            await ws.close(code, "invalid name")
             return
-        logger.info("open conn=%s user=%s", conn.id, conn.user)
+        logger.info("connection opened", extra={"conn": conn.id, "user": conn.user})
         await hub.register_user(conn)
         conn.offer(
             hello_frame(
@@ -199,17 +222,34 @@ async def serve(ws: WebSocket, hub: Hub, broker: Broker, settings: Settings) -> 
                 },
             )
         )
-        code = await _read_frames(ws, Session(conn, hub, broker, settings), settings, loop)
-        logger.info(
-            "close conn=%s user=%s code=%s by=%s",
-            conn.id,
-            conn.user,
-            conn.close_code or code,
-            "server" if conn.close_code else "client",
-        )
+        code = await _read_frames(ws, Session(conn, state), settings, loop)
+        code = conn.close_code or code
     finally:
+        by = "server" if conn.close_code is not None else "client"
+        duration = loop.time() - conn.opened_at
+        metrics.connection_closed(code, duration)
+        if user is not None:
+            logger.info(
+                "connection closed",
+                extra={
+                    "conn": conn.id,
+                    "user": conn.user,
+                    "rooms": len(conn.rooms),
+                    "code": int(code),
+                    "by": by,
+                    "duration_s": round(duration, 3),
+                },
+            )
         await hub.remove(conn)
         conn.discard()
+
+
+async def _refuse(ws: WebSocket, metrics: Metrics, code: CloseCode, reason: str) -> None:
+    """Accept, then close at once with ``code``: browsers see close codes, not HTTP statuses."""
+    await ws.accept()
+    metrics.opened.inc()
+    await ws.close(code, reason)
+    metrics.connection_closed(code, 0.0)
 
 
 async def _read_frames(
@@ -217,6 +257,8 @@ async def _read_frames(
 ) -> int:
     """Read and answer frames until the socket ends; returns the close code seen."""
     conn = session.conn
+    metrics = session.metrics
+    received = metrics.frames_received_since_sync
     max_frame = settings.max_frame_bytes
     while True:
         message = await ws.receive()
@@ -233,13 +275,17 @@ async def _read_frames(
             continue
         verdict = conn.limiter.check(now)
         if verdict is not Verdict.ALLOW:
+            received["rate_limited"] += 1
             if verdict is Verdict.ABUSE:
                 conn.close(CloseCode.POLICY_VIOLATION, "rate limit exceeded repeatedly")
             else:
                 ref = _ref(text) if text is not None else None
+                metrics.error_sent(ErrorCode.RATE_LIMITED)
                 conn.offer(error_frame(ErrorCode.RATE_LIMITED, "too many frames, slow down", ref))
             continue
         if text is None:
+            received["binary"] += 1
+            metrics.error_sent(ErrorCode.BINARY_UNSUPPORTED)
             conn.offer(
                 error_frame(ErrorCode.BINARY_UNSUPPORTED, "send JSON in text frames, not binary")
             )
@@ -247,5 +293,5 @@ async def _read_frames(
         try:
             await session.handle_text(text)
         except Exception:
-            logger.exception("conn=%s: unexpected error handling a frame", conn.id)
+            logger.exception("unexpected error handling a frame", extra={"conn": conn.id})
             conn.close(CloseCode.INTERNAL_ERROR, "internal error")

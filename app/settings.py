@@ -37,6 +37,25 @@ class Settings(BaseSettings):
     log_level: Literal["debug", "info", "warning", "error"] = Field(
         "info", description="Log level of the service's loggers."
     )
+    log_format: Literal["json", "text"] = Field(
+        "json",
+        description="`json`: one JSON object per line (for log shippers); `text`: for people.",
+    )
+
+    metrics_path: str = Field(
+        "/metrics", pattern=r"^/[A-Za-z0-9_./-]*$", description="Path of the Prometheus scrape."
+    )
+    metrics_port: int | None = Field(
+        None,
+        ge=1,
+        le=65535,
+        description="Serve the metrics on this port only (and nothing else there), so a proxy "
+        "of the main port cannot expose them. Unset: on the main port.",
+    )
+    metrics_host: str = Field(
+        "127.0.0.1",
+        description="Address the metrics port binds to (`0.0.0.0` in containers, for the scraper).",
+    )
 
     heartbeat_interval_s: float = Field(
         25.0, gt=0, description='Seconds between the server\'s `{"type":"ping"}` frames.'
@@ -198,6 +217,11 @@ class Settings(BaseSettings):
             raise ValueError(
                 f"{ENV_PREFIX}HEARTBEAT_TIMEOUT_S ({self.heartbeat_timeout_s}) must be below "
                 f"{ENV_PREFIX}HEARTBEAT_INTERVAL_S ({self.heartbeat_interval_s})"
+            )
+        if self.metrics_port is not None and self.metrics_port == self.port:
+            raise ValueError(
+                f"{ENV_PREFIX}METRICS_PORT ({self.metrics_port}) must differ from "
+                f"{ENV_PREFIX}PORT: unset it to serve the metrics on the main port"
             )
         if self.canary_timeout_s <= self.canary_interval_s:
             raise ValueError(

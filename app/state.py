@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from app.broker import Broker
 from app.hub import Hub
+from app.metrics import Metrics
 from app.settings import Settings
 
 
@@ -14,3 +15,4 @@ class ChatState:
     settings: Settings
     broker: Broker
     hub: Hub
+    metrics: Metrics

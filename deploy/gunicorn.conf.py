@@ -4,20 +4,36 @@
         --bind HOST:PORT --workers N
 
 Every ``CHAT_*`` setting applies (docs/configuration.md). Workers default to the core count.
+Metrics: the workers share ``PROMETHEUS_MULTIPROC_DIR`` (a fresh temporary directory unless it
+is set), wiped when gunicorn starts; a worker that dies is forgotten by the live gauges at once.
+With ``CHAT_METRICS_PORT`` set, gunicorn also listens on ``CHAT_METRICS_HOST:CHAT_METRICS_PORT``,
+where the workers serve only ``/metrics``.
 """
 
 from __future__ import annotations
 
+import glob
 import multiprocessing
+import os
+import shutil
 import sys
+import tempfile
 from typing import Any
 
+from app.logs import logging_config
+from app.metrics import MULTIPROC_ENV
 from app.settings import SettingsError, load_settings
 
 try:
     _settings = load_settings()
 except SettingsError as exc:
     sys.exit(f"hubbub: {exc}")
+
+# Before any worker imports prometheus_client: it picks multiprocess mode at import.
+_metrics_dir = os.environ.get(MULTIPROC_ENV)
+_owns_metrics_dir = not _metrics_dir
+if not _metrics_dir:
+    _metrics_dir = os.environ[MULTIPROC_ENV] = tempfile.mkdtemp(prefix="hubbub-metrics-")
 
 wsgi_app = "app.main:create_app()"
 worker_class = "app.worker.HubbubWorker"
@@ -34,13 +50,33 @@ backlog = 4096
 # No control socket: it collides between gunicorns on one host and needs a writable home.
 control_socket_disable = True
 accesslog = None
+logconfig_dict = logging_config(_settings)
 
 
 def on_starting(server: Any) -> None:
-    """Refuse several workers with the memory broker: they would split every room."""
+    """Refuse several workers with the memory broker; start the metrics afresh; listen on the
+    metrics port (added here, so it holds whatever ``--bind`` says)."""
     if server.cfg.workers > 1 and not _settings.redis_url:
         sys.exit(
             f"hubbub: {server.cfg.workers} workers need a shared broker: set CHAT_REDIS_URL "
             "(the embedded memory broker lives in one process, so workers would not see each "
             "other's messages), or run with --workers 1"
         )
+    for stale in glob.glob(os.path.join(str(_metrics_dir), "*.db")):
+        os.remove(stale)
+    if _settings.metrics_port is not None:
+        host, port = _settings.metrics_host, _settings.metrics_port
+        address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        server.cfg.set("bind", [*server.cfg.bind, address])
+
+
+def child_exit(server: Any, worker: Any) -> None:
+    """A worker is gone: its share of the live gauges (connections...) goes with it."""
+    from prometheus_client import multiprocess
+
+    multiprocess.mark_process_dead(worker.pid)
+
+
+def on_exit(server: Any) -> None:
+    if _owns_metrics_dir:
+        shutil.rmtree(str(_metrics_dir), ignore_errors=True)

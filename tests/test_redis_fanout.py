@@ -285,7 +285,7 @@ async def test_deaf_subscription_is_detected_and_healed(redis_server: RedisServe
         ):
             await pub.join("c")
             await sub.join("c")
-            reconnects = broker.reconnects
+            reconnects = broker.stats.reconnects
             # Make b's subscription deaf behind its back: the connection stays up, but Redis no
             # longer sends it anything (what a lost subscription looks like to a client).
             assert broker._pubsub is not None
@@ -295,7 +295,7 @@ async def test_deaf_subscription_is_detected_and_healed(redis_server: RedisServe
             for k in range(3):  # published fine through a, never heard live by b
                 await pub.say("c", f"during{k}")
             await pub.messages_until("during2")
-            await wait_until(lambda: broker.reconnects > reconnects, 10)
+            await wait_until(lambda: broker.stats.reconnects > reconnects, 10)
             await wait_until(lambda: broker.ready, 10)
             await pub.say("c", "after")
             # b caught up from history: the missed messages, in order, once, then live ones.

@@ -44,6 +44,16 @@ class History:
 
 
 @dataclass(frozen=True, slots=True)
+class BrokerStats:
+    """Health counters for the metrics: subscription losses since start (``deaf_reconnects``
+    of them found by the canary, not by an error) and the latest pub/sub round trip."""
+
+    reconnects: int = 0
+    deaf_reconnects: int = 0
+    pubsub_lag_s: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
 class RoomPresence:
     """Who is in a room across all workers: ``users`` is None above the member threshold."""
 
@@ -77,6 +87,9 @@ class Broker(Protocol):
     def ready(self) -> bool:
         """True while the broker can publish and deliver."""
         ...
+
+    @property
+    def stats(self) -> BrokerStats: ...
 
     async def start(self, handler: BrokerHandler) -> None: ...
 

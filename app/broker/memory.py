@@ -8,7 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from app.announcer import PresenceAnnouncer
-from app.broker import BrokerHandler, History, Published, RoomPresence
+from app.broker import BrokerHandler, BrokerStats, History, Published, RoomPresence
 from app.dedup import RecentIds
 from app.errors import BrokerUnavailable
 from app.protocol import encode_direct, encode_message
@@ -53,6 +53,10 @@ class MemoryBroker:
     @property
     def ready(self) -> bool:
         return self._handler is not None
+
+    @property
+    def stats(self) -> BrokerStats:
+        return BrokerStats()  # in-process: nothing to lose, no lag
 
     async def start(self, handler: BrokerHandler) -> None:
         self._handler = handler

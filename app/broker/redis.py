@@ -32,7 +32,7 @@ from redis.exceptions import RedisError
 from redis.retry import Retry
 
 from app.announcer import PresenceAnnouncer
-from app.broker import BrokerHandler, History, Published, RoomPresence
+from app.broker import BrokerHandler, BrokerStats, History, Published, RoomPresence
 from app.broker import redis_scripts as scripts
 from app.errors import BrokerUnavailable
 from app.settings import Settings
@@ -86,8 +86,9 @@ class RedisBroker:
         self._listener: asyncio.Task[None] | None = None
         self._canary_seen = 0.0
         self._stopping = False
-        self.pubsub_lag_s = 0.0
-        self.reconnects = 0
+        self._pubsub_lag_s = 0.0
+        self._reconnects = 0
+        self._deaf_reconnects = 0
         self._announcer = PresenceAnnouncer(
             self._publish_presence,
             self._count,
@@ -115,6 +116,10 @@ class RedisBroker:
     @property
     def ready(self) -> bool:
         return self._ready
+
+    @property
+    def stats(self) -> BrokerStats:
+        return BrokerStats(self._reconnects, self._deaf_reconnects, self._pubsub_lag_s)
 
     async def start(self, handler: BrokerHandler) -> None:
         """Start listening; returns at once. ``ready`` turns true once subscribed."""
@@ -158,7 +163,9 @@ class RedisBroker:
             if self._ready:
                 delay = 0.1  # it had been working: start the backoff over
             self._set_unready()
-            self.reconnects += 1
+            self._reconnects += 1
+            if self._listener.cancelled():
+                self._deaf_reconnects += 1
             pause = random.uniform(delay / 2, delay)
             logger.warning("redis pub/sub lost (%s); reconnecting in %.2f s", failure, pause)
             await asyncio.sleep(pause)
@@ -198,12 +205,12 @@ class RedisBroker:
                         deliver_user(channel[len(user_prefix) :].decode(), data)
                     elif channel == control:
                         self._canary_seen = time.monotonic()
-                        self.pubsub_lag_s = max(0.0, time.time() - float(data))
+                        self._pubsub_lag_s = max(0.0, time.time() - float(data))
                 elif kind == "subscribe":
                     if channel == control and not self._ready:
                         self._canary_seen = time.monotonic()
                         self._ready = True
-                        if self._handler is not None and self.reconnects:
+                        if self._handler is not None and self._reconnects:
                             self._handler.resubscribed()
                         logger.info(
                             "redis pub/sub ready: %d rooms, %d users",

@@ -1,0 +1,84 @@
+"""Logs: one line per event, JSON (for log shippers) or text (for people).
+
+Every log line of the service — ours, uvicorn's and gunicorn's — goes through
+:class:`LineFormatter`, set up by :func:`logging_config` (``python -m app`` passes it to uvicorn,
+``deploy/gunicorn.conf.py`` to gunicorn as ``logconfig_dict``). Fields given as ``extra=`` (the
+connection id, user, room count, close code...) become JSON keys, or ``key=value`` pairs in
+text. Connection events log one line each; messages are never logged.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import UTC, datetime
+from typing import Any, Final
+
+import orjson
+
+from app.settings import Settings
+
+# Attributes every LogRecord has: anything else on a record came in through ``extra=``.
+_STANDARD: Final = frozenset(
+    vars(logging.LogRecord("", 0, "", 0, "", None, None)).keys() | {"message", "asctime"}
+)
+
+
+class LineFormatter(logging.Formatter):
+    """Formats a record as one line: a JSON object (``json=True``) or readable text.
+
+    JSON keys: ``ts`` (UTC, ISO 8601, ms), ``level``, ``logger``, ``msg``, then the extra
+    fields, then ``exc`` (the traceback) when there is one.
+    """
+
+    def __init__(self, json: bool = True) -> None:
+        super().__init__()
+        self._json = json
+
+    def format(self, record: logging.LogRecord) -> str:
+        ts = datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds")
+        fields = {k: v for k, v in vars(record).items() if k not in _STANDARD}
+        exc = self.formatException(record.exc_info) if record.exc_info else None
+        if self._json:
+            line: dict[str, Any] = {
+                "ts": ts.replace("+00:00", "Z"),
+                "level": record.levelname.lower(),
+                "logger": record.name,
+                "msg": record.getMessage(),
+                **fields,
+            }
+            if exc:
+                line["exc"] = exc
+            return orjson.dumps(line, default=str).decode()
+        text = f"{ts[:23]} {record.levelname:<7} {record.name}: {record.getMessage()}"
+        if fields:
+            text += " " + " ".join(f"{k}={v}" for k, v in fields.items())
+        return f"{text}\n{exc}" if exc else text
+
+
+def logging_config(settings: Settings) -> dict[str, Any]:
+    """A :func:`logging.config.dictConfig` for the whole process: one stderr handler with
+    :class:`LineFormatter`; uvicorn's per-request access log off (nginx keeps one)."""
+    level = settings.log_level.upper()
+    return {
+        "version": 1,
+        "disable_existing_loggers": False,
+        "formatters": {
+            "line": {"()": LineFormatter, "json": settings.log_format == "json"},
+        },
+        "handlers": {
+            "stderr": {
+                "class": "logging.StreamHandler",
+                "formatter": "line",
+                "stream": "ext://sys.stderr",
+            },
+        },
+        "root": {"handlers": ["stderr"], "level": "WARNING"},
+        "loggers": {
+            "app": {"level": level},
+            "uvicorn": {"level": level},
+            "uvicorn.error": {"level": level},
+            "uvicorn.access": {"level": "WARNING", "propagate": False},
+            "gunicorn.error": {"level": level, "handlers": ["stderr"], "propagate": False},
+            "gunicorn.access": {"level": "WARNING", "propagate": False},
+        },
+    }

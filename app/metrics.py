@@ -1,0 +1,316 @@
+"""Metrics: what a worker tells Prometheus, and how the workers' numbers add up.
+
+One :class:`Metrics` per worker (built by the app's lifespan), registered in a registry of its
+own. Under Gunicorn every worker is a process with its own metrics, so ``deploy/
+gunicorn.conf.py`` sets ``PROMETHEUS_MULTIPROC_DIR`` (prometheus_client's multiprocess mode):
+each worker writes its values to files there and whichever worker answers a scrape reads them
+all (:func:`exposition`). Counters sum over workers, dead ones included, so they never go
+backwards; gauges of countable things (connections, rooms, queued bytes) are ``livesum`` and
+per-worker gauges (CPU, memory, broker state) ``liveall`` with a ``pid`` label — both forget a
+worker as soon as Gunicorn reaps it (``child_exit`` calls ``mark_process_dead``).
+
+Cost on the hot paths: fan-out and socket writes bump plain ``int`` attributes, which
+:meth:`Metrics.sync` moves into Prometheus once a second; the fan-out latency histogram is
+observed at most :data:`LATENCY_SAMPLES_PER_S` times a second per worker. No label carries a
+room or a user name: label values come from fixed sets.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import resource
+import time
+from collections import Counter as Tally
+from typing import TYPE_CHECKING, Final
+
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
+from prometheus_client.multiprocess import MultiProcessCollector
+
+from app import __version__
+from app.errors import CloseCode, ErrorCode
+
+if TYPE_CHECKING:
+    from app.broker import Broker
+    from app.hub import Hub
+
+MULTIPROC_ENV: Final = "PROMETHEUS_MULTIPROC_DIR"
+CONTENT_TYPE: Final = CONTENT_TYPE_LATEST
+LATENCY_SAMPLES_PER_S: Final = 1000
+SYNC_INTERVAL_S: Final = 1.0
+
+# Close codes get their own label value; any other code a client sends counts as "other".
+# 1001 going away (tab closed), 1005 no status, 1006 abnormal (TCP lost) come from clients.
+CLIENT_CLOSE_CODES: Final = (1001, 1005, 1006)
+_CLOSE_LABELS: Final = {code: str(code) for code in (*map(int, CloseCode), *CLIENT_CLOSE_CODES)}
+FRAME_TYPES: Final = ("join", "leave", "send", "ping", "pong", "invalid", "binary", "rate_limited")
+
+_LATENCY_BUCKETS: Final = (
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+)  # fmt: skip
+_PUBLISH_BUCKETS: Final = (
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
+)  # fmt: skip
+_DURATION_BUCKETS: Final = (1, 10, 60, 300, 900, 3600, 4 * 3600, 12 * 3600, 24 * 3600)
+_SIZE_BUCKETS: Final = (1, 2, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000)
+_PAGE_SIZE: Final = os.sysconf("SC_PAGE_SIZE")
+
+
+def close_label(code: int) -> str:
+    """The ``code`` label of a close: the code itself when known, else ``other``."""
+    return _CLOSE_LABELS.get(code, "other")
+
+
+def multiprocess_dir() -> str | None:
+    """The multiprocess directory when prometheus_client runs in multiprocess mode."""
+    return os.environ.get(MULTIPROC_ENV) or None
+
+
+def exposition(registry: CollectorRegistry) -> bytes:
+    """The text exposition of the whole server: every worker's files in multiprocess mode,
+    else ``registry`` (one process)."""
+    if multiprocess_dir() is None:
+        return generate_latest(registry)
+    merged = CollectorRegistry()
+    MultiProcessCollector(merged)  # type: ignore[no-untyped-call]  # untyped upstream
+    return generate_latest(merged)
+
+
+class Metrics:
+    """This worker's Prometheus metrics, and the plain counters the hot paths bump.
+
+    Contract: the ``*_since_sync`` counters and :meth:`wrote` may be called from the event
+    loop's thread only; :meth:`sync` publishes them (call it once a second and once at exit).
+    """
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        r = self.registry
+
+        def counter(name: str, doc: str, labels: tuple[str, ...] = ()) -> Counter:
+            return Counter(name, doc, labels, registry=r)
+
+        def gauge(name: str, doc: str, mode: str, labels: tuple[str, ...] = ()) -> Gauge:
+            return Gauge(name, doc, labels, registry=r, multiprocess_mode=mode)  # type: ignore[arg-type]
+
+        self.info = gauge("hubbub_build_info", "Always 1; the version is a label.", "livemax",
+                          ("version",))  # fmt: skip
+        self.info.labels(__version__).set(1)
+
+        # -- connections
+        self.connections = gauge("hubbub_connections", "Open WebSocket connections.", "livesum")
+        self.opened = counter("hubbub_connections_opened_total", "WebSocket upgrades accepted.")
+        self.closed = counter(
+            "hubbub_connections_closed_total",
+            "WebSocket connections ended, by close code (sent by the server, or the client's; "
+            "`other` for codes outside the documented set).",
+            ("code",),
+        )
+        for label in (*_CLOSE_LABELS.values(), "other"):
+            self.closed.labels(label)
+        self.duration = Histogram(
+            "hubbub_connection_duration_seconds",
+            "How long connections lasted, observed when they end.",
+            buckets=_DURATION_BUCKETS,
+            registry=r,
+        )
+
+        # -- frames and messages
+        self.frames_received = counter(
+            "hubbub_frames_received_total",
+            "Client frames, by type (`invalid`: unparsable, `rate_limited`: dropped unread).",
+            ("type",),
+        )
+        for frame_type in FRAME_TYPES:
+            self.frames_received.labels(frame_type)
+        self.frames_sent = counter(
+            "hubbub_frames_sent_total",
+            "WebSocket frames written (one may carry several coalesced messages).",
+        )
+        self.published = counter(
+            "hubbub_messages_published_total", "Chat messages accepted from this server's clients."
+        )
+        self.delivered = counter(
+            "hubbub_messages_delivered_total",
+            "Chat messages queued for this server's sockets (one per recipient connection).",
+        )
+        self.errors = counter(
+            "hubbub_error_frames_total", "Error frames sent to clients, by code.", ("code",)
+        )
+        for error_code in ErrorCode:
+            self.errors.labels(error_code.value)
+        self.fanout_latency = Histogram(
+            "hubbub_fanout_latency_seconds",
+            "From a message's publish (its id's timestamp) until it was written to a socket; "
+            "sampled, the oldest message of each sampled write.",
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+
+        # -- queues and rooms
+        self.outbox_bytes = gauge(
+            "hubbub_outbox_queued_bytes", "Bytes queued for slow sockets, all connections.",
+            "livesum",
+        )  # fmt: skip
+        self.outbox_max_bytes = gauge(
+            "hubbub_outbox_max_queued_bytes", "The fullest connection's queued bytes.", "livemax"
+        )
+        self.rooms = gauge(
+            "hubbub_rooms", "Rooms with a member connected here, summed over workers.", "livesum"
+        )
+        self.memberships = gauge(
+            "hubbub_room_memberships", "Connection-in-room pairs (joins held).", "livesum"
+        )
+        self.join_room_size = Histogram(
+            "hubbub_join_room_size",
+            "Users present in a room (all servers) when a connection joins it.",
+            buckets=_SIZE_BUCKETS,
+            registry=r,
+        )
+
+        # -- broker
+        self.broker_connected = gauge(
+            "hubbub_broker_connected",
+            "1 while this worker's broker subscription is up (readiness), else 0.",
+            "liveall",
+        )
+        self.broker_reconnects = counter(
+            "hubbub_broker_reconnects_total",
+            "Broker subscription losses, by reason (`deaf`: canaries stopped arriving).",
+            ("reason",),
+        )
+        for reason in ("error", "deaf"):
+            self.broker_reconnects.labels(reason)
+        self.pubsub_lag = gauge(
+            "hubbub_broker_pubsub_lag_seconds",
+            "Latest canary's trip through the broker's pub/sub, per worker.",
+            "liveall",
+        )
+        self.publish_latency = Histogram(
+            "hubbub_broker_publish_duration_seconds",
+            "Duration of one publish to the broker (sampled).",
+            buckets=_PUBLISH_BUCKETS,
+            registry=r,
+        )
+        self.publish_failures = counter(
+            "hubbub_broker_publish_failures_total", "Publishes refused: the broker was down."
+        )
+
+        # -- the worker
+        self.draining = gauge(
+            "hubbub_draining", "1 while this worker drains its connections (deploy).", "liveall"
+        )
+        self.cpu = gauge(
+            "hubbub_worker_cpu_seconds",
+            "CPU time (user + system) this worker used since it started; use rate().",
+            "liveall",
+        )
+        self.memory = gauge(
+            "hubbub_worker_resident_memory_bytes", "Resident memory of this worker.", "liveall"
+        )
+
+        # Bumped on the hot paths, published by sync().
+        self.delivered_since_sync = 0
+        self.frames_sent_since_sync = 0
+        self.published_since_sync = 0
+        self.frames_received_since_sync: Tally[str] = Tally()
+        self._broker_reconnects = 0
+        self._broker_deaf = 0
+        self._next_latency_sample = 0.0
+        self._next_publish_sample = 0.0
+
+    # -- hot paths --------------------------------------------------------------------------
+
+    def wrote(self, text: str) -> None:
+        """A socket write of ``text`` finished (one frame, maybe several coalesced messages)."""
+        self.frames_sent_since_sync += 1
+        now = time.time()
+        if now < self._next_latency_sample or not text.startswith('{"type":"message"'):
+            return
+        # Message ids are 1000 * the publish time in ms (see the brokers), plus a small
+        # counter within one ms: id / 1e6 is the publish time in seconds.
+        start = text.index(',"id":') + 6
+        published_at = int(text[start : text.index(",", start)]) / 1e6
+        self.fanout_latency.observe(max(0.0, now - published_at))
+        self._next_latency_sample = now + 1 / LATENCY_SAMPLES_PER_S
+
+    def publish_took(self, seconds: float, now: float) -> None:
+        """A publish took ``seconds`` (observed at most once per millisecond)."""
+        self.published_since_sync += 1
+        if now >= self._next_publish_sample:
+            self._next_publish_sample = now + 1 / LATENCY_SAMPLES_PER_S
+            self.publish_latency.observe(seconds)
+
+    def connection_closed(self, code: int, duration_s: float) -> None:
+        self.closed.labels(close_label(code)).inc()
+        self.duration.observe(duration_s)
+
+    def error_sent(self, code: ErrorCode, count: int = 1) -> None:
+        self.errors.labels(code.value).inc(count)
+
+    # -- once a second ----------------------------------------------------------------------
+
+    def sync(self, hub: Hub, broker: Broker) -> None:
+        """Publish the hot-path counters and sample the gauges."""
+        if self.delivered_since_sync:
+            self.delivered.inc(self.delivered_since_sync)
+            self.delivered_since_sync = 0
+        if self.frames_sent_since_sync:
+            self.frames_sent.inc(self.frames_sent_since_sync)
+            self.frames_sent_since_sync = 0
+        if self.published_since_sync:
+            self.published.inc(self.published_since_sync)
+            self.published_since_sync = 0
+        for frame_type, count in self.frames_received_since_sync.items():
+            self.frames_received.labels(frame_type).inc(count)
+        self.frames_received_since_sync.clear()
+
+        conns = hub.connections
+        self.connections.set(len(conns))
+        queued = [conn.queued_bytes for conn in conns]
+        self.outbox_bytes.set(sum(queued))
+        self.outbox_max_bytes.set(max(queued, default=0))
+        self.rooms.set(hub.room_count)
+        self.memberships.set(sum(len(conn.rooms) for conn in conns))
+        self.draining.set(1 if hub.draining else 0)
+
+        stats = broker.stats
+        self.broker_connected.set(1 if broker.ready else 0)
+        self.pubsub_lag.set(stats.pubsub_lag_s)
+        deaf = stats.deaf_reconnects - self._broker_deaf
+        errors = stats.reconnects - self._broker_reconnects - deaf
+        if deaf > 0:
+            self.broker_reconnects.labels("deaf").inc(deaf)
+        if errors > 0:
+            self.broker_reconnects.labels("error").inc(errors)
+        self._broker_reconnects, self._broker_deaf = stats.reconnects, stats.deaf_reconnects
+
+        usage = resource.getrusage(resource.RUSAGE_SELF)
+        self.cpu.set(usage.ru_utime + usage.ru_stime)
+        self.memory.set(_resident_bytes())
+
+    def render(self) -> bytes:
+        """The exposition for a scrape (the whole server's, in multiprocess mode)."""
+        return exposition(self.registry)
+
+
+def _resident_bytes() -> int:
+    try:
+        with open("/proc/self/statm", "rb") as statm:
+            return int(statm.read().split()[1]) * _PAGE_SIZE
+    except OSError:  # not Linux: the peak is the best there is (KiB on Linux, bytes on macOS)
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+
+
+async def run_metrics_sync(metrics: Metrics, hub: Hub, broker: Broker) -> None:
+    """Call :meth:`Metrics.sync` every :data:`SYNC_INTERVAL_S` until cancelled."""
+    while True:
+        metrics.sync(hub, broker)
+        await asyncio.sleep(SYNC_INTERVAL_S)
