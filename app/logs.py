@@ -19,7 +19,8 @@ from app.settings import Settings
 
 # Attributes every LogRecord has: anything else on a record came in through ``extra=``.
 _STANDARD: Final = frozenset(
-    vars(logging.LogRecord("", 0, "", 0, "", None, None)).keys() | {"message", "asctime"}
+    vars(logging.LogRecord("", 0, "", 0, "", None, None)).keys()
+    | {"message", "asctime", "color_message"}  # uvicorn adds color_message for its console
 )
 
 

@@ -25,7 +25,7 @@ from collections import Counter as Tally
 from typing import TYPE_CHECKING, Final
 
 from prometheus_client import (
-    CONTENT_TYPE_LATEST,
+    CONTENT_TYPE_PLAIN_0_0_4,
     CollectorRegistry,
     Counter,
     Gauge,
@@ -42,7 +42,7 @@ if TYPE_CHECKING:
     from app.hub import Hub
 
 MULTIPROC_ENV: Final = "PROMETHEUS_MULTIPROC_DIR"
-CONTENT_TYPE: Final = CONTENT_TYPE_LATEST
+CONTENT_TYPE: Final = CONTENT_TYPE_PLAIN_0_0_4  # the text format every Prometheus reads
 LATENCY_SAMPLES_PER_S: Final = 1000
 SYNC_INTERVAL_S: Final = 1.0
 
@@ -204,6 +204,11 @@ class Metrics:
         )
 
         # -- the worker
+        self.ready = gauge(
+            "hubbub_ready",
+            "1 while this worker is ready (`/readyz` 200: broker up, not draining), else 0.",
+            "liveall",
+        )
         self.draining = gauge(
             "hubbub_draining", "1 while this worker drains its connections (deploy).", "liveall"
         )
@@ -283,6 +288,7 @@ class Metrics:
 
         stats = broker.stats
         self.broker_connected.set(1 if broker.ready else 0)
+        self.ready.set(1 if broker.ready and not hub.draining else 0)
         self.pubsub_lag.set(stats.pubsub_lag_s)
         deaf = stats.deaf_reconnects - self._broker_deaf
         errors = stats.reconnects - self._broker_reconnects - deaf

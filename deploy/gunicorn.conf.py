@@ -21,15 +21,18 @@ import tempfile
 from typing import Any
 
 from app.logs import logging_config
-from app.metrics import MULTIPROC_ENV
 from app.settings import SettingsError, load_settings
+
+# Not imported from app.metrics: prometheus_client must not be imported in the master before
+# this is set, or the forked workers would inherit it in single-process mode.
+MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 
 try:
     _settings = load_settings()
 except SettingsError as exc:
     sys.exit(f"hubbub: {exc}")
 
-# Before any worker imports prometheus_client: it picks multiprocess mode at import.
+# Before anything imports prometheus_client: it picks multiprocess mode at import.
 _metrics_dir = os.environ.get(MULTIPROC_ENV)
 _owns_metrics_dir = not _metrics_dir
 if not _metrics_dir:

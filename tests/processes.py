@@ -70,6 +70,10 @@ class AppProcess:
         self.port = free_port()
         self.env = {**os.environ, "CHAT_HOST": "127.0.0.1", "CHAT_PORT": str(self.port), **env}
         self.gunicorn_workers = gunicorn_workers
+        # The process's temporary files (gunicorn's metrics directory): removed by stop(), as
+        # a SIGKILLed gunicorn cannot clean up after itself.
+        self.tmpdir = tempfile.mkdtemp(prefix="hubbub-test-app-")
+        self.env["TMPDIR"] = self.tmpdir
         self.proc: asyncio.subprocess.Process | None = None
         # A file, not a pipe: nobody has to keep reading it for the app to keep logging.
         self.log = tempfile.NamedTemporaryFile(prefix="hubbub-app-", suffix=".log")  # noqa: SIM115
@@ -128,3 +132,4 @@ class AppProcess:
             self.proc.send_signal(signal.SIGKILL)
             await self.proc.wait()
         self.log.close()
+        shutil.rmtree(self.tmpdir, ignore_errors=True)

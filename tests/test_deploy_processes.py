@@ -14,6 +14,7 @@ from websockets.exceptions import ConnectionClosed
 from app.errors import CloseCode
 from tests.helpers import ChatClient
 from tests.processes import AppProcess, RedisServer
+from tests.prom import scrape_until
 
 
 async def test_gunicorn_two_workers_fan_out(redis_server: RedisServer) -> None:
@@ -24,12 +25,14 @@ async def test_gunicorn_two_workers_fan_out(redis_server: RedisServer) -> None:
     try:
         async with contextlib.AsyncExitStack() as stack:
             by_node: dict[str, ChatClient] = {}
+            opened = 0
             # An idle worker wins every accept, so open connections in concurrent bursts until
             # both workers hold one (both may still be booting at first).
             async with asyncio.timeout(20):
                 while len(by_node) < 2:
                     burst = [ChatClient.connect(app.ws_url(f"u{n}")) for n in range(20)]
                     clients = await asyncio.gather(*map(stack.enter_async_context, burst))
+                    opened += len(clients)
                     for client in clients:
                         by_node.setdefault(client.hello["node"], client)
                     await asyncio.sleep(0.2)
@@ -42,6 +45,10 @@ async def test_gunicorn_two_workers_fan_out(redis_server: RedisServer) -> None:
             seen = [await client.messages(10) for client in (first, second)]
             assert [m["id"] for m in seen[0]] == [m["id"] for m in seen[1]]
             assert sorted(int(m["text"]) for m in seen[0]) == list(range(10))
+            # The metrics on the main port (the default) add both workers up.
+            await scrape_until(
+                f"{app.http_url}/metrics", lambda s: s.value("hubbub_connections") == opened
+            )
     finally:
         await app.stop()
 
