@@ -16,7 +16,7 @@ export UV_SYSTEM_CERTS := 1
 # Debian packages the test suite drives for real (binary:package).
 DEB_TEST_DEPS := redis-server:redis-server promtool:prometheus
 
-.PHONY: help install run test lint typecheck check deb-deps docs-config clean
+.PHONY: help install run test lint typecheck check deb-deps docs-config dashboard clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -56,6 +56,9 @@ check: lint typecheck test  ## everything CI runs
 
 docs-config: $(STAMP)  ## regenerate the settings table in docs/configuration.md
 	$(VENV)/bin/python -m app.settings --write-docs docs/configuration.md
+
+dashboard: $(STAMP)  ## regenerate deploy/grafana/dashboards/hubbub.json from its builder
+	$(VENV)/bin/python deploy/grafana/build_dashboard.py
 
 clean:  ## remove the virtualenvs and caches
 	rm -rf $(VENV) $(TOOLS) .pytest_cache .mypy_cache .ruff_cache

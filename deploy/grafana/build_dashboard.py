@@ -1,0 +1,418 @@
+"""Builds ``dashboards/hubbub.json``, the Grafana dashboard of Hubbub (``make dashboard``).
+
+The dashboard is code so that its panels stay consistent (same selector, units, layout) and a
+test can check it: ``tests/test_observability.py`` rebuilds it and compares it with the file,
+validates it against Grafana's dashboard schema, checks every PromQL expression with promtool
+and every metric it names against a live scrape of the app.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+OUTPUT = Path(__file__).parent / "dashboards" / "hubbub.json"
+SEL = 'job="hubbub", instance=~"$instance"'
+RATE = "$__rate_interval"
+DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
+
+Panel = dict[str, Any]
+STAT_OPTIONS = {
+    "reduceOptions": {"calcs": ["lastNotNull"], "fields": "", "values": False},
+    "colorMode": "value",
+    "graphMode": "area",
+}
+GRAPH_OPTIONS = {
+    "legend": {"displayMode": "list", "placement": "bottom", "showLegend": True},
+    "tooltip": {"mode": "multi", "sort": "desc"},
+}
+
+
+def _q(expr: str, legend: str = "") -> tuple[str, str]:
+    return expr, legend
+
+
+def _quantiles(metric: str, *quantiles: float, by: str = "") -> list[tuple[str, str]]:
+    group = f"le, {by}" if by else "le"
+    return [
+        (
+            f"histogram_quantile({q}, sum by ({group}) (rate({metric}_bucket{{{SEL}}}[{RATE}])))",
+            f"p{round(q * 100)}" + (f" {{{{{by}}}}}" if by else ""),
+        )
+        for q in quantiles
+    ]
+
+
+class Layout:
+    """Places panels left to right in rows of 24 columns, and numbers them."""
+
+    def __init__(self) -> None:
+        self.panels: list[Panel] = []
+        self._x = 0
+        self._y = 0
+        self._row_height = 0
+        self._id = 0
+
+    def _next_id(self) -> int:
+        self._id += 1
+        return self._id
+
+    def row(self, title: str) -> None:
+        self._newline()
+        self.panels.append(
+            {"type": "row", "title": title, "collapsed": False, "id": self._next_id(),
+             "gridPos": {"h": 1, "w": 24, "x": 0, "y": self._y}, "panels": []}
+        )  # fmt: skip
+        self._y += 1
+
+    def _newline(self) -> None:
+        self._y += self._row_height
+        self._x = 0
+        self._row_height = 0
+
+    def panel(
+        self,
+        kind: str,
+        title: str,
+        description: str,
+        queries: list[tuple[str, str]],
+        unit: str,
+        width: int,
+        height: int = 8,
+        options: dict[str, Any] | None = None,
+        custom: dict[str, Any] | None = None,
+    ) -> None:
+        if self._x + width > 24:
+            self._newline()
+        targets = [
+            {"refId": chr(ord("A") + n), "datasource": DATASOURCE, "expr": expr,
+             "legendFormat": legend or "__auto", "range": True}
+            for n, (expr, legend) in enumerate(queries)
+        ]  # fmt: skip
+        defaults: dict[str, Any] = {"unit": unit, "min": 0}
+        if custom:
+            defaults["custom"] = custom
+        self.panels.append(
+            {
+                "type": kind,
+                "title": title,
+                "description": description,
+                "id": self._next_id(),
+                "datasource": DATASOURCE,
+                "gridPos": {"h": height, "w": width, "x": self._x, "y": self._y},
+                "targets": targets,
+                "fieldConfig": {"defaults": defaults, "overrides": []},
+                "options": options or {},
+            }
+        )
+        self._x += width
+        self._row_height = max(self._row_height, height)
+
+    def stat(self, title: str, description: str, expr: str, unit: str) -> None:
+        self.panel("stat", title, description, [_q(expr)], unit, width=4, height=4,
+                   options=STAT_OPTIONS)  # fmt: skip
+
+    def graph(
+        self, title: str, description: str, queries: list[tuple[str, str]], unit: str,
+        width: int = 8, stacked: bool = False,
+    ) -> None:  # fmt: skip
+        custom = {"fillOpacity": 10, "showPoints": "never"}
+        if stacked:
+            custom["stacking"] = {"mode": "normal", "group": "A"}
+        self.panel("timeseries", title, description, queries, unit, width,
+                   options=GRAPH_OPTIONS,
+                   custom=custom)  # fmt: skip
+
+
+def build() -> dict[str, Any]:
+    """The dashboard as Grafana's JSON model."""
+    d = Layout()
+    d.row("Overview")
+    d.stat(
+        "Connections", "Open WebSockets, all workers.", f"sum(hubbub_connections{{{SEL}}})", "short"
+    )
+    d.stat(
+        "Ready workers",
+        "Workers passing /readyz (broker up, not draining).",
+        f"sum(hubbub_ready{{{SEL}}})",
+        "short",
+    )
+    d.stat(
+        "Messages in",
+        "Chat messages accepted per second.",
+        f"sum(rate(hubbub_messages_published_total{{{SEL}}}[{RATE}]))",
+        "reqps",
+    )
+    d.stat(
+        "Deliveries",
+        "Messages queued to recipient sockets per second.",
+        f"sum(rate(hubbub_messages_delivered_total{{{SEL}}}[{RATE}]))",
+        "reqps",
+    )
+    d.stat(
+        "Fan-out p99",
+        "99th percentile, publish to written on the socket.",
+        _quantiles("hubbub_fanout_latency_seconds", 0.99)[0][0],
+        "s",
+    )
+    d.stat(
+        "Redis lag (max)",
+        "Slowest worker's canary round trip through Redis pub/sub.",
+        f"max(hubbub_broker_pubsub_lag_seconds{{{SEL}}})",
+        "s",
+    )
+
+    d.row("Connections")
+    d.graph(
+        "Open connections",
+        "Per instance (pod), all its workers.",
+        [_q(f"sum by (instance) (hubbub_connections{{{SEL}}})", "{{instance}}")],
+        "short",
+        stacked=True,
+    )
+    d.graph(
+        "Connects and disconnects",
+        "Upgrades accepted, and connections ended, per second.",
+        [
+            _q(f"sum(rate(hubbub_connections_opened_total{{{SEL}}}[{RATE}]))", "connects"),
+            _q(f"sum(rate(hubbub_connections_closed_total{{{SEL}}}[{RATE}]))", "disconnects"),
+        ],
+        "ops",
+    )
+    d.graph(
+        "Disconnects by close code",
+        "1000/1001 normal, 1006 lost, 1008 policy, 1012 drain, 1013 full, 4008 slow "
+        "consumer, 4009 heartbeat timeout (docs/protocol.md).",
+        [
+            _q(
+                f"sum by (code) (rate(hubbub_connections_closed_total{{{SEL}}}[{RATE}])) > 0",
+                "{{code}}",
+            )
+        ],
+        "ops",
+        stacked=True,
+    )
+
+    d.row("Messages")
+    d.graph(
+        "Messages in and out",
+        "Accepted from clients; queued to recipients; WebSocket frames written (several "
+        "messages may share a frame).",
+        [
+            _q(f"sum(rate(hubbub_messages_published_total{{{SEL}}}[{RATE}]))", "in"),
+            _q(f"sum(rate(hubbub_messages_delivered_total{{{SEL}}}[{RATE}]))", "delivered"),
+            _q(f"sum(rate(hubbub_frames_sent_total{{{SEL}}}[{RATE}]))", "frames written"),
+        ],
+        "ops",
+    )
+    d.graph(
+        "Fan-out latency",
+        "From publish until written to the recipient's socket (sampled).",
+        _quantiles("hubbub_fanout_latency_seconds", 0.5, 0.9, 0.99),
+        "s",
+    )
+    d.graph(
+        "Client frames by type",
+        "`rate_limited`: dropped by the per-connection limit.",
+        [
+            _q(
+                f"sum by (type) (rate(hubbub_frames_received_total{{{SEL}}}[{RATE}])) > 0",
+                "{{type}}",
+            )
+        ],
+        "ops",
+        stacked=True,
+    )
+    d.graph(
+        "Error frames by code",
+        "Refused frames; the connections stay open.",
+        [_q(f"sum by (code) (rate(hubbub_error_frames_total{{{SEL}}}[{RATE}])) > 0", "{{code}}")],
+        "ops",
+        stacked=True,
+    )
+    d.graph(
+        "Rooms",
+        "Rooms with members on each worker (summed), and joins held.",
+        [
+            _q(f"sum(hubbub_rooms{{{SEL}}})", "rooms (per worker, summed)"),
+            _q(f"sum(hubbub_room_memberships{{{SEL}}})", "memberships"),
+        ],
+        "short",
+    )
+    d.graph(
+        "Room size at join",
+        "Users present in the room a connection joins.",
+        _quantiles("hubbub_join_room_size", 0.5, 0.99),
+        "short",
+    )
+
+    d.row("Back-pressure")
+    d.graph(
+        "Outbox",
+        "Bytes waiting for slow sockets: all connections, and the fullest one "
+        "(closed with 4008 at CHAT_OUTBOX_MAX_BYTES).",
+        [
+            _q(f"sum(hubbub_outbox_queued_bytes{{{SEL}}})", "all connections"),
+            _q(f"max(hubbub_outbox_max_queued_bytes{{{SEL}}})", "fullest connection"),
+        ],
+        "bytes",
+    )
+    d.graph(
+        "Slow consumers and rate limits",
+        "Connections closed for not reading (4008), "
+        "frames dropped by the rate limit, heartbeat timeouts (4009).",
+        [
+            _q(
+                f'sum(rate(hubbub_connections_closed_total{{{SEL}, code="4008"}}[{RATE}]))',
+                "slow consumers (4008)",
+            ),
+            _q(
+                f'sum(rate(hubbub_frames_received_total{{{SEL}, type="rate_limited"}}[{RATE}]))',
+                "rate-limited frames",
+            ),
+            _q(
+                f'sum(rate(hubbub_connections_closed_total{{{SEL}, code="4009"}}[{RATE}]))',
+                "heartbeat timeouts (4009)",
+            ),
+        ],
+        "ops",
+    )
+    d.graph(
+        "Connection duration",
+        "How long connections last, when they end.",
+        _quantiles("hubbub_connection_duration_seconds", 0.5, 0.9),
+        "s",
+    )
+
+    d.row("Redis broker")
+    d.graph(
+        "Broker connected",
+        "1 per worker with a live subscription; below the worker "
+        "count means some workers lost Redis.",
+        [_q(f"sum by (instance) (hubbub_broker_connected{{{SEL}}})", "{{instance}}")],
+        "short",
+    )
+    d.graph(
+        "Pub/sub lag",
+        "Canary round trip through Redis, per worker.",
+        [_q(f"hubbub_broker_pubsub_lag_seconds{{{SEL}}}", "{{instance}} pid {{pid}}")],
+        "s",
+    )
+    d.graph(
+        "Publish latency",
+        "One publish (a Lua script: id, history, publish).",
+        _quantiles("hubbub_broker_publish_duration_seconds", 0.5, 0.99),
+        "s",
+    )
+    d.graph(
+        "Reconnects and failures",
+        "Subscription losses by reason (deaf: found by the "
+        "canary) and publishes refused while Redis was down.",
+        [
+            _q(
+                f"sum by (reason) (increase(hubbub_broker_reconnects_total{{{SEL}}}[{RATE}]))",
+                "reconnects ({{reason}})",
+            ),
+            _q(
+                f"sum(increase(hubbub_broker_publish_failures_total{{{SEL}}}[{RATE}]))",
+                "publish failures",
+            ),
+        ],
+        "short",
+    )
+
+    d.row("Workers")
+    d.graph(
+        "CPU per worker",
+        "Cores used by each worker process.",
+        [_q(f"rate(hubbub_worker_cpu_seconds{{{SEL}}}[{RATE}])", "{{instance}} pid {{pid}}")],
+        "percentunit",
+    )
+    d.graph(
+        "Memory per worker",
+        "Resident memory of each worker process.",
+        [_q(f"hubbub_worker_resident_memory_bytes{{{SEL}}}", "{{instance}} pid {{pid}}")],
+        "bytes",
+    )
+    d.graph(
+        "Draining and HTTP",
+        "Workers draining (deploys), and HTTP requests by handler.",
+        [
+            _q(f"sum(hubbub_draining{{{SEL}}})", "draining workers"),
+            _q(f"sum by (handler) (rate(http_requests_total{{{SEL}}}[{RATE}]))", "{{handler}}"),
+        ],
+        "short",
+    )
+
+    return {
+        "uid": "hubbub",
+        "title": "Hubbub",
+        "description": "Hubbub chat service: connections, messages, fan-out latency, "
+        "back-pressure, Redis broker and workers.",
+        "tags": ["hubbub", "websocket", "chat"],
+        "schemaVersion": 39,
+        "version": 1,
+        "editable": True,
+        "graphTooltip": 1,
+        "refresh": "30s",
+        "time": {"from": "now-1h", "to": "now"},
+        "timezone": "browser",
+        "fiscalYearStartMonth": 0,
+        "liveNow": False,
+        "links": [],
+        "annotations": {"list": []},
+        "templating": {
+            "list": [
+                {
+                    "name": "datasource",
+                    "label": "Data source",
+                    "type": "datasource",
+                    "query": "prometheus",
+                    "refresh": 1,
+                    "hide": 0,
+                },
+                {
+                    "name": "instance",
+                    "label": "Instance",
+                    "type": "query",
+                    "datasource": DATASOURCE,
+                    "query": {
+                        "query": 'label_values(hubbub_connections{job="hubbub"}, instance)',
+                        "refId": "instances",
+                    },
+                    "definition": 'label_values(hubbub_connections{job="hubbub"}, instance)',
+                    "includeAll": True,
+                    "multi": True,
+                    "allValue": ".*",
+                    "refresh": 2,
+                    "sort": 1,
+                    "current": {"text": ["All"], "value": ["$__all"]},
+                },
+            ]
+        },
+        "panels": d.panels,
+    }
+
+
+def render() -> str:
+    return json.dumps(build(), indent=2) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--check", action="store_true", help="fail if the file is stale")
+    args = parser.parse_args(argv)
+    if args.check:
+        if OUTPUT.read_text() != render():
+            print(f"{OUTPUT} is stale: run `make dashboard`", file=sys.stderr)
+            return 1
+        return 0
+    OUTPUT.write_text(render())
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
