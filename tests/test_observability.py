@@ -14,6 +14,7 @@ import httpx2 as httpx
 import jsonschema
 import yaml
 
+from app.metrics import Metrics
 from tests.helpers import ChatClient, free_port
 from tests.processes import ROOT, AppProcess, RedisServer
 from tests.prom import run_promtool, scrape_until
@@ -176,3 +177,11 @@ async def test_every_queried_metric_is_exported(redis_server: RedisServer) -> No
     families = {re.sub(r"_(bucket|sum|count)$", "", n) for n in exported if n.startswith("hubbub_")}
     unused = {f for f in families if not any(u.startswith(f) for u in used)} - {"hubbub_build_info"}
     assert not unused, f"exported but never shown or alerted on: {unused}"
+
+
+def test_every_metric_is_documented() -> None:
+    operations = (ROOT / "docs" / "operations.md").read_text()
+    registry = Metrics().registry
+    for family in registry.collect():
+        name = family.name + ("_total" if family.type == "counter" else "")
+        assert f"`{name}`" in operations, f"docs/operations.md does not describe {name}"
