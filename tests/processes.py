@@ -11,6 +11,7 @@ import sys
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import httpx2 as httpx
 
@@ -133,3 +134,71 @@ class AppProcess:
             await self.proc.wait()
         self.log.close()
         shutil.rmtree(self.tmpdir, ignore_errors=True)
+
+
+class PrometheusServer:
+    """A throwaway Prometheus (Debian's package) scraping ``targets`` every second under
+    job="hubbub", with the given rule files copied next to its config."""
+
+    def __init__(self, targets: list[str], rule_files: list[Path]) -> None:
+        binary = shutil.which("prometheus")
+        assert binary, "prometheus is missing: `make test` installs Debian's prometheus package"
+        self.binary = binary
+        self.port = free_port()
+        self.dir = Path(tempfile.mkdtemp(prefix="hubbub-prometheus-"))
+        for rule_file in rule_files:
+            shutil.copy(rule_file, self.dir / rule_file.name)
+        rules = "".join(f"  - {rule_file.name}\n" for rule_file in rule_files)
+        (self.dir / "prometheus.yml").write_text(
+            "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n"
+            f"rule_files:\n{rules}"
+            "scrape_configs:\n  - job_name: hubbub\n"
+            f"    static_configs:\n      - targets: {targets!r}\n"
+        )
+        self.proc: asyncio.subprocess.Process | None = None
+        self.log = self.dir / "prometheus.log"
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    async def start(self) -> None:
+        with self.log.open("wb") as log:
+            self.proc = await asyncio.create_subprocess_exec(
+                self.binary,
+                f"--config.file={self.dir / 'prometheus.yml'}",
+                f"--storage.tsdb.path={self.dir / 'data'}",
+                f"--web.listen-address=127.0.0.1:{self.port}",
+                stdout=log, stderr=log,
+            )  # fmt: skip
+        async with asyncio.timeout(30), httpx.AsyncClient() as http:
+            while True:
+                assert self.proc.returncode is None, self.log.read_text()
+                try:
+                    if (await http.get(f"{self.url}/-/ready")).status_code == 200:
+                        return
+                except httpx.TransportError:
+                    pass
+                await asyncio.sleep(0.1)
+
+    async def query(self, expr: str) -> list[dict[str, Any]]:
+        """An instant query's result; fails the test when Prometheus refuses it."""
+        async with httpx.AsyncClient() as http:
+            response = await http.get(f"{self.url}/api/v1/query", params={"query": expr})
+        body = response.json()
+        assert body["status"] == "success", f"{expr!r}: {body}"
+        result: list[dict[str, Any]] = body["data"]["result"]
+        return result
+
+    async def api(self, path: str) -> dict[str, Any]:
+        async with httpx.AsyncClient() as http:
+            body = (await http.get(f"{self.url}/api/v1/{path}")).json()
+        assert body["status"] == "success", body
+        data: dict[str, Any] = body["data"]
+        return data
+
+    async def stop(self) -> None:
+        if self.proc is not None and self.proc.returncode is None:
+            self.proc.send_signal(signal.SIGKILL)
+            await self.proc.wait()
+        shutil.rmtree(self.dir, ignore_errors=True)
