@@ -30,6 +30,9 @@ def uvicorn_options(settings: Settings) -> dict[str, Any]:
         "ws_ping_timeout": None,
         "lifespan": "on",
         "server_header": False,
+        # The client address from X-Forwarded-For, when the peer is a trusted proxy.
+        "proxy_headers": True,
+        "forwarded_allow_ips": settings.trusted_proxies,
         "access_log": False,  # one line per request is the proxy's job; app.logs has the events
         # Past the drain, uvicorn closes what is left with 1012 and waits this long for tasks.
         "timeout_graceful_shutdown": settings.close_timeout_s + 1,

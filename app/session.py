@@ -204,7 +204,8 @@ async def serve(ws: WebSocket, state: ChatState) -> None:
             code = conn.close_code = CloseCode.POLICY_VIOLATION
             await ws.close(code, "invalid name")
             return
-        logger.info("connection opened", extra={"conn": conn.id, "user": conn.user})
+        client = ws.client.host if ws.client else None
+        logger.info("connection opened", extra={"conn": conn.id, "user": conn.user, "ip": client})
         await hub.register_user(conn)
         conn.offer(
             hello_frame(

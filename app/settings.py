@@ -34,6 +34,12 @@ class Settings(BaseSettings):
 
     host: str = Field("127.0.0.1", description="Address `python -m app` binds to.")
     port: int = Field(8000, ge=0, le=65535, description="Port `python -m app` listens on.")
+    trusted_proxies: str = Field(
+        "127.0.0.1,::1",
+        description="Comma-separated addresses or networks (or `*`) whose `X-Forwarded-For`/`-Proto` "
+        "headers are believed: the client address then comes from the header. Set it to your "
+        "proxies' addresses; `*` only when nothing but the proxy can reach the app.",
+    )
     log_level: Literal["debug", "info", "warning", "error"] = Field(
         "info", description="Log level of the service's loggers."
     )

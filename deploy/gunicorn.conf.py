@@ -53,6 +53,7 @@ backlog = 4096
 # No control socket: it collides between gunicorns on one host and needs a writable home.
 control_socket_disable = True
 accesslog = None
+forwarded_allow_ips = _settings.trusted_proxies
 logconfig_dict = logging_config(_settings)
 
 

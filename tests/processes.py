@@ -4,6 +4,8 @@ loopback port, started and stopped (by PID) by the test that uses them."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
 import os
 import shutil
 import signal
@@ -202,3 +204,93 @@ class PrometheusServer:
             self.proc.send_signal(signal.SIGKILL)
             await self.proc.wait()
         shutil.rmtree(self.dir, ignore_errors=True)
+
+
+NGINX_CONF = ROOT / "nginx" / "nginx.conf"
+
+
+class NginxServer:
+    """nginx running the repository's ``nginx/nginx.conf`` with ``replacements`` applied
+    (addresses, and any short timeouts a test needs), on a free loopback port."""
+
+    def __init__(self, upstream: str, replacements: Mapping[str, str] | None = None) -> None:
+        binary = shutil.which("nginx") or "/usr/sbin/nginx"
+        assert Path(binary).exists(), "nginx is missing: `make test` installs it"
+        self.binary = binary
+        self.port = free_port()
+        self.dir = Path(tempfile.mkdtemp(prefix="hubbub-nginx-"))
+        config = NGINX_CONF.read_text()
+        swaps = {
+            "listen 8080 ": f"listen 127.0.0.1:{self.port} ",
+            "server app:8000 ": f"server {upstream} ",
+        }
+        for old, new in {**swaps, **(replacements or {})}.items():
+            assert old in config, f"{old!r} is not in nginx.conf"
+            config = config.replace(old, new)
+        self.conf = self.dir / "nginx.conf"
+        self.conf.write_text(config)
+        self.log = self.dir / "nginx.log"
+        self.proc: asyncio.subprocess.Process | None = None
+
+    @property
+    def http_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def ws_url(self, name: str) -> str:
+        return f"ws://127.0.0.1:{self.port}/ws?name={name}"
+
+    def command(self, *extra: str) -> list[str]:
+        return [
+            self.binary, "-p", str(self.dir), "-c", str(self.conf),
+            "-e", str(self.dir / "early.log"),
+            "-g", f"daemon off; pid {self.dir / 'nginx.pid'}; error_log {self.log} info;", *extra,
+        ]  # fmt: skip
+
+    async def start(self) -> None:
+        with (self.dir / "stdout.log").open("wb") as out:
+            self.proc = await asyncio.create_subprocess_exec(
+                *self.command(), stdout=out, stderr=out
+            )
+        async with asyncio.timeout(10):
+            while True:
+                assert self.proc.returncode is None, self.output()
+                try:
+                    _, writer = await asyncio.open_connection("127.0.0.1", self.port)
+                except OSError:
+                    await asyncio.sleep(0.05)
+                    continue
+                writer.close()
+                return
+
+    def output(self) -> str:
+        logs = [self.dir / "stdout.log", self.log, self.dir / "early.log"]
+        return "\n".join(f.read_text(errors="replace") for f in logs if f.exists())
+
+    def access_log(self) -> list[dict[str, Any]]:
+        """The JSON access-log lines nginx wrote to stdout."""
+        text = (self.dir / "stdout.log").read_text(errors="replace")
+        return [json.loads(line) for line in text.splitlines() if line.startswith("{")]
+
+    async def stop(self) -> None:
+        if self.proc is not None and self.proc.returncode is None:
+            self.proc.send_signal(signal.SIGTERM)  # fast shutdown
+            try:
+                async with asyncio.timeout(10):
+                    await self.proc.wait()
+            except TimeoutError:
+                self.proc.send_signal(signal.SIGKILL)
+                await self.proc.wait()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def upstream_client_ports(port: int) -> set[int]:
+    """Client-side ports of the loopback TCP connections to ``port`` that exist now or closed
+    recently (TIME_WAIT lasts a minute): one per TCP connection ever opened to it lately."""
+    ports: set[int] = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with contextlib.suppress(FileNotFoundError), open(table) as rows:
+            for row in list(rows)[1:]:
+                local, remote = row.split()[1:3]
+                if int(remote.rsplit(":", 1)[1], 16) == port:
+                    ports.add(int(local.rsplit(":", 1)[1], 16))
+    return ports

@@ -1,0 +1,190 @@
+"""nginx/nginx.conf, for real: ``nginx -t`` on the file as shipped, then nginx (this file, with
+loopback addresses) in front of gunicorn (2 workers) and redis-server."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import shutil
+import tempfile
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx2 as httpx
+import orjson
+import pytest
+from websockets.asyncio.client import connect
+from websockets.exceptions import ConnectionClosed
+
+from tests.helpers import ChatClient
+from tests.processes import NGINX_CONF, AppProcess, NginxServer, RedisServer, upstream_client_ports
+
+# Short versions of the production timings, so the tests see them act within seconds.
+HEARTBEAT = {"CHAT_HEARTBEAT_INTERVAL_S": "1", "CHAT_HEARTBEAT_TIMEOUT_S": "0.5"}
+SHORT_READ_TIMEOUT = {"proxy_read_timeout 120s;": "proxy_read_timeout 3s;"}
+
+
+@dataclass
+class Stack:
+    nginx: NginxServer
+    app: AppProcess
+
+
+@contextlib.asynccontextmanager
+async def stack(redis: RedisServer, env: dict[str, str], workers: int = 2) -> AsyncIterator[Stack]:
+    app = AppProcess({"CHAT_REDIS_URL": redis.url, **env}, gunicorn_workers=workers)
+    await app.start()
+    nginx = NginxServer(f"127.0.0.1:{app.port}", SHORT_READ_TIMEOUT)
+    try:
+        await nginx.start()
+        yield Stack(nginx, app)
+    finally:
+        await nginx.stop()
+        await app.stop()
+
+
+async def test_nginx_accepts_the_shipped_config() -> None:
+    """``nginx -t`` on nginx/nginx.conf exactly as shipped; "app" (the compose service)
+    resolves to loopback through a private /etc/hosts (a mount namespace of its own)."""
+    unshare = shutil.which("unshare")
+    assert unshare, "unshare (util-linux) is missing"
+    workdir = Path(tempfile.mkdtemp(prefix="hubbub-nginx-t-"))
+    try:
+        hosts = workdir / "hosts"
+        system_hosts = await asyncio.to_thread(Path("/etc/hosts").read_text)
+        hosts.write_text(system_hosts + "\n127.0.0.1 app\n")
+        nginx = NginxServer("127.0.0.1:1")  # only for its binary
+        output = workdir / "output"  # a file: nginx opens /dev/stdout, which a socket is not
+        script = (
+            f"mount --bind {hosts} /etc/hosts && exec {nginx.binary} -t -c {NGINX_CONF} "
+            f"-e {workdir / 'error.log'} -g 'pid {workdir / 'nginx.pid'};'"
+        )
+        with output.open("wb") as out:
+            proc = await asyncio.create_subprocess_exec(
+                unshare, "--mount", "sh", "-c", script, stdout=out, stderr=out
+            )
+        async with asyncio.timeout(20):
+            await proc.wait()
+        text = output.read_text()
+        assert proc.returncode == 0, text
+        assert "test is successful" in text
+        assert "[warn]" not in text and "[emerg]" not in text, text
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+async def test_chat_through_nginx(redis_server: RedisServer) -> None:
+    """WebSocket upgrade and chat through nginx; HTTP routes proxied; /metrics not exposed."""
+    async with stack(redis_server, {}) as s:
+        async with (
+            ChatClient.connect(s.nginx.ws_url("ann")) as ann,
+            ChatClient.connect(s.nginx.ws_url("bob")) as bob,
+        ):
+            await ann.join("proxied")
+            await bob.join("proxied")
+            await ann.say("proxied", "through nginx", cid="c1")
+            own = [await ann.next_frame() for _ in range(2)]  # its ack and its message
+            assert sorted(frame["type"] for frame in own) == ["ack", "message"]
+            assert (await bob.expect("message"))["text"] == "through nginx"
+        async with httpx.AsyncClient() as http:
+            history = await http.get(f"{s.nginx.http_url}/rooms/proxied/messages")
+            assert [m["text"] for m in history.json()["messages"]] == ["through nginx"]
+            assert (await http.get(f"{s.nginx.http_url}/readyz")).status_code == 200
+            assert (await http.get(f"{s.nginx.http_url}/metrics")).status_code == 404
+        statuses = {line["status"] for line in s.nginx.access_log()}
+        assert 101 in statuses and 200 in statuses  # one JSON line per request and socket
+
+
+async def _upstream_connections_for(nginx: NginxServer, upstream_port: int, requests: int) -> int:
+    """TCP connections nginx opened to the app while serving ``requests`` HTTP requests, each
+    arriving on a new client connection."""
+    before = upstream_client_ports(upstream_port)
+    for _ in range(requests):
+        async with httpx.AsyncClient() as http:
+            assert (await http.get(f"{nginx.http_url}/healthz")).status_code == 200
+    return len(upstream_client_ports(upstream_port) - before)
+
+
+async def test_nginx_reuses_upstream_connections(redis_server: RedisServer) -> None:
+    """200 HTTP requests through nginx reach the app over a handful of kept-alive upstream
+    connections (counted in the kernel's socket table); the same config without its
+    ``keepalive`` line opens one per request — the count is a real measurement."""
+    async with stack(redis_server, {}) as s:
+        assert 1 <= await _upstream_connections_for(s.nginx, s.app.port, 200) <= 8
+        without = NginxServer(f"127.0.0.1:{s.app.port}", {"keepalive 64;": ""})
+        await without.start()
+        try:
+            assert await _upstream_connections_for(without, s.app.port, 50) == 50
+        finally:
+            await without.stop()
+
+
+async def _idle(client: ChatClient, seconds: float) -> int:
+    """Stay idle for ``seconds``, answering the server's pings; returns the pings seen."""
+    pings = 0
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + seconds
+    while (left := deadline - loop.time()) > 0:
+        try:
+            frame = await client.next_frame(timeout=left, skip=())
+        except TimeoutError:
+            break
+        if frame["type"] == "ping":
+            pings += 1
+            await client.send({"type": "pong"})
+    return pings
+
+
+async def test_idle_socket_outlives_the_proxy_read_timeout(redis_server: RedisServer) -> None:
+    """With nginx's read timeout cut to 3 s, an idle chat socket stays open for 8 s: the
+    server's heartbeats (every second here) keep traffic flowing through the proxy."""
+    async with stack(redis_server, HEARTBEAT) as s:
+        async with ChatClient.connect(s.nginx.ws_url("idle")) as client:
+            await client.join("quiet")
+            pings = await _idle(client, 8)
+            assert pings >= 5
+            assert await client.is_responsive()
+
+
+async def test_without_heartbeats_the_proxy_cuts_idle_sockets(redis_server: RedisServer) -> None:
+    """The control for the test above: with heartbeats far apart, nginx's 3 s read timeout
+    does close an idle socket — so the timeout is real and the heartbeat is what saves it."""
+    slow = {"CHAT_HEARTBEAT_INTERVAL_S": "60", "CHAT_HEARTBEAT_TIMEOUT_S": "10"}
+    async with stack(redis_server, slow, workers=1) as s:
+        async with connect(s.nginx.ws_url("idle"), open_timeout=5) as ws:
+            await ws.recv()  # hello
+            loop = asyncio.get_running_loop()
+            started = loop.time()
+            with pytest.raises(ConnectionClosed):
+                async with asyncio.timeout(10):
+                    while True:
+                        await ws.recv()
+            assert 2.5 < loop.time() - started < 6
+
+
+async def test_client_address_comes_from_the_trusted_proxy_only(redis_server: RedisServer) -> None:
+    """Through nginx (a trusted proxy) the app logs the real client's address; a client
+    talking to the app directly cannot pretend to be someone else with X-Forwarded-For."""
+    async with stack(redis_server, {"CHAT_TRUSTED_PROXIES": "127.0.0.1"}) as s:
+        async with ChatClient.connect(s.nginx.ws_url("viaproxy"), local_addr=("127.0.0.2", 0)):
+            pass
+        headers = {"X-Forwarded-For": "203.0.113.7"}
+        async with ChatClient.connect(
+            s.app.ws_url("direct"), local_addr=("127.0.0.3", 0), additional_headers=headers
+        ):
+            pass
+
+        def address_of(user: str) -> str | None:
+            for line in s.app.output().splitlines():
+                if line.startswith("{"):
+                    event = orjson.loads(line)
+                    if event.get("msg") == "connection opened" and event.get("user") == user:
+                        return str(event["ip"])
+            return None
+
+        async with asyncio.timeout(5):
+            while address_of("direct") is None:
+                await asyncio.sleep(0.05)
+        assert address_of("viaproxy") == "127.0.0.2"
+        assert address_of("direct") == "127.0.0.3"
