@@ -34,6 +34,13 @@ class Settings(BaseSettings):
 
     host: str = Field("127.0.0.1", description="Address `python -m app` binds to.")
     port: int = Field(8000, ge=0, le=65535, description="Port `python -m app` listens on.")
+    workers: int | None = Field(
+        None,
+        ge=1,
+        description="Gunicorn worker processes (`deploy/gunicorn.conf.py`; `--workers` wins). "
+        "Unset: one per CPU this process may run on. In Kubernetes set it to the pod's CPU "
+        "limit: CPU quotas do not show as fewer CPUs.",
+    )
     trusted_proxies: str = Field(
         "127.0.0.1,::1",
         description="Comma-separated addresses or networks (or `*`) whose `X-Forwarded-For`/`-Proto` "

@@ -3,7 +3,9 @@
     CHAT_REDIS_URL=redis://HOST:6379/0 .venv/bin/gunicorn -c deploy/gunicorn.conf.py \\
         --bind HOST:PORT --workers N
 
-Every ``CHAT_*`` setting applies (docs/configuration.md). Workers default to the core count.
+Every ``CHAT_*`` setting applies (docs/configuration.md). Workers: ``CHAT_WORKERS``, else one per
+CPU the process may run on.
+
 Metrics: the workers share ``PROMETHEUS_MULTIPROC_DIR`` (a fresh temporary directory unless it
 is set), wiped when gunicorn starts; a worker that dies is forgotten by the live gauges at once.
 With ``CHAT_METRICS_PORT`` set, gunicorn also listens on ``CHAT_METRICS_HOST:CHAT_METRICS_PORT``,
@@ -13,7 +15,6 @@ where the workers serve only ``/metrics``.
 from __future__ import annotations
 
 import glob
-import multiprocessing
 import os
 import shutil
 import sys
@@ -41,7 +42,7 @@ if not _metrics_dir:
 wsgi_app = "app.main:create_app()"
 worker_class = "app.worker.HubbubWorker"
 bind = [f"{_settings.host}:{_settings.port}"]
-workers = multiprocessing.cpu_count()
+workers = _settings.workers or len(os.sched_getaffinity(0))
 # Never recycle workers: a restarted worker drops every socket it holds.
 max_requests = 0
 max_requests_jitter = 0
