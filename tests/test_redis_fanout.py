@@ -296,6 +296,7 @@ async def test_deaf_subscription_is_detected_and_healed(redis_server: RedisServe
                 await pub.say("c", f"during{k}")
             await pub.messages_until("during2")
             await wait_until(lambda: broker.stats.reconnects > reconnects, 10)
+            assert broker.stats.deaf_reconnects == broker.stats.reconnects - reconnects
             await wait_until(lambda: broker.ready, 10)
             await pub.say("c", "after")
             # b caught up from history: the missed messages, in order, once, then live ones.
