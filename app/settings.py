@@ -43,9 +43,10 @@ class Settings(BaseSettings):
     )
     trusted_proxies: str = Field(
         "127.0.0.1,::1",
-        description="Comma-separated addresses or networks (or `*`) whose `X-Forwarded-For`/`-Proto` "
-        "headers are believed: the client address then comes from the header. Set it to your "
-        "proxies' addresses; `*` only when nothing but the proxy can reach the app.",
+        description="Comma-separated addresses or networks (or `*`) whose `X-Forwarded-For` and "
+        "`X-Forwarded-Proto` headers are believed: the client address then comes from the "
+        "header. Set it to your proxies' addresses; `*` only when nothing but the proxy can "
+        "reach the app.",
     )
     log_level: Literal["debug", "info", "warning", "error"] = Field(
         "info", description="Log level of the service's loggers."
