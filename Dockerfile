@@ -36,9 +36,10 @@ ENV PATH=/opt/hubbub/venv/bin:$PATH \
 USER 10001:10001
 # 8000: chat (WebSocket /ws, HTTP); 9100: /metrics only, for Prometheus, never proxied.
 EXPOSE 8000 9100
-# Liveness of the event loop; readiness (/readyz) is the orchestrator's or the proxy's job.
+# Liveness of the event loop (GET /healthz on CHAT_PORT); readiness (/readyz) is the
+# orchestrator's or the proxy's job.
 HEALTHCHECK --interval=10s --timeout=3s --start-period=15s --retries=3 \
-    CMD ["python", "-c", "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8000/healthz', timeout=2)"]
+    CMD ["python", "-m", "app.healthcheck"]
 # SIGTERM drains: readiness fails, sockets get 1012 over CHAT_DRAIN_WINDOW_S, then exit.
 STOPSIGNAL SIGTERM
 CMD ["gunicorn", "-c", "deploy/gunicorn.conf.py"]

@@ -81,3 +81,20 @@ def test_in_process_client() -> None:
             assert until("ack")["id"] == until("message")["id"]
             kinds = [f["type"] for f in frames]
             assert kinds.index("message") < kinds.index("ack")
+
+
+async def _healthcheck(port: int) -> int:
+    env = {**os.environ, "CHAT_HOST": "0.0.0.0", "CHAT_PORT": str(port)}
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "app.healthcheck", cwd=ROOT, env=env,
+        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
+    )  # fmt: skip
+    async with asyncio.timeout(15):
+        return await proc.wait()
+
+
+async def test_docker_healthcheck_command(served: str) -> None:
+    """The image's HEALTHCHECK (``python -m app.healthcheck``) passes against a live server
+    (asking 127.0.0.1 when the server binds 0.0.0.0) and fails where nothing listens."""
+    assert await _healthcheck(int(served.rsplit(":", 1)[1])) == 0
+    assert await _healthcheck(free_port()) == 1
