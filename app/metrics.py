@@ -50,7 +50,9 @@ SYNC_INTERVAL_S: Final = 1.0
 # 1001 going away (tab closed), 1005 no status, 1006 abnormal (TCP lost) come from clients.
 CLIENT_CLOSE_CODES: Final = (1001, 1005, 1006)
 _CLOSE_LABELS: Final = {code: str(code) for code in (*map(int, CloseCode), *CLIENT_CLOSE_CODES)}
-FRAME_TYPES: Final = ("join", "leave", "send", "ping", "pong", "invalid", "binary", "rate_limited")
+FRAME_TYPES: Final = (
+    "join", "leave", "send", "typing", "ping", "pong", "invalid", "binary", "rate_limited",
+)  # fmt: skip
 
 _LATENCY_BUCKETS: Final = (
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,

@@ -69,6 +69,13 @@ class Send(_Frame):
         return self
 
 
+class Typing(_Frame):
+    """The sender is typing in ``room``: relayed to its members, never stored."""
+
+    type: Literal["typing"]
+    room: RoomName
+
+
 class Ping(_Frame):
     type: Literal["ping"]
 
@@ -77,11 +84,11 @@ class Pong(_Frame):
     type: Literal["pong"]
 
 
-ClientFrame = Join | Leave | Send | Ping | Pong
+ClientFrame = Join | Leave | Send | Typing | Ping | Pong
 _CLIENT_FRAME: Final[TypeAdapter[ClientFrame]] = TypeAdapter(
     Annotated[ClientFrame, Field(discriminator="type")]
 )
-CLIENT_TYPES: Final = ("join", "leave", "send", "ping", "pong")
+CLIENT_TYPES: Final = ("join", "leave", "send", "typing", "ping", "pong")
 
 
 def parse_client_frame(data: str) -> ClientFrame:
@@ -133,6 +140,11 @@ def encode_direct(to: str, message_id: int, sender: str, text: str, ts_ms: int) 
     return orjson.dumps(
         {"type": "message", "to": to, "id": message_id, "user": sender, "text": text, "ts": ts_ms}
     )
+
+
+def typing_frame(room: str, user: str) -> bytes:
+    """``typing``: ``user`` is typing in ``room`` (relayed to the room, sender included)."""
+    return orjson.dumps({"type": "typing", "room": room, "user": user})
 
 
 def presence_frame(room: str, event: str, user: str | None, count: int) -> dict[str, Any]:

@@ -9,6 +9,7 @@ disturb another connection: a refused frame costs an error frame on this socket 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import re
@@ -30,12 +31,14 @@ from app.protocol import (
     Leave,
     Ping,
     Send,
+    Typing,
     ack_frame,
     error_frame,
     hello_frame,
     joined_frame,
     left_frame,
     parse_client_frame,
+    typing_frame,
 )
 from app.ratelimit import RateLimiter, Verdict
 from app.settings import Settings
@@ -82,6 +85,8 @@ class Session:
                 await self._join(frame)
             elif isinstance(frame, Leave):
                 await self._leave(frame)
+            elif isinstance(frame, Typing):
+                await self._typing(frame)
             elif isinstance(frame, Ping):
                 self.conn.offer(PONG_FRAME)
             # Pong: nothing to do; receiving it already refreshed last_seen.
@@ -118,6 +123,13 @@ class Session:
             raise FrameError(ErrorCode.NOT_JOINED, f"not in room {frame.room!r}")
         await self._hub.leave(self.conn, frame.room)
         self.conn.offer(left_frame(frame.room))
+
+    async def _typing(self, frame: Typing) -> None:
+        """Relay to the room; best effort: dropped without a word while the broker is down."""
+        if frame.room not in self.conn.rooms:
+            raise FrameError(ErrorCode.NOT_JOINED, f"join room {frame.room!r} before typing")
+        with contextlib.suppress(BrokerUnavailable):
+            await self._broker.broadcast(frame.room, typing_frame(frame.room, self.conn.user))
 
     async def _send(self, frame: Send) -> None:
         conn = self.conn

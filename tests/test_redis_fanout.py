@@ -302,3 +302,28 @@ async def test_deaf_subscription_is_detected_and_healed(redis_server: RedisServe
             # b caught up from history: the missed messages, in order, once, then live ones.
             got = [m["text"] for m in await sub.messages_until("after")]
             assert got == ["during0", "during1", "during2", "after"]
+
+
+async def test_typing_reaches_the_room_on_every_server(redis_server: RedisServer) -> None:
+    """``typing`` is relayed to the room's members on both instances (not to other rooms),
+    is not stored, and needs membership."""
+    async with (
+        two_servers(redis_server) as (a, b),
+        ChatClient.connect(a.ws_url("writer")) as writer,
+        ChatClient.connect(b.ws_url("reader")) as reader,
+        ChatClient.connect(b.ws_url("elsewhere")) as elsewhere,
+    ):
+        await writer.join("t")
+        await reader.join("t")
+        await elsewhere.join("other")
+        await writer.send({"type": "typing", "room": "t"})
+        assert await reader.expect("typing") == {"type": "typing", "room": "t", "user": "writer"}
+        await writer.send({"type": "typing", "room": "other"})
+        error = await writer.next_frame(skip=("ping", "presence", "typing"))
+        assert (error["type"], error["code"], error["ref"]) == ("error", "not_joined", "typing")
+        await writer.say("t", "after")  # typing frames are not part of the history
+        assert (await reader.expect("message"))["text"] == "after"
+        async with httpx.AsyncClient() as http:
+            stored = (await http.get(f"{a.http_url}/rooms/t/messages")).json()["messages"]
+        assert [m["type"] for m in stored] == ["message"]
+        assert await elsewhere.is_responsive()  # nothing else was queued for it

@@ -111,6 +111,11 @@ class Broker(Protocol):
         self, sender: str, to: str, text: str, cid: str | int | None
     ) -> Published: ...
 
+    async def broadcast(self, room: str, payload: bytes) -> None:
+        """Deliver ``payload`` (an encoded frame without an id, e.g. ``typing``) to the room's
+        members on every worker: not stored, not numbered, at most once."""
+        ...
+
     async def history_since(self, room: str, since: int) -> History: ...
 
     async def history_before(self, room: str, before: int | None, limit: int) -> list[bytes]:

@@ -122,6 +122,11 @@ class MemoryBroker:
                 handler.deliver_user(user, payload)
         return Published(message_id)
 
+    async def broadcast(self, room: str, payload: bytes) -> None:
+        handler = self._running()
+        if room in self._rooms:
+            handler.deliver_room(room, payload)
+
     def _remember(self, room: str, message_id: int, payload: bytes) -> None:
         size = self._settings.history_size
         log = self._logs.get(room)

@@ -372,8 +372,11 @@ class RedisBroker:
         if changed:
             await self._announcer.announce(room, "leave", user)
 
-    async def _publish_presence(self, room: str, payload: bytes) -> None:
+    async def broadcast(self, room: str, payload: bytes) -> None:
         await self._call(lambda: self._redis.publish(self._room_channel(room), payload))
+
+    async def _publish_presence(self, room: str, payload: bytes) -> None:
+        await self.broadcast(room, payload)
 
     async def _count(self, room: str) -> int:
         key = self._room_key(room, "present")
