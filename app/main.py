@@ -22,6 +22,7 @@ from app.heartbeat import run_heartbeat
 from app.hub import Hub
 from app.metrics import Metrics, run_metrics_sync
 from app.metrics_endpoint import MetricsEndpoint
+from app.page import mount_page
 from app.settings import Settings, load_settings
 from app.state import ChatState
 
@@ -64,6 +65,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     app = FastAPI(title="Hubbub", version=__version__, lifespan=lifespan, docs_url=None)
     app.include_router(router)
+    mount_page(app)
     Instrumentator(registry=metrics.registry, excluded_handlers=["/healthz", "/readyz"]).instrument(
         app
     )

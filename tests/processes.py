@@ -69,8 +69,10 @@ class RedisServer:
 class AppProcess:
     """The service as a separate process: ``python -m app`` or gunicorn with the repo's config."""
 
-    def __init__(self, env: Mapping[str, str], gunicorn_workers: int | None = None) -> None:
-        self.port = free_port()
+    def __init__(
+        self, env: Mapping[str, str], gunicorn_workers: int | None = None, port: int | None = None
+    ) -> None:
+        self.port = port or free_port()
         self.env = {**os.environ, "CHAT_HOST": "127.0.0.1", "CHAT_PORT": str(self.port), **env}
         self.gunicorn_workers = gunicorn_workers
         # The process's temporary files (gunicorn's metrics directory): removed by stop(), as

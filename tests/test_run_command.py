@@ -98,3 +98,14 @@ async def test_docker_healthcheck_command(served: str) -> None:
     (asking 127.0.0.1 when the server binds 0.0.0.0) and fails where nothing listens."""
     assert await _healthcheck(int(served.rsplit(":", 1)[1])) == 0
     assert await _healthcheck(free_port()) == 1
+
+
+async def test_make_run_serves_the_chat_page(served: str) -> None:
+    """``/`` is the chat page, with its script and a strict Content-Security-Policy."""
+    async with httpx.AsyncClient() as http:
+        page = await http.get(f"http://{served}/")
+        script = await http.get(f"http://{served}/static/hubbub.js")
+    assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
+    assert '<script type="module" src="/static/chat.js">' in page.text
+    assert "script-src 'self'" in page.headers["content-security-policy"]
+    assert script.status_code == 200 and "export class HubbubClient" in script.text

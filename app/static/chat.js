@@ -1,0 +1,306 @@
+// The chat page: rooms, messages, presence, typing, connection state — on top of hubbub.js.
+// Messages are kept per room by id and shown in id order, so a message replayed after a
+// reconnect or reloaded over HTTP appears exactly once. Text is always set as text, never HTML.
+import { HubbubClient } from "./hubbub.js";
+
+const NAME = /^[A-Za-z0-9][A-Za-z0-9_.-]{0,31}$/;
+const ROOM = /^[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}$/;
+const TYPING_EVERY_MS = 3000;
+const TYPING_SHOWN_MS = 4000;
+const $ = (id) => document.getElementById(id);
+
+/** room -> {messages: Map<id, frame>, count, users: Set|null, unread, typing: Map<user, timer>} */
+const rooms = new Map();
+let active = null;
+let client = null;
+let lastTyping = 0;
+
+function el(tag, className, text) {
+  const node = document.createElement(tag);
+  if (className) node.className = className;
+  if (text !== undefined) node.textContent = text; // text, never markup
+  return node;
+}
+
+// -- name and start ------------------------------------------------------------------------
+
+function start(name) {
+  localStorage.setItem("hubbub.name", name);
+  $("me-name").textContent = name;
+  client = new HubbubClient({ name });
+  window.hubbub = { client, rooms }; // for debugging in the console
+  client.addEventListener("state", (e) => showState(e.detail));
+  client.addEventListener("hello", (e) => { $("me-name").textContent = e.detail.user; });
+  client.addEventListener("joined", (e) => onJoined(e.detail));
+  client.addEventListener("message", (e) => addMessage(e.detail));
+  client.addEventListener("resync", (e) => loadHistory(e.detail.room));
+  client.addEventListener("presence", (e) => onPresence(e.detail));
+  client.addEventListener("typing", (e) => onTyping(e.detail));
+  client.addEventListener("error", (e) => showAlert(`${e.detail.code}: ${e.detail.message}`));
+  client.connect();
+  const wanted = new URLSearchParams(location.search).get("room");
+  const saved = JSON.parse(localStorage.getItem("hubbub.rooms") || "[]");
+  const initial = wanted ? [wanted] : saved.length ? saved : ["lobby"];
+  for (const room of initial) if (ROOM.test(room)) joinRoom(room);
+}
+
+function askName() {
+  const dialog = $("name-dialog");
+  const input = $("name-input");
+  input.value = localStorage.getItem("hubbub.name") || "";
+  dialog.showModal();
+  input.focus();
+}
+
+$("name-form").addEventListener("submit", (event) => {
+  const name = $("name-input").value.trim();
+  if (!NAME.test(name)) {
+    event.preventDefault();
+    $("name-input").setCustomValidity("letters, digits, _ . - (starting with a letter or digit)");
+    $("name-input").reportValidity();
+    return;
+  }
+  if (client) {
+    // A new name is a new connection: keep the rooms.
+    client.close();
+    for (const state of rooms.values()) state.messages.clear();
+    const joined = [...rooms.keys()];
+    rooms.clear();
+    $("rooms").replaceChildren();
+    localStorage.setItem("hubbub.rooms", JSON.stringify(joined));
+  }
+  start(name);
+});
+$("name-input").addEventListener("input", () => $("name-input").setCustomValidity(""));
+$("change-name").addEventListener("click", askName);
+
+// -- connection state and alerts -----------------------------------------------------------
+
+function showState({ state, delayMs, code, reason }) {
+  const status = $("status");
+  status.dataset.state = state;
+  const texts = {
+    connecting: "Connecting…",
+    open: "Connected",
+    reconnecting: delayMs
+      ? `Reconnecting in ${Math.ceil(delayMs / 1000)} s${code ? ` (closed: ${code})` : ""}…`
+      : "Reconnecting…",
+    closed: `Disconnected${reason ? `: ${reason}` : ""}${code ? ` (${code})` : ""}`,
+  };
+  status.textContent = texts[state] ?? state;
+  const usable = state === "open" && active !== null;
+  $("composer-input").disabled = !usable;
+  $("send-button").disabled = !usable;
+}
+
+function showAlert(text) {
+  const box = el("p", "alert");
+  box.append(el("span", "", text));
+  const dismiss = el("button", "", "×");
+  dismiss.type = "button";
+  dismiss.setAttribute("aria-label", "Dismiss");
+  dismiss.addEventListener("click", () => box.remove());
+  box.append(dismiss);
+  const alerts = $("alerts");
+  alerts.append(box);
+  while (alerts.children.length > 3) alerts.firstElementChild.remove();
+  setTimeout(() => box.remove(), 10_000);
+}
+
+// -- rooms ---------------------------------------------------------------------------------
+
+function joinRoom(room) {
+  if (!rooms.has(room)) {
+    rooms.set(room, { messages: new Map(), count: 0, users: new Set(), unread: 0, typing: new Map() });
+    const item = el("li");
+    item.dataset.room = room;
+    const open = el("button", "room", room);
+    open.type = "button";
+    open.addEventListener("click", () => setActive(room));
+    const unread = el("span", "unread");
+    unread.hidden = true;
+    const leave = el("button", "leave", "×");
+    leave.type = "button";
+    leave.setAttribute("aria-label", `Leave ${room}`);
+    leave.addEventListener("click", () => leaveRoom(room));
+    item.append(open, unread, leave);
+    $("rooms").append(item);
+    client.join(room);
+    saveRooms();
+    loadHistory(room);
+  }
+  setActive(room);
+}
+
+function leaveRoom(room) {
+  client.leave(room);
+  rooms.delete(room);
+  document.querySelector(`#rooms li[data-room="${CSS.escape(room)}"]`)?.remove();
+  saveRooms();
+  setActive(rooms.size ? [...rooms.keys()][0] : null);
+}
+
+function saveRooms() {
+  localStorage.setItem("hubbub.rooms", JSON.stringify([...rooms.keys()]));
+}
+
+function setActive(room) {
+  active = room;
+  $("room-title").textContent = room ?? "No room";
+  for (const item of $("rooms").children) {
+    const current = item.dataset.room === room;
+    item.querySelector(".room").setAttribute("aria-current", String(current));
+    if (current) {
+      rooms.get(room).unread = 0;
+      item.querySelector(".unread").hidden = true;
+    }
+  }
+  renderMessages();
+  renderPresence();
+  renderTyping();
+  showState({ state: client.state });
+}
+
+async function loadHistory(room) {
+  try {
+    for (const frame of await client.history(room, { limit: 100 })) addMessage(frame);
+  } catch (error) {
+    showAlert(`Could not load the history of ${room}: ${error.message}`);
+  }
+}
+
+$("join-form").addEventListener("submit", (event) => {
+  event.preventDefault();
+  const input = $("join-input");
+  const room = input.value.trim();
+  if (!ROOM.test(room)) {
+    showAlert("A room name is letters, digits and _ . : - (starting with a letter or digit)");
+    return;
+  }
+  input.value = "";
+  joinRoom(room);
+});
+
+// -- messages ------------------------------------------------------------------------------
+
+function messageItem(frame) {
+  const item = el("li", "message");
+  item.dataset.id = String(frame.id);
+  const time = el("time", "meta", new Date(frame.ts).toLocaleTimeString([], { hour: "2-digit", minute: "2-digit" }));
+  time.dateTime = new Date(frame.ts).toISOString();
+  item.append(time, el("span", "author", frame.user), el("span", "text", frame.text));
+  return item;
+}
+
+function addMessage(frame) {
+  const state = rooms.get(frame.room);
+  if (!state || state.messages.has(frame.id)) return; // exactly once
+  state.messages.set(frame.id, frame);
+  if (frame.room !== active) {
+    state.unread += 1;
+    const badge = document.querySelector(`#rooms li[data-room="${CSS.escape(frame.room)}"] .unread`);
+    if (badge) { badge.textContent = String(state.unread); badge.hidden = false; }
+    return;
+  }
+  const list = $("messages");
+  const atBottom = list.scrollHeight - list.scrollTop - list.clientHeight < 40;
+  const item = messageItem(frame);
+  // In id order: usually at the end; history and replays may land earlier.
+  let next = null;
+  for (let node = list.lastElementChild; node && Number(node.dataset.id) > frame.id; node = node.previousElementSibling) {
+    next = node;
+  }
+  list.insertBefore(item, next);
+  if (atBottom || frame.user === client.name) list.scrollTop = list.scrollHeight;
+}
+
+function renderMessages() {
+  const list = $("messages");
+  list.replaceChildren();
+  const state = rooms.get(active);
+  if (!state) return;
+  const ordered = [...state.messages.values()].sort((a, b) => a.id - b.id);
+  list.append(...ordered.map(messageItem));
+  list.scrollTop = list.scrollHeight;
+}
+
+// -- presence and typing -------------------------------------------------------------------
+
+function onJoined({ room, count, users }) {
+  const state = rooms.get(room);
+  if (!state) return;
+  state.count = count;
+  state.users = users ? new Set(users) : null;
+  if (room === active) renderPresence();
+}
+
+function onPresence({ room, event, user, count }) {
+  const state = rooms.get(room);
+  if (!state) return;
+  state.count = count;
+  if (state.users && user) {
+    if (event === "join") state.users.add(user);
+    else state.users.delete(user);
+  }
+  if (room === active) renderPresence();
+}
+
+function renderPresence() {
+  const list = $("presence");
+  list.replaceChildren();
+  const state = rooms.get(active);
+  $("presence-count").textContent = state ? `(${state.count})` : "";
+  if (!state || !state.users) return;
+  for (const user of [...state.users].sort()) list.append(el("li", "", user));
+}
+
+function onTyping({ room, user }) {
+  const state = rooms.get(room);
+  if (!state || user === client.name) return;
+  clearTimeout(state.typing.get(user));
+  state.typing.set(user, setTimeout(() => { state.typing.delete(user); renderTyping(); }, TYPING_SHOWN_MS));
+  renderTyping();
+}
+
+function renderTyping() {
+  const state = rooms.get(active);
+  const users = state ? [...state.typing.keys()] : [];
+  $("typing").textContent = users.length === 0 ? ""
+    : users.length === 1 ? `${users[0]} is typing…`
+      : `${users.slice(0, 3).join(", ")} are typing…`;
+}
+
+// -- composer ------------------------------------------------------------------------------
+
+function sendCurrent() {
+  const input = $("composer-input");
+  const text = input.value.trim();
+  if (!text || !active || client.state !== "open") return;
+  client.send(active, text);
+  input.value = "";
+  lastTyping = 0;
+}
+
+$("composer").addEventListener("submit", (event) => {
+  event.preventDefault();
+  sendCurrent();
+});
+$("composer-input").addEventListener("keydown", (event) => {
+  if (event.key === "Enter" && !event.shiftKey && !event.isComposing) {
+    event.preventDefault();
+    sendCurrent();
+  }
+});
+$("composer-input").addEventListener("input", () => {
+  const now = Date.now();
+  if (active && client.state === "open" && now - lastTyping > TYPING_EVERY_MS) {
+    lastTyping = now;
+    client.typing(active);
+  }
+});
+
+// -- go ------------------------------------------------------------------------------------
+
+const given = new URLSearchParams(location.search).get("name") || localStorage.getItem("hubbub.name");
+if (given && NAME.test(given)) start(given);
+else askName();

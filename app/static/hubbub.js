@@ -1,0 +1,254 @@
+// Hubbub browser client: one WebSocket, reconnects with backoff, rejoins rooms with `since`,
+// delivers every room message once and in order, retries unacknowledged sends safely.
+// No dependencies, no build step: `import { HubbubClient } from "/static/hubbub.js"`.
+// Protocol and API: docs/protocol.md.
+
+/** Close codes after which reconnecting would fail again the same way (docs/protocol.md). */
+export const TERMINAL_CLOSE_CODES = new Set([1000, 1007, 1008, 1009]);
+
+const STABLE_AFTER_MS = 10_000; // a connection this old resets the backoff
+const HEARTBEAT_SLACK_MS = 5_000;
+
+/**
+ * A chat connection. Events (`addEventListener(type, e => e.detail)`):
+ * - `state`    {state: "connecting"|"open"|"reconnecting"|"closed", delayMs?, code?, reason?}
+ * - `hello`    the server's hello frame (user, conn, node, limits)
+ * - `joined`   {room, count, users, recovered}
+ * - `left`     {room}
+ * - `message`  a room message frame, at most once per id and in id order per room
+ * - `direct`   a direct message frame (`to` instead of `room`), at most once per id
+ * - `resync`   {room}: messages may be missing; reload the room with `history(room)`
+ * - `presence` a presence frame; `typing` {room, user}
+ * - `ack`      {cid, id, duplicate}; `error` an error frame {code, message, ref?, cid?}
+ */
+export class HubbubClient extends EventTarget {
+  /**
+   * @param {{url?: string, name: string, baseDelayMs?: number, maxDelayMs?: number}} options
+   *   `url` defaults to this page's host (`ws[s]://HOST/ws`).
+   */
+  constructor({ url, name, baseDelayMs = 500, maxDelayMs = 15_000 }) {
+    super();
+    const scheme = location.protocol === "https:" ? "wss:" : "ws:";
+    this.url = url ?? `${scheme}//${location.host}/ws`;
+    this.name = name;
+    this.baseDelayMs = baseDelayMs;
+    this.maxDelayMs = maxDelayMs;
+    this.state = "idle";
+    this.hello = null;
+    /** @type {Set<string>} rooms this client wants to be in (kept across reconnects) */
+    this.rooms = new Set();
+    /** @type {Map<string, number>} newest message id seen per room */
+    this.lastId = new Map();
+    this._ws = null;
+    this._attempt = 0;
+    this._retryTimer = null;
+    this._watchdog = null;
+    this._stableTimer = null;
+    this._pending = new Map(); // cid -> send frame, until acknowledged
+    this._seenDirect = new Set();
+    this._stopped = false;
+  }
+
+  /** Open the connection (and keep it open until `close()`). */
+  connect() {
+    this._stopped = false;
+    this._open();
+  }
+
+  /** Close for good: no reconnect. */
+  close() {
+    this._stopped = true;
+    clearTimeout(this._retryTimer);
+    this._clearTimers();
+    if (this._ws) this._ws.close(1000, "bye");
+    this._setState("closed", { code: 1000, reason: "closed by the client" });
+  }
+
+  join(room) {
+    this.rooms.add(room);
+    this._joinFrame(room);
+  }
+
+  leave(room) {
+    this.rooms.delete(room);
+    this.lastId.delete(room);
+    this._send({ type: "leave", room });
+  }
+
+  /** Publish `text` to `room`; resent after a reconnect until acknowledged (the server drops
+   * duplicates by `cid`). Returns the `cid`. */
+  send(room, text) {
+    return this._sendMessage({ type: "send", room, text });
+  }
+
+  /** A direct message to every connection of `user`. Returns the `cid`. */
+  sendTo(user, text) {
+    return this._sendMessage({ type: "send", to: user, text });
+  }
+
+  /** Tell the room you are typing (call it at most every few seconds). */
+  typing(room) {
+    this._send({ type: "typing", room });
+  }
+
+  /** The room's history over HTTP, oldest first: the newest `limit` messages, or those
+   * before `before`. Without `before`, it also moves this client's position in the room
+   * forward, so the next reconnect asks only for what came after. */
+  async history(room, { before, limit = 50 } = {}) {
+    const http = new URL(this.url.replace(/^ws/, "http"));
+    http.pathname = `/rooms/${encodeURIComponent(room)}/messages`;
+    http.search = "";
+    http.searchParams.set("limit", String(limit));
+    if (before !== undefined) http.searchParams.set("before", String(before));
+    const response = await fetch(http);
+    if (!response.ok) throw new Error(`history of ${room}: HTTP ${response.status}`);
+    const { messages } = await response.json();
+    if (before === undefined && messages.length && this.rooms.has(room)) {
+      const newest = messages[messages.length - 1].id;
+      if (newest > (this.lastId.get(room) ?? 0)) this.lastId.set(room, newest);
+    }
+    return messages;
+  }
+
+  // -- internals ------------------------------------------------------------------------
+
+  _open() {
+    clearTimeout(this._retryTimer);
+    this._setState(this._attempt === 0 ? "connecting" : "reconnecting");
+    const url = new URL(this.url);
+    url.searchParams.set("name", this.name);
+    const ws = new WebSocket(url);
+    this._ws = ws;
+    ws.onmessage = (event) => {
+      if (ws !== this._ws) return;
+      this._armWatchdog();
+      for (const line of String(event.data).split("\n")) {
+        if (line) this._handle(JSON.parse(line));
+      }
+    };
+    ws.onclose = (event) => {
+      if (ws === this._ws) this._closed(event.code, event.reason);
+    };
+  }
+
+  _closed(code, reason) {
+    this._ws = null;
+    this._clearTimers();
+    if (this._stopped) return;
+    if (TERMINAL_CLOSE_CODES.has(code)) {
+      this._setState("closed", { code, reason: reason || "closed by the server" });
+      return;
+    }
+    // Full jitter: a random delay up to an exponentially growing cap, so that the clients of
+    // a drained or restarted server do not all come back at the same moment.
+    const cap = Math.min(this.maxDelayMs, this.baseDelayMs * 2 ** this._attempt);
+    const delayMs = Math.max(100, Math.round(Math.random() * cap));
+    this._attempt += 1;
+    this._setState("reconnecting", { delayMs, code, reason });
+    this._retryTimer = setTimeout(() => this._open(), delayMs);
+  }
+
+  _handle(frame) {
+    switch (frame.type) {
+      case "hello":
+        this.hello = frame;
+        this._setState("open");
+        this._stableTimer = setTimeout(() => { this._attempt = 0; }, STABLE_AFTER_MS);
+        this.dispatchEvent(new CustomEvent("hello", { detail: frame }));
+        for (const room of this.rooms) this._joinFrame(room);
+        for (const pending of this._pending.values()) this._send(pending);
+        break;
+      case "ping":
+        this._send({ type: "pong" });
+        break;
+      case "message":
+        if (frame.room !== undefined) {
+          if (frame.id <= (this.lastId.get(frame.room) ?? 0)) return; // already delivered
+          this.lastId.set(frame.room, frame.id);
+          this._emit("message", frame);
+        } else if (!this._seenDirect.has(frame.id)) {
+          this._seenDirect.add(frame.id);
+          if (this._seenDirect.size > 1000) this._seenDirect.delete(this._seenDirect.values().next().value);
+          this._emit("direct", frame);
+        }
+        break;
+      case "joined":
+        this._emit("joined", frame);
+        if (frame.recovered === false) this._emit("resync", { room: frame.room });
+        break;
+      case "ack":
+        this._pending.delete(frame.cid);
+        this._emit("ack", frame);
+        break;
+      case "error":
+        if (frame.code === "resync" && frame.room) {
+          // The server lost track of a room: rejoin it from our position.
+          this._joinFrame(frame.room);
+          return;
+        }
+        if (frame.cid !== undefined && frame.code !== "broker_unavailable") {
+          this._pending.delete(frame.cid); // refused for good (too long, not joined...)
+        } else if (frame.cid !== undefined) {
+          setTimeout(() => { const p = this._pending.get(frame.cid); if (p) this._send(p); }, 1000);
+        }
+        this._emit("error", frame);
+        break;
+      case "left":
+      case "presence":
+      case "typing":
+        this._emit(frame.type, frame);
+        break;
+      default:
+        break; // pong, and frame types of newer servers
+    }
+  }
+
+  _joinFrame(room) {
+    const since = this.lastId.get(room);
+    this._send(since === undefined ? { type: "join", room } : { type: "join", room, since });
+  }
+
+  _sendMessage(frame) {
+    const cid = crypto.randomUUID ? crypto.randomUUID() : `${Date.now()}-${Math.random()}`;
+    const full = { ...frame, cid };
+    this._pending.set(cid, full);
+    this._send(full);
+    return cid;
+  }
+
+  _send(frame) {
+    if (this._ws && this._ws.readyState === WebSocket.OPEN && this.state === "open") {
+      this._ws.send(JSON.stringify(frame));
+    }
+  }
+
+  _armWatchdog() {
+    // The server pings every heartbeat_interval_s: silence for longer means the connection
+    // is dead even if the browser has not noticed (no FIN on a lost network).
+    clearTimeout(this._watchdog);
+    const limits = this.hello?.limits;
+    if (!limits) return;
+    const ms = (limits.heartbeat_interval_s + limits.heartbeat_timeout_s) * 1000 + HEARTBEAT_SLACK_MS;
+    this._watchdog = setTimeout(() => {
+      const ws = this._ws;
+      if (!ws) return;
+      this._ws = null;
+      ws.close();
+      this._closed(4000, "no heartbeat from the server");
+    }, ms);
+  }
+
+  _clearTimers() {
+    clearTimeout(this._watchdog);
+    clearTimeout(this._stableTimer);
+  }
+
+  _setState(state, extra = {}) {
+    this.state = state;
+    this._emit("state", { state, ...extra });
+  }
+
+  _emit(type, detail) {
+    this.dispatchEvent(new CustomEvent(type, { detail }));
+  }
+}

@@ -1,0 +1,210 @@
+"""The chat page in a real Chromium (Debian's /usr/bin/chromium, driven by Playwright): two
+people chat, a page survives its server's restart without losing or repeating a message,
+markup in messages stays text, and the page works at phone width (screenshots are saved in
+test-artifacts/)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import shutil
+import signal
+from collections.abc import AsyncIterator
+
+import pytest
+from playwright.async_api import Browser, Page, async_playwright, expect
+
+from tests.helpers import LiveServer
+from tests.processes import ROOT, AppProcess, RedisServer
+
+ARTIFACTS = ROOT / "test-artifacts"
+CHROMIUM_ARGS = [
+    "--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+    "--disable-background-networking", "--disable-component-update", "--disable-sync",
+    "--disable-quic", "--no-first-run", "--disable-default-apps", "--disable-extensions",
+    "--metrics-recording-only", "--mute-audio",
+]  # fmt: skip
+UI_TIMEOUT_MS = 15_000
+
+
+@pytest.fixture
+async def browser() -> AsyncIterator[Browser]:
+    chromium = shutil.which("chromium")
+    assert chromium, "chromium is missing: `make test` installs Debian's chromium"
+    async with async_playwright() as playwright:
+        launched = await playwright.chromium.launch(
+            executable_path=chromium, headless=True, args=CHROMIUM_ARGS
+        )
+        try:
+            yield launched
+        finally:
+            await launched.close()
+
+
+class ChatPage:
+    """One person's browser tab on the chat page, plus the JavaScript errors it logged."""
+
+    def __init__(self, page: Page) -> None:
+        self.page = page
+        self.errors: list[str] = []
+        page.on("pageerror", lambda error: self.errors.append(str(error)))
+        page.on(
+            "console",
+            lambda message: self.errors.append(message.text) if message.type == "error" else None,
+        )
+
+    @classmethod
+    async def open(
+        cls, browser: Browser, base_url: str, name: str, room: str, width: int = 1200
+    ) -> ChatPage:
+        context = await browser.new_context(viewport={"width": width, "height": 800})
+        chat = cls(await context.new_page())
+        await chat.page.goto(f"{base_url}/?name={name}&room={room}")
+        await chat.connected()
+        await expect(chat.page.locator("#room-title")).to_have_text(room)
+        return chat
+
+    async def connected(self) -> None:
+        await expect(self.page.locator("#status")).to_have_attribute(
+            "data-state", "open", timeout=UI_TIMEOUT_MS
+        )
+
+    async def say(self, text: str) -> None:
+        box = self.page.locator("#composer-input")
+        await box.fill(text)
+        await box.press("Enter")  # the keyboard, as people send
+
+    async def shows(self, texts: list[str]) -> None:
+        """The message list is exactly ``texts``, in that order (waits for it)."""
+        await expect(self.page.locator("#messages .message .text")).to_have_text(
+            texts, timeout=UI_TIMEOUT_MS
+        )
+
+    async def close(self) -> None:
+        await self.page.context.close()
+        assert not self.errors, f"JavaScript errors: {self.errors}"
+
+
+async def test_two_people_chat_with_presence_and_typing(
+    browser: Browser, server: LiveServer
+) -> None:
+    ada = await ChatPage.open(browser, server.http_url, "ada", "lobby")
+    bob = await ChatPage.open(browser, server.http_url, "bob", "lobby")
+    try:
+        await ada.say("hello bob")
+        await bob.shows(["hello bob"])
+        await bob.say("hi ada")
+        await ada.shows(["hello bob", "hi ada"])
+        first = ada.page.locator("#messages .message").first
+        await expect(first.locator(".author")).to_have_text("ada")
+        assert await first.locator("time").get_attribute("datetime")  # a real timestamp
+        # Presence: each sees both; typing shows on the other page.
+        for page in (ada, bob):
+            await expect(page.page.locator("#presence li")).to_have_text(["ada", "bob"])
+        await bob.page.locator("#composer-input").press_sequentially("typ")
+        await expect(ada.page.locator("#typing")).to_have_text("bob is typing…")
+        # A refused frame is shown to the user, and the page goes on.
+        await ada.page.evaluate("hubbub.client._send({type: 'leave', room: 'nowhere'})")
+        await expect(ada.page.locator("#alerts .alert")).to_contain_text("not_joined")
+        # Joining another room from the keyboard, and leaving it.
+        await ada.page.locator("#join-input").fill("side")
+        await ada.page.locator("#join-input").press("Enter")
+        await expect(ada.page.locator("#room-title")).to_have_text("side")
+        await ada.say("only here")
+        await ada.shows(["only here"])
+        await ada.page.get_by_role("button", name="Leave side").click()
+        await expect(ada.page.locator("#room-title")).to_have_text("lobby")
+        await ada.shows(["hello bob", "hi ada"])
+        await expect(bob.page.locator("#messages .message .text")).to_have_text(
+            ["hello bob", "hi ada"]
+        )
+
+        ARTIFACTS.mkdir(exist_ok=True)
+        await ada.page.screenshot(path=ARTIFACTS / "chat-desktop.png", full_page=True)
+        assert (ARTIFACTS / "chat-desktop.png").stat().st_size > 10_000
+    finally:
+        await ada.close()
+        await bob.close()
+
+
+async def test_page_fits_a_phone(browser: Browser, server: LiveServer) -> None:
+    phone = await ChatPage.open(browser, server.http_url, "pocket", "lobby", width=390)
+    try:
+        await phone.say("from my phone")
+        await phone.shows(["from my phone"])
+        overflow = await phone.page.evaluate(
+            "document.documentElement.scrollWidth - document.documentElement.clientWidth"
+        )
+        assert overflow <= 0, f"the page is {overflow}px wider than a phone"
+        await expect(phone.page.locator("#composer-input")).to_be_in_viewport()
+        ARTIFACTS.mkdir(exist_ok=True)
+        await phone.page.screenshot(path=ARTIFACTS / "chat-phone.png", full_page=True)
+        assert (ARTIFACTS / "chat-phone.png").stat().st_size > 5_000
+    finally:
+        await phone.close()
+
+
+async def test_markup_in_messages_is_shown_as_text(browser: Browser, server: LiveServer) -> None:
+    page = await ChatPage.open(browser, server.http_url, "mallory", "lobby")
+    try:
+        evil = '<img src=x onerror="window.pwned=1"><script>window.pwned=2</script><b>bold</b>'
+        await page.say(evil)
+        await page.shows([evil])
+        assert await page.page.locator("#messages img, #messages script, #messages b").count() == 0
+        assert await page.page.evaluate("window.pwned") is None
+    finally:
+        await page.close()
+
+
+@pytest.mark.parametrize("recovery", ["replayed", "reloaded"], ids=["since-replay", "http-reload"])
+async def test_page_recovers_every_message_after_its_server_restarts(
+    browser: Browser, redis_server: RedisServer, recovery: str
+) -> None:
+    """Two servers share Redis; ada's page is on A, bob's on B. A is restarted (drained with
+    1012, down for a moment, back on the same port) while bob keeps sending: ada's page
+    reconnects by itself and shows every message exactly once, in order — replayed with
+    ``since``, or (when more were missed than the server replays) reloaded over HTTP."""
+    env = {
+        "CHAT_REDIS_URL": redis_server.url,
+        "CHAT_DRAIN_WINDOW_S": "0.2",
+        "CHAT_RECOVERY_MAX_MESSAGES": "500" if recovery == "replayed" else "2",
+    }
+    a, b = AppProcess(env), AppProcess(env)
+    await a.start()
+    await b.start()
+    ada = await ChatPage.open(browser, a.http_url, "ada", "rec")
+    bob = await ChatPage.open(browser, b.http_url, "bob", "rec")
+    restarted: AppProcess | None = None
+    try:
+        await bob.say("before")
+        await ada.shows(["before"])
+        await ada.page.evaluate(
+            "window.states = []; hubbub.client.addEventListener('state', e => "
+            "states.push(e.detail.state + ':' + (e.detail.code ?? '')))"
+        )
+        texts = [f"m{k}" for k in range(20)]
+
+        async def keep_sending() -> None:
+            for text in texts:
+                await bob.say(text)
+                await asyncio.sleep(0.1)
+
+        sending = asyncio.create_task(keep_sending())
+        await asyncio.sleep(0.3)
+        a.signal(signal.SIGTERM)  # drain: ada's socket gets 1012
+        await a.wait()
+        restarted = AppProcess(env, port=a.port)
+        await restarted.start()
+        await sending
+        await bob.shows(["before", *texts])
+        await ada.shows(["before", *texts])  # each once, in order
+        await ada.connected()
+        states = await ada.page.evaluate("states")
+        assert "reconnecting:1012" in states, states
+    finally:
+        with contextlib.suppress(Exception):
+            await ada.close()
+        await bob.close()
+        for app in (a, b, restarted):
+            if app is not None:
+                await app.stop()
