@@ -87,3 +87,13 @@ def test_server_refuses_to_start_with_bad_setting() -> None:
     )
     assert result.returncode == 2
     assert "CHAT_MAX_FRAME_BYTES" in result.stderr
+
+
+def test_js_client_reconnects_exactly_when_the_close_code_table_says() -> None:
+    """hubbub.js must not reconnect after the codes the server marks as terminal, and must
+    after every other one."""
+    source = (ROOT / "app" / "static" / "hubbub.js").read_text()
+    match = re.search(r"TERMINAL_CLOSE_CODES = new Set\(\[([\d, ]+)\]\)", source)
+    assert match
+    terminal = {int(code) for code in match.group(1).split(",")}
+    assert terminal == {code for code in CloseCode if not code.should_reconnect}
