@@ -208,3 +208,24 @@ async def test_page_recovers_every_message_after_its_server_restarts(
         for app in (a, b, restarted):
             if app is not None:
                 await app.stop()
+
+
+async def test_a_name_is_picked_in_a_dialog(browser: Browser, server: LiveServer) -> None:
+    """Without a name the page asks for one (keyboard only), refuses an invalid one, then
+    connects and joins the lobby."""
+    context = await browser.new_context()
+    page = ChatPage(await context.new_page())
+    try:
+        await page.page.goto(server.http_url)
+        name = page.page.locator("#name-input")
+        await expect(name).to_be_focused()
+        await name.fill("no spaces!")
+        await name.press("Enter")
+        await expect(page.page.locator("#name-dialog")).to_be_visible()  # refused
+        await name.fill("zoe")
+        await name.press("Enter")
+        await page.connected()
+        await expect(page.page.locator("#me-name")).to_have_text("zoe")
+        await expect(page.page.locator("#room-title")).to_have_text("lobby")
+    finally:
+        await page.close()
