@@ -15,6 +15,7 @@ from typing import Final
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from app.abort import abort
+from app.auth import Identity
 from app.errors import CloseCode
 from app.metrics import Metrics
 from app.outbox import Outbox
@@ -50,9 +51,12 @@ class Connection:
         "_ws",
         "close_code",
         "id",
+        "identity",
+        "ip",
         "last_seen",
         "limiter",
         "opened_at",
+        "refresh_asked",
         "rooms",
         "user",
     )
@@ -69,6 +73,9 @@ class Connection:
     ) -> None:
         self.id = secrets.token_hex(6)
         self.user = user
+        self.identity = Identity(user)
+        self.ip: str | None = None
+        self.refresh_asked = False
         self.rooms: set[str] = set()
         self.last_seen = now
         self.opened_at = now

@@ -19,8 +19,12 @@ class CloseCode(IntEnum):
     INTERNAL_ERROR = 1011
     SERVICE_RESTART = 1012
     TRY_AGAIN_LATER = 1013
+    AUTH_FAILED = 4001
+    TOKEN_EXPIRED = 4002
+    FORBIDDEN = 4003
     SLOW_CONSUMER = 4008
     HEARTBEAT_TIMEOUT = 4009
+    TOO_MANY_CONNECTIONS = 4029
 
     @property
     def should_reconnect(self) -> bool:
@@ -34,6 +38,8 @@ _TERMINAL = frozenset(
         CloseCode.INVALID_DATA,
         CloseCode.POLICY_VIOLATION,
         CloseCode.MESSAGE_TOO_BIG,
+        CloseCode.AUTH_FAILED,
+        CloseCode.FORBIDDEN,
     }
 )
 
@@ -51,6 +57,7 @@ class ErrorCode(StrEnum):
     RATE_LIMITED = "rate_limited"
     BROKER_UNAVAILABLE = "broker_unavailable"
     RESYNC = "resync"
+    FORBIDDEN = "forbidden"
 
 
 class FrameError(Exception):

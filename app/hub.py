@@ -17,7 +17,7 @@ from collections import Counter
 
 from app.broker import Broker
 from app.connection import Connection
-from app.errors import BrokerUnavailable, ErrorCode
+from app.errors import BrokerUnavailable, CloseCode, ErrorCode
 from app.metrics import Metrics
 from app.protocol import error_frame, joined_frame
 
@@ -122,6 +122,11 @@ class Hub:
             self._metrics.delivered_since_sync += len(conns)
             for conn in conns:
                 conn.offer(frame, nbytes)
+
+    def kick(self, user: str, reason: str) -> None:
+        """Close every local connection of ``user`` with 4003 (moderation)."""
+        for conn in list(self._users.get(user, ())):
+            conn.close(CloseCode.FORBIDDEN, reason)
 
     # -- connections ------------------------------------------------------------------------
 

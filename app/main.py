@@ -16,15 +16,20 @@ from prometheus_fastapi_instrumentator import Instrumentator
 
 from app import __version__
 from app.abort import AbortableWebSockets
+from app.admin import router as admin_router
 from app.api import router
+from app.auth import Authenticator
 from app.broker import create_broker
 from app.heartbeat import run_heartbeat
 from app.hub import Hub
 from app.metrics import Metrics, run_metrics_sync
 from app.metrics_endpoint import MetricsEndpoint
+from app.origin import OriginPolicy
 from app.page import mount_page
+from app.quotas import create_quotas, keep_counts
 from app.settings import Settings, load_settings
 from app.state import ChatState
+from app.token_expiry import run_token_expiry
 
 logger = logging.getLogger(__name__)
 
@@ -39,7 +44,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         broker = create_broker(settings)
         hub = Hub(broker, settings.max_connections, metrics)
-        state = ChatState(settings, broker, hub, metrics)
+        quotas = create_quotas(settings)
+        authenticator = Authenticator(settings) if settings.auth_mode == "jwt" else None
+        origins = OriginPolicy(settings.allowed_origins)
+        state = ChatState(settings, broker, hub, metrics, quotas, origins, authenticator)
         app.state.chat = state
         await broker.start(hub)
         background = [
@@ -48,7 +56,16 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                 name="heartbeat",
             ),
             asyncio.create_task(run_metrics_sync(metrics, hub, broker), name="metrics-sync"),
+            asyncio.create_task(
+                keep_counts(quotas, hub, settings.presence_ttl_s / 3), name="quota-upkeep"
+            ),
         ]
+        if authenticator is not None:
+            background.append(
+                asyncio.create_task(
+                    run_token_expiry(hub, settings.token_refresh_before_s), name="token-expiry"
+                )
+            )
         logger.info("hubbub ready", extra={"version": __version__, "broker": type(broker).__name__})
         try:
             yield
@@ -61,10 +78,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                     await task
             await hub.close()
             await broker.stop()
+            await quotas.close()
             metrics.sync(hub, broker)  # the last counts, before the worker's files go quiet
 
     app = FastAPI(title="Hubbub", version=__version__, lifespan=lifespan, docs_url=None)
     app.include_router(router)
+    app.include_router(admin_router)
     mount_page(app)
     Instrumentator(registry=metrics.registry, excluded_handlers=["/healthz", "/readyz"]).instrument(
         app

@@ -109,6 +109,12 @@ class Metrics:
         # -- connections
         self.connections = gauge("hubbub_connections", "Open WebSocket connections.", "livesum")
         self.opened = counter("hubbub_connections_opened_total", "WebSocket upgrades accepted.")
+        self.upgrades_refused = counter(
+            "hubbub_upgrades_refused_total",
+            "WebSocket upgrades refused with HTTP 403 before any socket, by reason.",
+            ("reason",),
+        )
+        self.upgrades_refused.labels("origin")
         self.closed = counter(
             "hubbub_connections_closed_total",
             "WebSocket connections ended, by close code (sent by the server, or the client's; "

@@ -76,6 +76,13 @@ class Typing(_Frame):
     room: RoomName
 
 
+class Auth(_Frame):
+    """A token: the first frame in ``jwt`` mode without ``?token=``, or a refreshed one."""
+
+    type: Literal["auth"]
+    token: Annotated[str, StringConstraints(min_length=1, max_length=8192)]
+
+
 class Ping(_Frame):
     type: Literal["ping"]
 
@@ -84,11 +91,11 @@ class Pong(_Frame):
     type: Literal["pong"]
 
 
-ClientFrame = Join | Leave | Send | Typing | Ping | Pong
+ClientFrame = Join | Leave | Send | Typing | Auth | Ping | Pong
 _CLIENT_FRAME: Final[TypeAdapter[ClientFrame]] = TypeAdapter(
     Annotated[ClientFrame, Field(discriminator="type")]
 )
-CLIENT_TYPES: Final = ("join", "leave", "send", "typing", "ping", "pong")
+CLIENT_TYPES: Final = ("join", "leave", "send", "typing", "auth", "ping", "pong")
 
 
 def parse_client_frame(data: str) -> ClientFrame:
@@ -158,11 +165,31 @@ PING_FRAME: Final = encode({"type": "ping"})
 PONG_FRAME: Final = encode({"type": "pong"})
 
 
-def hello_frame(user: str, connection_id: str, node: str, limits: dict[str, int | float]) -> str:
-    """``hello``: who you are, which server process you reached, and the limits that apply."""
-    return encode(
-        {"type": "hello", "user": user, "conn": connection_id, "node": node, "limits": limits}
-    )
+def hello_frame(
+    user: str,
+    connection_id: str,
+    node: str,
+    limits: dict[str, int | float],
+    expires_at: float | None = None,
+) -> str:
+    """``hello``: who you are, which server process you reached, and the limits that apply
+    (plus ``exp``, when your token expires, in ``jwt`` mode)."""
+    frame: dict[str, Any] = {
+        "type": "hello", "user": user, "conn": connection_id, "node": node, "limits": limits,
+    }  # fmt: skip
+    if expires_at is not None:
+        frame["exp"] = int(expires_at)
+    return encode(frame)
+
+
+def refresh_frame(expires_at: float) -> str:
+    """``refresh``: your token expires at ``exp``; send ``auth`` with a new one before then."""
+    return encode({"type": "refresh", "exp": int(expires_at)})
+
+
+def authenticated_frame(user: str, expires_at: float | None) -> str:
+    """``authenticated``: the new token of an ``auth`` frame was accepted."""
+    return encode({"type": "authenticated", "user": user, "exp": expires_at and int(expires_at)})
 
 
 def joined_frame(room: str, recovered: bool | None, count: int, users: list[str] | None) -> str:

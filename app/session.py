@@ -12,13 +12,13 @@ import asyncio
 import contextlib
 import logging
 import os
-import re
-import secrets
 import socket
 import time
 
 from starlette.websockets import WebSocket
 
+from app.admission import Refused, admit, identify
+from app.auth import AuthError, Identity
 from app.broker import RoomPresence
 from app.connection import Connection
 from app.errors import BrokerUnavailable, CloseCode, ErrorCode, FrameError
@@ -26,13 +26,14 @@ from app.metrics import Metrics
 from app.outbox import Outbox
 from app.protocol import (
     PONG_FRAME,
-    USER_PATTERN,
+    Auth,
     Join,
     Leave,
     Ping,
     Send,
     Typing,
     ack_frame,
+    authenticated_frame,
     error_frame,
     hello_frame,
     joined_frame,
@@ -46,24 +47,16 @@ from app.state import ChatState
 
 logger = logging.getLogger(__name__)
 _HOST = socket.gethostname()
-_USER_RE = re.compile(USER_PATTERN)
-
-
-def _user_name(ws: WebSocket) -> str | None:
-    """The validated ``?name=``, a fresh guest name when absent, None when invalid."""
-    name = ws.query_params.get("name")
-    if name is None or name == "":
-        return f"guest-{secrets.token_hex(3)}"
-    return name if _USER_RE.fullmatch(name) else None
 
 
 class Session:
     """Handles the frames of one connection. Created by :func:`serve`."""
 
-    __slots__ = ("_broker", "_hub", "_settings", "conn", "metrics")
+    __slots__ = ("_broker", "_hub", "_settings", "_state", "conn", "metrics")
 
     def __init__(self, conn: Connection, state: ChatState) -> None:
         self.conn = conn
+        self._state = state
         self._hub = state.hub
         self._broker = state.broker
         self._settings = state.settings
@@ -87,6 +80,8 @@ class Session:
                 await self._leave(frame)
             elif isinstance(frame, Typing):
                 await self._typing(frame)
+            elif isinstance(frame, Auth):
+                await self._reauthenticate(frame)
             elif isinstance(frame, Ping):
                 self.conn.offer(PONG_FRAME)
             # Pong: nothing to do; receiving it already refreshed last_seen.
@@ -107,6 +102,10 @@ class Session:
                 ErrorCode.TOO_MANY_ROOMS,
                 f"a connection may be in at most {self._settings.max_rooms_per_connection} rooms",
             )
+        if not conn.identity.may_use(frame.room):
+            raise FrameError(ErrorCode.FORBIDDEN, f"your token does not allow room {frame.room!r}")
+        if not await self._state.quotas.allow("join", conn.user):
+            raise FrameError(ErrorCode.RATE_LIMITED, "too many joins, slow down")
         try:
             await self._hub.join(conn, frame.room, frame.since)
         except BrokerUnavailable:
@@ -131,16 +130,42 @@ class Session:
         with contextlib.suppress(BrokerUnavailable):
             await self._broker.broadcast(frame.room, typing_frame(frame.room, self.conn.user))
 
+    async def _reauthenticate(self, frame: Auth) -> None:
+        """A new token for this connection (after a ``refresh`` frame): same user, new expiry
+        and rooms. An invalid token, or one for another user, closes the connection (4001)."""
+        authenticator = self._state.authenticator
+        if authenticator is None:
+            raise FrameError(ErrorCode.BAD_FRAME, "this server does not use tokens")
+        conn = self.conn
+        try:
+            identity = authenticator.verify(frame.token)
+        except AuthError as exc:
+            conn.close(CloseCode.AUTH_FAILED, str(exc)[:120])
+            return
+        if identity.user != conn.user:
+            conn.close(CloseCode.AUTH_FAILED, "the new token is for another user")
+            return
+        conn.identity = identity
+        conn.refresh_asked = False
+        for room in [room for room in conn.rooms if not identity.may_use(room)]:
+            await self._hub.leave(conn, room)
+            conn.offer(left_frame(room))
+        conn.offer(authenticated_frame(identity.user, identity.expires_at))
+
     async def _send(self, frame: Send) -> None:
         conn = self.conn
         if frame.room is not None and frame.room not in conn.rooms:
             raise FrameError(ErrorCode.NOT_JOINED, f"join room {frame.room!r} before sending")
+        if frame.room is not None and not conn.identity.may_use(frame.room):
+            raise FrameError(ErrorCode.FORBIDDEN, f"your token does not allow room {frame.room!r}")
         if len(frame.text) > self._settings.max_text_chars:
             raise FrameError(
                 ErrorCode.TEXT_TOO_LONG,
                 f"text is {len(frame.text)} characters, at most "
                 f"{self._settings.max_text_chars} are allowed",
             )
+        if not await self._state.quotas.allow("message", conn.user):
+            raise FrameError(ErrorCode.RATE_LIMITED, "too many messages, slow down")
         started = time.perf_counter()
         try:
             if frame.room is not None:
@@ -177,16 +202,23 @@ def _ref(text: str) -> dict[str, object] | None:
 async def serve(ws: WebSocket, state: ChatState) -> None:
     """Run one WebSocket from upgrade to close (the ``/ws`` endpoint).
 
+    A foreign ``Origin`` gets HTTP 403 before any socket exists. Then, on the accepted socket:
+    draining (1012), server full (1013), identity (:func:`app.admission.identify`: 4001, 1008)
+    and quotas (:func:`app.admission.admit`: 4003, 4029) may refuse it with a documented code.
     Logs one line when the connection opens and one when it ends (with its close code and who
-    closed), and counts both in the metrics; refused upgrades are closed with a documented code.
+    closed), and counts both in the metrics.
     """
     hub, settings, metrics = state.hub, state.settings, state.metrics
+    if not state.origins.allows(ws.headers):
+        metrics.upgrades_refused.labels("origin").inc()
+        logger.info("upgrade refused: origin", extra={"origin": ws.headers.get("origin")})
+        await ws.close(CloseCode.POLICY_VIOLATION)  # before accept: uvicorn answers HTTP 403
+        return
     loop = asyncio.get_running_loop()
     now = loop.time()
-    user = _user_name(ws)
     conn = Connection(
         ws,
-        user or "",
+        "",
         Outbox(settings.outbox_max_bytes, settings.coalesce_max_bytes),
         RateLimiter(
             settings.rate_limit_frames_per_s,
@@ -199,6 +231,7 @@ async def serve(ws: WebSocket, state: ChatState) -> None:
         now,
         metrics,
     )
+    conn.ip = ws.client.host if ws.client else None
     if hub.draining:
         await _refuse(ws, metrics, CloseCode.SERVICE_RESTART, "draining")
         return
@@ -209,15 +242,34 @@ async def serve(ws: WebSocket, state: ChatState) -> None:
         )
         return
     code: int = CloseCode.INTERNAL_ERROR
+    admitted = False
     try:
         await ws.accept()
         metrics.opened.inc()
-        if user is None:
-            code = conn.close_code = CloseCode.POLICY_VIOLATION
-            await ws.close(code, "invalid name")
+        identity = await identify(ws, state)
+        if identity is None:
+            code = 1001  # the client left before saying who it is
             return
-        client = ws.client.host if ws.client else None
-        logger.info("connection opened", extra={"conn": conn.id, "user": conn.user, "ip": client})
+        refused = identity if isinstance(identity, Refused) else None
+        if refused is None:
+            assert isinstance(identity, Identity)
+            conn.user, conn.identity = identity.user, identity
+            refused = await admit(state, conn)
+            admitted = refused is None
+        if refused is not None:
+            code = conn.close_code = refused.code
+            logger.info(
+                "connection refused",
+                extra={
+                    "user": conn.user,
+                    "ip": conn.ip,
+                    "code": int(code),
+                    "reason": refused.reason,
+                },
+            )
+            await ws.close(code, refused.reason)
+            return
+        logger.info("connection opened", extra={"conn": conn.id, "user": conn.user, "ip": conn.ip})
         await hub.register_user(conn)
         conn.offer(
             hello_frame(
@@ -233,15 +285,15 @@ async def serve(ws: WebSocket, state: ChatState) -> None:
                     "rate_limit_frames_per_s": settings.rate_limit_frames_per_s,
                     "rate_limit_burst": settings.rate_limit_burst,
                 },
+                conn.identity.expires_at,
             )
         )
         code = await _read_frames(ws, Session(conn, state), settings, loop)
         code = conn.close_code or code
     finally:
-        by = "server" if conn.close_code is not None else "client"
         duration = loop.time() - conn.opened_at
         metrics.connection_closed(code, duration)
-        if user is not None:
+        if admitted:
             logger.info(
                 "connection closed",
                 extra={
@@ -249,10 +301,11 @@ async def serve(ws: WebSocket, state: ChatState) -> None:
                     "user": conn.user,
                     "rooms": len(conn.rooms),
                     "code": int(code),
-                    "by": by,
+                    "by": "server" if conn.close_code is not None else "client",
                     "duration_s": round(duration, 3),
                 },
             )
+            await state.quotas.release(conn.user, conn.id)
         await hub.remove(conn)
         conn.discard()
 

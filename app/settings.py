@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 from typing import Literal, Self
 
-from pydantic import Field, ValidationError, model_validator
+from pydantic import Field, SecretStr, ValidationError, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 ENV_PREFIX = "CHAT_"
@@ -225,6 +225,78 @@ class Settings(BaseSettings):
         "spread over this many seconds.",
     )
 
+    auth_mode: Literal["anonymous", "jwt"] = Field(
+        "anonymous",
+        description="`anonymous`: the user is `?name=` (development, trusted networks). `jwt`: "
+        "the user is a signed token's `sub` (docs/security.md).",
+    )
+    jwt_secret: SecretStr | None = Field(
+        None, description="`jwt` mode with HS256: the shared secret (at least 32 bytes)."
+    )
+    jwt_public_key_file: str | None = Field(
+        None, description="`jwt` mode with RS256 or ES256: a PEM public key file."
+    )
+    jwt_jwks_file: str | None = Field(
+        None,
+        description="`jwt` mode with RS256 or ES256: a JWKS file (tokens pick a key by `kid`).",
+    )
+    jwt_audience: str | None = Field(None, description="Required `aud` of tokens, when set.")
+    jwt_issuer: str | None = Field(None, description="Required `iss` of tokens, when set.")
+    jwt_leeway_s: float = Field(
+        10.0, ge=0, description="Clock skew tolerated when checking `exp`, `nbf` and `iat`."
+    )
+    jwt_rooms_claim: str = Field(
+        "rooms",
+        description="Claim listing the rooms (shell-style patterns, e.g. `team-*`) a token may "
+        "join and send to; a token without it may use every room.",
+    )
+    auth_timeout_s: float = Field(
+        5.0,
+        gt=0,
+        description="`jwt` mode without `?token=`: the `auth` frame must come this soon after "
+        "connecting, or the connection is closed with 4001.",
+    )
+    token_refresh_before_s: float = Field(
+        30.0,
+        gt=0,
+        description="This long before a connection's token expires it gets a `refresh` frame; "
+        "without a new token by expiry it is closed with 4002.",
+    )
+    allowed_origins: str = Field(
+        "",
+        description="Comma-separated browser origins (`https://chat.example.com`) allowed to "
+        "open WebSockets besides the server's own host; `*` for any. Others get HTTP 403.",
+    )
+    max_connections_per_user: int = Field(
+        10, ge=1, description="Open connections per user across every server (close 4029)."
+    )
+    user_messages_per_s: float = Field(
+        5.0, gt=0, description="Messages per second per user across every server (refill)."
+    )
+    user_message_burst: int = Field(
+        20, ge=1, description="Messages a user may send in a burst (error `rate_limited`)."
+    )
+    user_joins_per_s: float = Field(
+        2.0, gt=0, description="Joins per second per user across every server (refill)."
+    )
+    user_join_burst: int = Field(
+        30, ge=1, description="Joins a user may make in a burst (error `rate_limited`)."
+    )
+    ip_connections_per_s: float = Field(
+        20.0,
+        gt=0,
+        description="New connections per second per client address across every server "
+        "(close 4029). The address comes from `X-Forwarded-For` only via `CHAT_TRUSTED_PROXIES`.",
+    )
+    ip_connection_burst: int = Field(
+        200, ge=1, description="New connections a client address may open in a burst."
+    )
+    admin_token: SecretStr | None = Field(
+        None,
+        description="Bearer token of the moderation API (`/admin/...`: kick, ban). Unset: the "
+        "API is off (404).",
+    )
+
     @model_validator(mode="after")
     def _check_relations(self) -> Self:
         if self.heartbeat_timeout_s >= self.heartbeat_interval_s:
@@ -237,12 +309,24 @@ class Settings(BaseSettings):
                 f"{ENV_PREFIX}METRICS_PORT ({self.metrics_port}) must differ from "
                 f"{ENV_PREFIX}PORT: unset it to serve the metrics on the main port"
             )
+        if self.auth_mode == "jwt":
+            keys = [self.jwt_secret, self.jwt_public_key_file, self.jwt_jwks_file]
+            if sum(key is not None for key in keys) != 1:
+                raise ValueError(
+                    f"{ENV_PREFIX}AUTH_MODE=jwt needs exactly one of {ENV_PREFIX}JWT_SECRET, "
+                    f"{ENV_PREFIX}JWT_PUBLIC_KEY_FILE and {ENV_PREFIX}JWT_JWKS_FILE"
+                )
+            if self.jwt_secret is not None and len(self.jwt_secret.get_secret_value()) < 32:
+                raise ValueError(f"{ENV_PREFIX}JWT_SECRET must be at least 32 bytes long")
         if self.canary_timeout_s <= self.canary_interval_s:
             raise ValueError(
                 f"{ENV_PREFIX}CANARY_TIMEOUT_S ({self.canary_timeout_s}) must be above "
                 f"{ENV_PREFIX}CANARY_INTERVAL_S ({self.canary_interval_s})"
             )
         return self
+
+
+_SECRET_FIELDS = frozenset({"jwt_secret", "admin_token", "redis_url"})
 
 
 def load_settings(**overrides: object) -> Settings:
@@ -257,9 +341,8 @@ def load_settings(**overrides: object) -> Settings:
         for error in exc.errors():
             field = ".".join(str(part) for part in error["loc"])
             if field:
-                problems.append(
-                    f"{ENV_PREFIX}{field.upper()}: {error['msg']} (got {error['input']!r})"
-                )
+                shown = "***" if field in _SECRET_FIELDS else repr(error["input"])
+                problems.append(f"{ENV_PREFIX}{field.upper()}: {error['msg']} (got {shown})")
             else:
                 problems.append(error["msg"].removeprefix("Value error, "))
         raise SettingsError("invalid configuration: " + "; ".join(problems)) from None

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from app.auth import Authenticator
 from app.broker import Broker
 from app.hub import Hub
 from app.metrics import Metrics
+from app.origin import OriginPolicy
+from app.quotas import Quotas
 from app.settings import Settings
 
 
@@ -16,3 +19,6 @@ class ChatState:
     broker: Broker
     hub: Hub
     metrics: Metrics
+    quotas: Quotas
+    origins: OriginPolicy
+    authenticator: Authenticator | None  # None in anonymous mode

@@ -26,7 +26,18 @@ Frame = dict[str, Any]
 
 def make_settings(**overrides: object) -> Settings:
     """Settings for tests: production defaults with a generous rate limit, plus overrides."""
-    base: dict[str, object] = {"rate_limit_frames_per_s": 10_000.0, "rate_limit_burst": 10_000}
+    base: dict[str, object] = {
+        "rate_limit_frames_per_s": 10_000.0,
+        "rate_limit_burst": 10_000,
+        # Tests open many connections and send fast from one address and a few names.
+        "ip_connections_per_s": 100_000.0,
+        "ip_connection_burst": 100_000,
+        "max_connections_per_user": 1_000,
+        "user_messages_per_s": 100_000.0,
+        "user_message_burst": 100_000,
+        "user_joins_per_s": 100_000.0,
+        "user_join_burst": 100_000,
+    }
     return Settings(**(base | overrides))  # type: ignore[arg-type]
 
 

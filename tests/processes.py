@@ -66,6 +66,19 @@ class RedisServer:
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
+# Tests connect often, from one address, with a few names: limits a test does not study are
+# out of the way (tests of a limit set it themselves).
+GENEROUS_LIMITS = {
+    "CHAT_IP_CONNECTIONS_PER_S": "100000",
+    "CHAT_IP_CONNECTION_BURST": "100000",
+    "CHAT_MAX_CONNECTIONS_PER_USER": "1000",
+    "CHAT_USER_MESSAGES_PER_S": "100000",
+    "CHAT_USER_MESSAGE_BURST": "100000",
+    "CHAT_USER_JOINS_PER_S": "100000",
+    "CHAT_USER_JOIN_BURST": "100000",
+}
+
+
 class AppProcess:
     """The service as a separate process: ``python -m app`` or gunicorn with the repo's config."""
 
@@ -73,7 +86,10 @@ class AppProcess:
         self, env: Mapping[str, str], gunicorn_workers: int | None = None, port: int | None = None
     ) -> None:
         self.port = port or free_port()
-        self.env = {**os.environ, "CHAT_HOST": "127.0.0.1", "CHAT_PORT": str(self.port), **env}
+        self.env = {
+            **os.environ, **GENEROUS_LIMITS,
+            "CHAT_HOST": "127.0.0.1", "CHAT_PORT": str(self.port), **env,
+        }  # fmt: skip
         self.gunicorn_workers = gunicorn_workers
         # The process's temporary files (gunicorn's metrics directory): removed by stop(), as
         # a SIGKILLed gunicorn cannot clean up after itself.

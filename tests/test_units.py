@@ -87,6 +87,9 @@ class _Recorder:
     def resubscribed(self) -> None:
         raise AssertionError("the memory broker never loses its subscriptions")
 
+    def kick(self, user: str, reason: str) -> None:
+        self.users.append((user, reason.encode()))
+
 
 async def test_memory_broker_ids_order_and_dedup() -> None:
     """Ids increase across rooms and calls, even with a clock that stands still; a repeated

@@ -25,6 +25,10 @@ class BrokerHandler(Protocol):
         """The broker reconnected after an outage: live messages may have been missed."""
         ...
 
+    def kick(self, user: str, reason: str) -> None:
+        """Close every local connection of ``user`` (moderation, from any server)."""
+        ...
+
 
 @dataclass(frozen=True, slots=True)
 class Published:
@@ -114,6 +118,10 @@ class Broker(Protocol):
     async def broadcast(self, room: str, payload: bytes) -> None:
         """Deliver ``payload`` (an encoded frame without an id, e.g. ``typing``) to the room's
         members on every worker: not stored, not numbered, at most once."""
+        ...
+
+    async def kick(self, user: str, reason: str) -> None:
+        """Have every worker close ``user``'s connections (:meth:`BrokerHandler.kick`)."""
         ...
 
     async def history_since(self, room: str, since: int) -> History: ...

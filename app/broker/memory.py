@@ -122,6 +122,9 @@ class MemoryBroker:
                 handler.deliver_user(user, payload)
         return Published(message_id)
 
+    async def kick(self, user: str, reason: str) -> None:
+        self._running().kick(user, reason)
+
     async def broadcast(self, room: str, payload: bytes) -> None:
         handler = self._running()
         if room in self._rooms:

@@ -105,6 +105,10 @@ class RedisBroker:
         return f"{self._prefix}:u:{user}"
 
     @property
+    def _moderation_channel(self) -> str:
+        return f"{self._prefix}:mod"
+
+    @property
     def _control_channel(self) -> str:
         return f"{self._prefix}:w:{self.worker_id}"
 
@@ -185,8 +189,9 @@ class RedisBroker:
             channels = [self._room_channel(r) for r in self._rooms]
             channels += [self._user_channel(u) for u in self._users]
             # The control channel goes last: its confirmation means all the others are done.
-            await pubsub.subscribe(*channels, self._control_channel)
+            await pubsub.subscribe(*channels, self._moderation_channel, self._control_channel)
             control = self._control_channel.encode()
+            moderation = self._moderation_channel.encode()
             deliver_room = self._handler.deliver_room if self._handler else None
             deliver_user = self._handler.deliver_user if self._handler else None
             room_prefix = f"{self._prefix}:r:".encode()
@@ -203,6 +208,9 @@ class RedisBroker:
                         deliver_room(channel[len(room_prefix) :].decode(), data)
                     elif channel.startswith(user_prefix) and deliver_user is not None:
                         deliver_user(channel[len(user_prefix) :].decode(), data)
+                    elif channel == moderation and self._handler is not None:
+                        order = orjson.loads(data)
+                        self._handler.kick(order["user"], order["reason"])
                     elif channel == control:
                         self._canary_seen = time.monotonic()
                         self._pubsub_lag_s = max(0.0, time.time() - float(data))
@@ -371,6 +379,10 @@ class RedisBroker:
         )
         if changed:
             await self._announcer.announce(room, "leave", user)
+
+    async def kick(self, user: str, reason: str) -> None:
+        order = orjson.dumps({"user": user, "reason": reason})
+        await self._call(lambda: self._redis.publish(self._moderation_channel, order))
 
     async def broadcast(self, room: str, payload: bytes) -> None:
         await self._call(lambda: self._redis.publish(self._room_channel(room), payload))

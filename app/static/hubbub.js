@@ -4,7 +4,7 @@
 // Protocol and API: docs/protocol.md.
 
 /** Close codes after which reconnecting would fail again the same way (docs/protocol.md). */
-export const TERMINAL_CLOSE_CODES = new Set([1000, 1007, 1008, 1009]);
+export const TERMINAL_CLOSE_CODES = new Set([1000, 1007, 1008, 1009, 4001, 4003]);
 
 const STABLE_AFTER_MS = 10_000; // a connection this old resets the backoff
 const HEARTBEAT_SLACK_MS = 5_000;
@@ -23,14 +23,18 @@ const HEARTBEAT_SLACK_MS = 5_000;
  */
 export class HubbubClient extends EventTarget {
   /**
-   * @param {{url?: string, name: string, baseDelayMs?: number, maxDelayMs?: number}} options
-   *   `url` defaults to this page's host (`ws[s]://HOST/ws`).
+   * @param {{url?: string, name?: string, getToken?: () => Promise<string>,
+   *          baseDelayMs?: number, maxDelayMs?: number}} options
+   *   `url` defaults to this page's host (`ws[s]://HOST/ws`). `name` for servers in anonymous
+   *   mode; `getToken` for `jwt` mode: called on every (re)connect and when the server asks
+   *   for a refresh, it returns a fresh token (sent in an `auth` frame, never in the URL).
    */
-  constructor({ url, name, baseDelayMs = 500, maxDelayMs = 15_000 }) {
+  constructor({ url, name, getToken, baseDelayMs = 500, maxDelayMs = 15_000 }) {
     super();
     const scheme = location.protocol === "https:" ? "wss:" : "ws:";
     this.url = url ?? `${scheme}//${location.host}/ws`;
     this.name = name;
+    this.getToken = getToken;
     this.baseDelayMs = baseDelayMs;
     this.maxDelayMs = maxDelayMs;
     this.state = "idle";
@@ -116,9 +120,20 @@ export class HubbubClient extends EventTarget {
     clearTimeout(this._retryTimer);
     this._setState(this._attempt === 0 ? "connecting" : "reconnecting");
     const url = new URL(this.url);
-    url.searchParams.set("name", this.name);
+    if (this.name) url.searchParams.set("name", this.name);
     const ws = new WebSocket(url);
     this._ws = ws;
+    if (this.getToken) {
+      ws.onopen = async () => {
+        try {
+          const token = await this.getToken();
+          if (ws === this._ws) ws.send(JSON.stringify({ type: "auth", token }));
+        } catch (error) {
+          this._emit("error", { code: "token_unavailable", message: String(error) });
+          ws.close();
+        }
+      };
+    }
     ws.onmessage = (event) => {
       if (ws !== this._ws) return;
       this._armWatchdog();
@@ -161,6 +176,15 @@ export class HubbubClient extends EventTarget {
       case "ping":
         this._send({ type: "pong" });
         break;
+      case "refresh":
+        // The token expires soon: hand the server a new one (same user).
+        if (this.getToken) {
+          this.getToken().then(
+            (token) => this._send({ type: "auth", token }),
+            (error) => this._emit("error", { code: "token_unavailable", message: String(error) }),
+          );
+        }
+        break;
       case "message":
         if (frame.room !== undefined) {
           if (frame.id <= (this.lastId.get(frame.room) ?? 0)) return; // already delivered
@@ -196,6 +220,7 @@ export class HubbubClient extends EventTarget {
       case "left":
       case "presence":
       case "typing":
+      case "authenticated":
         this._emit(frame.type, frame);
         break;
       default:

@@ -196,6 +196,20 @@ def build() -> dict[str, Any]:
         stacked=True,
     )
 
+    d.graph(
+        "Refused and forbidden",
+        "Upgrades refused before a socket (HTTP 403: foreign Origin), and sockets closed for "
+        "failed authentication (4001), moderation (4003) or per-user and per-address quotas "
+        "(4029).",
+        [
+            _q(f"sum by (reason) (rate(hubbub_upgrades_refused_total{{{SEL}}}[{RATE}]))",
+               "403 {{reason}}"),
+            _q(f'sum by (code) (rate(hubbub_connections_closed_total{{{SEL}, '
+               f'code=~"4001|4003|4029"}}[{RATE}]))', "close {{code}}"),
+        ],
+        "ops",
+    )  # fmt: skip
+
     d.row("Messages")
     d.graph(
         "Messages in and out",

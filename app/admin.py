@@ -1,0 +1,88 @@
+"""The moderation API: kick a user off every server, ban for a while, lift a ban.
+
+Off unless ``CHAT_ADMIN_TOKEN`` is set (every route answers 404 then); each call needs
+``Authorization: Bearer <CHAT_ADMIN_TOKEN>`` (401 otherwise). nginx/nginx.conf does not proxy
+``/admin/``: call a server directly (``kubectl port-forward``, or from inside the network).
+
+- ``POST /admin/users/{user}/kick`` — close the user's connections on every server (4003).
+- ``PUT /admin/users/{user}/ban`` ``{"duration_s": S, "reason": R}`` — refuse the user's
+  connections (4003) for S seconds, and kick the open ones.
+- ``GET`` / ``DELETE /admin/users/{user}/ban`` — the ban in force (404 if none) / lift it.
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Header, HTTPException, Path, Request, Response
+from pydantic import BaseModel, Field
+
+from app.errors import BrokerUnavailable
+from app.protocol import USER_PATTERN
+from app.state import ChatState
+
+logger = logging.getLogger(__name__)
+
+
+def _authorized(
+    request: Request, authorization: Annotated[str | None, Header()] = None
+) -> ChatState:
+    state: ChatState = request.app.state.chat
+    token = state.settings.admin_token
+    if token is None:
+        raise HTTPException(404, "Not Found")
+    expected = f"Bearer {token.get_secret_value()}".encode()
+    if authorization is None or not hmac.compare_digest(authorization.encode(), expected):
+        raise HTTPException(401, "a valid admin bearer token is required",
+                            headers={"WWW-Authenticate": "Bearer"})  # fmt: skip
+    return state
+
+
+router = APIRouter(prefix="/admin", include_in_schema=False)
+Admin = Annotated[ChatState, Depends(_authorized)]
+User = Annotated[str, Path(pattern=USER_PATTERN)]
+
+
+class BanRequest(BaseModel):
+    duration_s: float = Field(gt=0, le=10 * 365 * 86400)
+    reason: str = Field("banned by a moderator", max_length=200)
+
+
+async def _kick(state: ChatState, user: str, reason: str) -> None:
+    try:
+        await state.broker.kick(user, reason)
+    except BrokerUnavailable:
+        raise HTTPException(503, "the broker is unavailable: try again") from None
+
+
+@router.post("/users/{user}/kick", status_code=202)
+async def kick(state: Admin, user: User) -> dict[str, str]:
+    await _kick(state, user, "kicked by a moderator")
+    logger.info("moderation: kick", extra={"user": user})
+    return {"kicked": user}
+
+
+@router.put("/users/{user}/ban")
+async def ban(state: Admin, user: User, body: BanRequest) -> dict[str, object]:
+    await state.quotas.ban(user, body.duration_s, body.reason)
+    await _kick(state, user, body.reason)
+    logger.info("moderation: ban", extra={"user": user, "duration_s": body.duration_s})
+    return {"banned": user, "duration_s": body.duration_s, "reason": body.reason}
+
+
+@router.get("/users/{user}/ban")
+async def ban_of(state: Admin, user: User) -> dict[str, object]:
+    found = await state.quotas.ban_of(user)
+    if found is None:
+        raise HTTPException(404, "not banned")
+    return {"banned": user, "reason": found.reason, "expires_in_s": round(found.expires_in_s, 3)}
+
+
+@router.delete("/users/{user}/ban", status_code=204)
+async def unban(state: Admin, user: User) -> Response:
+    if not await state.quotas.unban(user):
+        raise HTTPException(404, "not banned")
+    logger.info("moderation: unban", extra={"user": user})
+    return Response(status_code=204)

@@ -1,0 +1,106 @@
+"""Who a connection is: ``?name=`` (anonymous mode) or a verified JWT (jwt mode).
+
+Tokens are verified with PyJWT against exactly one key source from the settings — an HS256
+secret, or an RS256/ES256 public key or JWKS file — and only the algorithms that key can
+verify are accepted, so a token signed with another algorithm (``none``, or HS256 made with the
+public key as secret) is refused. A token must carry ``sub`` (the user name) and ``exp``; the
+optional rooms claim limits which rooms the user may join and send to.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import re
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import jwt
+
+from app.protocol import USER_PATTERN
+from app.settings import Settings
+
+_USER = re.compile(USER_PATTERN)
+_ASYMMETRIC = ["RS256", "ES256"]
+
+
+class AuthError(Exception):
+    """The token was refused; the message says why (it goes into the close reason)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Identity:
+    """A verified user: its name, the room patterns it may use (None: all), and when its
+    token expires (epoch seconds; None in anonymous mode)."""
+
+    user: str
+    rooms: tuple[str, ...] | None = None
+    expires_at: float | None = None
+
+    def may_use(self, room: str) -> bool:
+        return self.rooms is None or any(fnmatch.fnmatchcase(room, p) for p in self.rooms)
+
+
+class Authenticator:
+    """Verifies tokens for ``jwt`` mode. Build it once per worker (it reads the key files)."""
+
+    def __init__(self, settings: Settings) -> None:
+        self._settings = settings
+        self._key: Any = None
+        self._jwks: jwt.PyJWKSet | None = None
+        if settings.jwt_secret is not None:
+            self._key = settings.jwt_secret.get_secret_value()
+            self._algorithms = ["HS256"]
+        elif settings.jwt_public_key_file is not None:
+            self._key = Path(settings.jwt_public_key_file).read_text()
+            self._algorithms = _ASYMMETRIC
+        elif settings.jwt_jwks_file is not None:
+            self._jwks = jwt.PyJWKSet.from_json(Path(settings.jwt_jwks_file).read_text())
+            self._algorithms = _ASYMMETRIC
+        else:
+            raise ValueError("jwt mode needs a secret, a public key file or a JWKS file")
+
+    def verify(self, token: str) -> Identity:
+        """The identity in ``token``; raises :class:`AuthError` if it is not valid now."""
+        settings = self._settings
+        try:
+            key = self._key
+            if self._jwks is not None:
+                kid = jwt.get_unverified_header(token).get("kid")
+                matching = [k for k in self._jwks.keys if k.key_id == kid]
+                if not matching:
+                    raise AuthError("unknown key id (kid)")
+                key = matching[0].key
+            claims = jwt.decode(
+                token,
+                key,
+                algorithms=self._algorithms,
+                audience=settings.jwt_audience,
+                issuer=settings.jwt_issuer,
+                leeway=settings.jwt_leeway_s,
+                options={
+                    "require": ["exp", "sub"],
+                    "verify_aud": settings.jwt_audience is not None,
+                },
+            )
+        except jwt.ExpiredSignatureError:
+            raise AuthError("token expired") from None
+        except jwt.InvalidAlgorithmError:
+            raise AuthError("token algorithm not allowed") from None
+        except (jwt.PyJWTError, ValueError, TypeError) as exc:
+            raise AuthError(f"invalid token: {exc}") from None
+        user = claims["sub"]
+        if not isinstance(user, str) or not _USER.fullmatch(user):
+            raise AuthError("invalid token: sub is not a valid user name")
+        rooms = claims.get(settings.jwt_rooms_claim)
+        if rooms is not None and not (
+            isinstance(rooms, list) and all(isinstance(r, str) for r in rooms)
+        ):
+            raise AuthError(f"invalid token: {settings.jwt_rooms_claim} must be a list of strings")
+        return Identity(user, None if rooms is None else tuple(rooms), float(claims["exp"]))
+
+
+def seconds_left(identity: Identity) -> float | None:
+    """Seconds until the identity's token expires (None: never)."""
+    return None if identity.expires_at is None else identity.expires_at - time.time()

@@ -1,0 +1,302 @@
+"""Quotas and bans that hold across every worker and pod: connections per user, message and
+join rates per user, connection rate per client address, and bans.
+
+:class:`RedisQuotas` keeps them in Redis (one small Lua script per check, Redis' clock, keys
+that expire by themselves: a pod that dies leaves nothing behind for longer than
+``CHAT_PRESENCE_TTL_S``). :class:`MemoryQuotas` is the same for a single process (the memory
+broker). Every check fails open when Redis is unreachable: an outage must not lock everyone
+out, and publishing is refused anyway while the broker is down.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import logging
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Final, Literal, Protocol
+
+from redis.asyncio import Redis
+from redis.exceptions import RedisError
+
+from app.settings import Settings
+
+if TYPE_CHECKING:
+    from app.hub import Hub
+
+logger = logging.getLogger(__name__)
+
+Rate = Literal["message", "join"]
+
+
+class Refusal(enum.Enum):
+    """Why a connection was not admitted."""
+
+    BANNED = "banned"
+    TOO_MANY_CONNECTIONS = "too many connections for this user"
+    IP_RATE = "too many new connections from this address"
+
+
+@dataclass(frozen=True, slots=True)
+class Ban:
+    reason: str
+    expires_in_s: float
+
+
+class Quotas(Protocol):
+    """Contract: ``admit`` and ``release`` are called once per connection (a connection
+    admitted must be released); ``refresh`` every third of ``CHAT_PRESENCE_TTL_S`` with the
+    worker's open connections; ``allow`` before each send or join."""
+
+    async def admit(self, user: str, conn_id: str, ip: str | None) -> Refusal | None: ...
+
+    async def release(self, user: str, conn_id: str) -> None: ...
+
+    async def refresh(self, conns: Iterable[tuple[str, str]]) -> None: ...
+
+    async def allow(self, rate: Rate, user: str) -> bool: ...
+
+    async def ban(self, user: str, duration_s: float, reason: str) -> None: ...
+
+    async def unban(self, user: str) -> bool: ...
+
+    async def ban_of(self, user: str) -> Ban | None: ...
+
+    async def close(self) -> None: ...
+
+
+def _rates(settings: Settings) -> dict[str, tuple[float, int]]:
+    return {
+        "message": (settings.user_messages_per_s, settings.user_message_burst),
+        "join": (settings.user_joins_per_s, settings.user_join_burst),
+        "ip": (settings.ip_connections_per_s, settings.ip_connection_burst),
+    }
+
+
+# -- Redis --------------------------------------------------------------------------------
+
+_BUCKET: Final = """
+local function take(key, rate, burst, now)
+  local b = redis.call('HMGET', key, 't', 'ts')
+  local tokens = tonumber(b[1]) or burst
+  local ts = tonumber(b[2]) or now
+  tokens = math.min(burst, tokens + math.max(0, now - ts) * rate / 1000)
+  local ok = 0
+  if tokens >= 1 then tokens = tokens - 1; ok = 1 end
+  redis.call('HSET', key, 't', tostring(tokens), 'ts', tostring(now))
+  redis.call('PEXPIRE', key, math.ceil(burst / rate * 1000) + 1000)
+  return ok
+end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+"""
+
+# KEYS: bucket   ARGV: rate, burst   -> 1 allowed, 0 refused
+TAKE: Final = _BUCKET + "return take(KEYS[1], tonumber(ARGV[1]), tonumber(ARGV[2]), now)"
+
+# KEYS: ip bucket (or ''), ban, user's connections (sorted set conn -> expiry ms)
+# ARGV: ip rate, ip burst, conn id, max connections, ttl ms
+# -> 0 admitted, 1 banned, 2 too many connections, 3 address rate
+ADMIT: Final = (
+    _BUCKET
+    + """
+if KEYS[1] ~= '' and take(KEYS[1], tonumber(ARGV[1]), tonumber(ARGV[2]), now) == 0 then
+  return 3
+end
+if redis.call('EXISTS', KEYS[2]) == 1 then return 1 end
+redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', now)
+if redis.call('ZCARD', KEYS[3]) >= tonumber(ARGV[4]) then return 2 end
+redis.call('ZADD', KEYS[3], now + tonumber(ARGV[5]), ARGV[3])
+redis.call('PEXPIRE', KEYS[3], ARGV[5])
+return 0
+"""
+)
+
+# KEYS: user's connections...   ARGV: ttl ms, then per key the conn id
+REFRESH: Final = """
+local t = redis.call('TIME')
+local expires = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) + tonumber(ARGV[1])
+for i = 1, #KEYS do
+  redis.call('ZADD', KEYS[i], 'XX', expires, ARGV[i + 1])
+  redis.call('PEXPIRE', KEYS[i], ARGV[1])
+end
+return #KEYS
+"""
+
+_REFUSALS: Final = {1: Refusal.BANNED, 2: Refusal.TOO_MANY_CONNECTIONS, 3: Refusal.IP_RATE}
+_REFRESH_BATCH: Final = 500
+_ERRORS: Final = (RedisError, OSError)
+
+
+class RedisQuotas:
+    """:class:`Quotas` in Redis, shared by every worker and pod of a deployment."""
+
+    def __init__(self, settings: Settings) -> None:
+        assert settings.redis_url is not None
+        self._settings = settings
+        self._prefix = settings.redis_prefix
+        self._redis: Redis = Redis.from_url(
+            settings.redis_url,
+            socket_timeout=settings.redis_timeout_s,
+            socket_connect_timeout=settings.redis_timeout_s,
+        )
+        self._take = self._redis.register_script(TAKE)
+        self._admit = self._redis.register_script(ADMIT)
+        self._refresh = self._redis.register_script(REFRESH)
+        self._rates = _rates(settings)
+        self._ttl_ms = int(settings.presence_ttl_s * 1000)
+
+    def _key(self, *parts: str) -> str:
+        return ":".join((self._prefix, "q", *parts))
+
+    async def admit(self, user: str, conn_id: str, ip: str | None) -> Refusal | None:
+        rate, burst = self._rates["ip"]
+        keys = ["" if ip is None else self._key("ip", ip), self._key("ban", user)]
+        keys.append(self._key("conns", user))
+        args: list[str | float] = [
+            rate, burst, conn_id, self._settings.max_connections_per_user, self._ttl_ms,
+        ]  # fmt: skip
+        try:
+            code = int(await self._admit(keys=keys, args=args))
+        except _ERRORS as exc:
+            logger.warning("quotas unavailable, admitting %s: %r", user, exc)
+            return None
+        return _REFUSALS.get(code)
+
+    async def release(self, user: str, conn_id: str) -> None:
+        with contextlib.suppress(*_ERRORS):  # else the entry expires by itself
+            await self._redis.zrem(self._key("conns", user), conn_id)
+
+    async def refresh(self, conns: Iterable[tuple[str, str]]) -> None:
+        pairs = list(conns)
+        for start in range(0, len(pairs), _REFRESH_BATCH):
+            batch = pairs[start : start + _REFRESH_BATCH]
+            keys = [self._key("conns", user) for user, _ in batch]
+            try:
+                await self._refresh(keys=keys, args=[self._ttl_ms, *(c for _, c in batch)])
+            except _ERRORS as exc:
+                logger.warning("could not refresh connection counts: %r", exc)
+                return
+
+    async def allow(self, rate: Rate, user: str) -> bool:
+        per_s, burst = self._rates[rate]
+        try:
+            return bool(await self._take(keys=[self._key(rate, user)], args=[per_s, burst]))
+        except _ERRORS:
+            return True
+
+    async def ban(self, user: str, duration_s: float, reason: str) -> None:
+        await self._redis.set(self._key("ban", user), reason, px=max(1, int(duration_s * 1000)))
+
+    async def unban(self, user: str) -> bool:
+        return bool(await self._redis.delete(self._key("ban", user)))
+
+    async def ban_of(self, user: str) -> Ban | None:
+        key = self._key("ban", user)
+        async with self._redis.pipeline(transaction=False) as pipe:
+            pipe.get(key)
+            pipe.pttl(key)
+            reason, ttl_ms = await pipe.execute()
+        if reason is None:
+            return None
+        return Ban(reason.decode(), max(0.0, ttl_ms / 1000))
+
+    async def close(self) -> None:
+        await self._redis.aclose()
+
+
+# -- one process --------------------------------------------------------------------------
+
+
+class _Bucket:
+    __slots__ = ("stamp", "tokens")
+
+    def __init__(self, burst: int, now: float) -> None:
+        self.tokens = float(burst)
+        self.stamp = now
+
+
+class MemoryQuotas:
+    """:class:`Quotas` for one process (with the memory broker)."""
+
+    def __init__(self, settings: Settings) -> None:
+        self._settings = settings
+        self._rates = _rates(settings)
+        self._buckets: dict[tuple[str, str], _Bucket] = {}
+        self._conns: dict[str, set[str]] = {}
+        self._bans: dict[str, tuple[str, float]] = {}
+
+    def _take(self, kind: str, key: str) -> bool:
+        per_s, burst = self._rates[kind]
+        now = time.monotonic()
+        bucket = self._buckets.get((kind, key))
+        if bucket is None:
+            if len(self._buckets) > 100_000:  # forget idle buckets now and then
+                self._buckets = {
+                    k: b for k, b in self._buckets.items() if now - b.stamp < burst / per_s
+                }
+            bucket = self._buckets[(kind, key)] = _Bucket(burst, now)
+        bucket.tokens = min(burst, bucket.tokens + (now - bucket.stamp) * per_s)
+        bucket.stamp = now
+        if bucket.tokens < 1:
+            return False
+        bucket.tokens -= 1
+        return True
+
+    async def admit(self, user: str, conn_id: str, ip: str | None) -> Refusal | None:
+        if ip is not None and not self._take("ip", ip):
+            return Refusal.IP_RATE
+        if await self.ban_of(user) is not None:
+            return Refusal.BANNED
+        conns = self._conns.setdefault(user, set())
+        if len(conns) >= self._settings.max_connections_per_user:
+            return Refusal.TOO_MANY_CONNECTIONS
+        conns.add(conn_id)
+        return None
+
+    async def release(self, user: str, conn_id: str) -> None:
+        conns = self._conns.get(user)
+        if conns is not None:
+            conns.discard(conn_id)
+            if not conns:
+                del self._conns[user]
+
+    async def refresh(self, conns: Iterable[tuple[str, str]]) -> None:
+        return None  # nothing here can outlive its process
+
+    async def allow(self, rate: Rate, user: str) -> bool:
+        return self._take(rate, user)
+
+    async def ban(self, user: str, duration_s: float, reason: str) -> None:
+        self._bans[user] = (reason, time.monotonic() + duration_s)
+
+    async def unban(self, user: str) -> bool:
+        return self._bans.pop(user, None) is not None
+
+    async def ban_of(self, user: str) -> Ban | None:
+        found = self._bans.get(user)
+        if found is None:
+            return None
+        left = found[1] - time.monotonic()
+        if left <= 0:
+            del self._bans[user]
+            return None
+        return Ban(found[0], left)
+
+    async def close(self) -> None:
+        return None
+
+
+async def keep_counts(quotas: Quotas, hub: Hub, interval_s: float) -> None:
+    """Refresh this worker's connection counts every ``interval_s`` until cancelled (so those
+    of a worker that died expire)."""
+    while True:
+        await asyncio.sleep(interval_s)
+        await quotas.refresh([(conn.user, conn.id) for conn in hub.connections if conn.user])
+
+
+def create_quotas(settings: Settings) -> Quotas:
+    return RedisQuotas(settings) if settings.redis_url else MemoryQuotas(settings)
