@@ -154,10 +154,10 @@ class Session:
 
     async def _send(self, frame: Send) -> None:
         conn = self.conn
-        if frame.room is not None and frame.room not in conn.rooms:
-            raise FrameError(ErrorCode.NOT_JOINED, f"join room {frame.room!r} before sending")
         if frame.room is not None and not conn.identity.may_use(frame.room):
             raise FrameError(ErrorCode.FORBIDDEN, f"your token does not allow room {frame.room!r}")
+        if frame.room is not None and frame.room not in conn.rooms:
+            raise FrameError(ErrorCode.NOT_JOINED, f"join room {frame.room!r} before sending")
         if len(frame.text) > self._settings.max_text_chars:
             raise FrameError(
                 ErrorCode.TEXT_TOO_LONG,

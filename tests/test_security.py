@@ -1,0 +1,398 @@
+"""Security and abuse resistance: JWT authentication, the Origin allow-list, per-user and
+per-address quotas across servers, moderation (kick, ban), and fuzzed input on a live socket."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import hashlib
+import hmac
+import json
+import random
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import httpx2 as httpx
+import jwt
+import pytest
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ec, rsa
+from websockets.asyncio.client import connect
+from websockets.exceptions import ConnectionClosed, InvalidStatus
+
+from app.errors import CloseCode
+from tests.helpers import ChatClient, LiveServer, make_settings, run_server, wait_until
+from tests.processes import AppProcess, RedisServer
+from tests.prom import scrape
+
+SECRET = "a-test-secret-that-is-long-enough-for-hs256"
+
+
+def token(
+    sub: str = "ada", ttl_s: float = 60, key: Any = SECRET, algorithm: str = "HS256", **claims: Any
+) -> str:
+    headers = claims.pop("headers", None)
+    payload = {"sub": sub, "exp": int(time.time() + ttl_s), **claims}
+    return jwt.encode(payload, key, algorithm=algorithm, headers=headers)
+
+
+async def refused_with(url: str, first_frame: dict[str, Any] | None = None) -> tuple[int, str]:
+    """Connect, optionally send one frame, and return the close code and reason."""
+    async with connect(url, open_timeout=5) as ws:
+        if first_frame is not None:
+            await ws.send(json.dumps(first_frame))
+        with pytest.raises(ConnectionClosed):
+            async with asyncio.timeout(10):
+                while True:
+                    await ws.recv()
+        assert ws.close_code is not None
+        return ws.close_code, ws.close_reason or ""
+
+
+@contextlib.asynccontextmanager
+async def jwt_server(**overrides: Any) -> AsyncIterator[LiveServer]:
+    settings = make_settings(auth_mode="jwt", **({"jwt_secret": SECRET} | overrides))
+    async with run_server(settings) as server:
+        yield server
+
+
+def ws_url(server: LiveServer, query: str = "") -> str:
+    return f"ws://127.0.0.1:{server.port}/ws{query}"
+
+
+# -- tokens -------------------------------------------------------------------------------
+
+
+async def test_valid_token_in_query_or_first_frame() -> None:
+    async with jwt_server() as server:
+        async with ChatClient.connect(ws_url(server, f"?token={token('ada')}")) as ada:
+            assert ada.hello["user"] == "ada"
+            assert ada.hello["exp"] > time.time()
+            await ada.join("r")
+        async with connect(ws_url(server), open_timeout=5) as ws:
+            await ws.send(json.dumps({"type": "auth", "token": token("bob")}))
+            hello = json.loads(str(await ws.recv()).split("\n")[0])
+            assert (hello["type"], hello["user"]) == ("hello", "bob")
+        # ?name= means nothing in jwt mode: without a token nobody gets in.
+        code, _ = await refused_with(ws_url(server, "?name=ada"), {"type": "join", "room": "r"})
+        assert code == CloseCode.AUTH_FAILED
+
+
+@pytest.mark.parametrize(
+    ("case", "bad"),
+    [
+        ("expired", lambda: token(ttl_s=-120)),
+        ("wrong secret", lambda: token(key="another-secret-of-at-least-32-bytes!!")),
+        ("alg none", lambda: jwt.encode({"sub": "ada", "exp": time.time() + 60}, None, "none")),
+        ("no exp", lambda: jwt.encode({"sub": "ada"}, SECRET, "HS256")),
+        ("bad sub", lambda: token(sub="not a name!")),
+        ("garbage", lambda: "not.a.token"),
+    ],
+)
+async def test_bad_tokens_are_refused(case: str, bad: Any) -> None:
+    async with jwt_server() as server:
+        code, reason = await refused_with(ws_url(server, f"?token={bad()}"))
+        assert code == CloseCode.AUTH_FAILED, (case, reason)
+        code, _ = await refused_with(ws_url(server), {"type": "auth", "token": bad()})
+        assert code == CloseCode.AUTH_FAILED, case
+        assert await server_still_serves(server)
+
+
+async def server_still_serves(server: LiveServer) -> bool:
+    async with ChatClient.connect(ws_url(server, f"?token={token('probe')}")) as probe:
+        return await probe.is_responsive()
+
+
+async def test_no_auth_frame_in_time_or_another_frame_first() -> None:
+    async with jwt_server(auth_timeout_s=0.3) as server:
+        started = time.monotonic()
+        code, reason = await refused_with(ws_url(server))
+        assert (code, reason) == (CloseCode.AUTH_FAILED, "no auth frame in time")
+        assert time.monotonic() - started < 3
+        code, _ = await refused_with(ws_url(server), {"type": "join", "room": "r"})
+        assert code == CloseCode.AUTH_FAILED
+
+
+def _keys(tmp_path: Path) -> dict[str, Any]:
+    rsa_key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    rsa_public = rsa_key.public_key().public_bytes(
+        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+    )
+    (tmp_path / "rsa.pem").write_bytes(rsa_public)
+    ec_key = ec.generate_private_key(ec.SECP256R1())
+    jwk = json.loads(jwt.algorithms.ECAlgorithm.to_jwk(ec_key.public_key()))
+    (tmp_path / "jwks.json").write_text(json.dumps({"keys": [jwk | {"kid": "k1", "alg": "ES256"}]}))
+    return {"rsa": rsa_key, "rsa_public": rsa_public, "ec": ec_key}
+
+
+async def test_public_key_modes_refuse_algorithm_confusion(tmp_path: Path) -> None:
+    """RS256 with a PEM key, ES256 from a JWKS by ``kid``: valid tokens pass; an HS256 token
+    "signed" with the public key as the secret (the classic confusion attack) does not."""
+    keys = _keys(tmp_path)
+    pem = str(tmp_path / "rsa.pem")
+    async with jwt_server(jwt_secret=None, jwt_public_key_file=pem) as server:
+        good = token("ada", key=keys["rsa"], algorithm="RS256")
+        async with ChatClient.connect(ws_url(server, f"?token={good}")) as ada:
+            assert ada.hello["user"] == "ada"
+        forged = _forge_hs256(keys["rsa_public"])
+        code, _ = await refused_with(ws_url(server, f"?token={forged}"))
+        assert code == CloseCode.AUTH_FAILED
+    jwks = str(tmp_path / "jwks.json")
+    async with jwt_server(jwt_secret=None, jwt_jwks_file=jwks) as server:
+        good = token("eve", key=keys["ec"], algorithm="ES256", headers={"kid": "k1"})
+        async with ChatClient.connect(ws_url(server, f"?token={good}")) as eve:
+            assert eve.hello["user"] == "eve"
+        unknown = token("eve", key=keys["ec"], algorithm="ES256", headers={"kid": "k2"})
+        code, reason = await refused_with(ws_url(server, f"?token={unknown}"))
+        assert (code, reason) == (CloseCode.AUTH_FAILED, "unknown key id (kid)")
+
+
+def _forge_hs256(public_pem: bytes) -> str:
+    """An HS256 token whose HMAC key is the server's public key (PyJWT refuses to make one,
+    so it is assembled by hand)."""
+
+    def b64(data: bytes) -> str:
+        return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
+
+    header = b64(json.dumps({"alg": "HS256", "typ": "JWT"}).encode())
+    body = b64(json.dumps({"sub": "ada", "exp": int(time.time() + 60)}).encode())
+    signature = hmac.new(public_pem, f"{header}.{body}".encode(), hashlib.sha256).digest()
+    return f"{header}.{body}.{b64(signature)}"
+
+
+async def test_rooms_claim_limits_joins_and_sends() -> None:
+    async with jwt_server() as server:
+        limited = token("ada", rooms=["team-*", "lobby"])
+        async with ChatClient.connect(ws_url(server, f"?token={limited}")) as ada:
+            assert (await ada.join("team-a"))["room"] == "team-a"
+            assert (await ada.join("lobby"))["room"] == "lobby"
+            await ada.send({"type": "join", "room": "secret"})
+            error = await ada.expect("error")
+            assert (error["code"], error["ref"]) == ("forbidden", "join")
+            await ada.send({"type": "send", "room": "secret", "text": "x", "cid": "c"})
+            assert (await ada.expect("error"))["code"] == "forbidden"
+            await ada.send({"type": "send", "to": "bob", "text": "dm ok", "cid": "d"})
+            frames = [await ada.next_frame() for _ in range(2)]  # own copy + ack
+            assert {f["type"] for f in frames} == {"message", "ack"}
+
+
+async def test_token_refresh_keeps_the_connection_and_its_absence_closes_it() -> None:
+    async with jwt_server(token_refresh_before_s=1.5, jwt_leeway_s=0) as server:
+        short = token("ada", ttl_s=2.5)
+        async with (
+            ChatClient.connect(ws_url(server, f"?token={short}")) as refreshed,
+            ChatClient.connect(ws_url(server, f"?token={token('bob', ttl_s=2.5)}")) as idle,
+        ):
+            await refreshed.join("r")
+            refresh = await refreshed.expect("refresh", timeout=5)
+            assert refresh["exp"] == refreshed.hello["exp"]
+            await refreshed.send({"type": "auth", "token": token("ada", ttl_s=60, rooms=["x"])})
+            assert (await refreshed.expect("left"))["room"] == "r"  # the new claim drops r
+            assert (await refreshed.expect("authenticated"))["exp"] > time.time() + 30
+            assert await idle.closed_with(timeout=6) == CloseCode.TOKEN_EXPIRED
+            assert await refreshed.is_responsive()  # past the first token's expiry
+            await refreshed.send({"type": "auth", "token": token("mallory")})
+            assert await refreshed.closed_with() == CloseCode.AUTH_FAILED
+
+
+# -- Origin -------------------------------------------------------------------------------
+
+
+async def test_foreign_origins_are_refused_before_the_socket_opens() -> None:
+    settings = make_settings(allowed_origins="https://chat.example.com")
+    async with run_server(settings) as server:
+        url = server.ws_url("ada")
+        for origin in ("https://evil.example", "null", f"http://127.0.0.1:{server.port + 1}"):
+            with pytest.raises(InvalidStatus) as refused:
+                async with connect(url, origin=origin, open_timeout=5):  # type: ignore[arg-type]
+                    pass
+            assert refused.value.response.status_code == 403
+        for origin in (f"http://127.0.0.1:{server.port}", "https://chat.example.com", None):
+            async with ChatClient.connect(url, origin=origin) as client:
+                assert await client.is_responsive()
+        metrics = await scrape(f"{server.http_url}/metrics")
+        assert metrics.value("hubbub_upgrades_refused_total", reason="origin") == 3
+        assert metrics.value("hubbub_connections_opened_total") == 3
+
+
+# -- quotas across servers ----------------------------------------------------------------
+
+
+@contextlib.asynccontextmanager
+async def two_processes(redis: RedisServer, env: dict[str, str]) -> AsyncIterator[list[AppProcess]]:
+    apps = [AppProcess({"CHAT_REDIS_URL": redis.url, **env}) for _ in range(2)]
+    try:
+        await asyncio.gather(*(app.start() for app in apps))
+        yield apps
+    finally:
+        for app in apps:
+            await app.stop()
+
+
+async def test_per_user_connection_cap_holds_across_servers(redis_server: RedisServer) -> None:
+    async with two_processes(redis_server, {"CHAT_MAX_CONNECTIONS_PER_USER": "2"}) as (a, b):
+        async with ChatClient.connect(a.ws_url("ada")), ChatClient.connect(b.ws_url("ada")):
+            code, reason = await refused_with(a.ws_url("ada"))
+            assert (code, reason) == (4029, "too many connections for this user")
+            async with ChatClient.connect(a.ws_url("bob")) as bob:  # others are not affected
+                assert await bob.is_responsive()
+        # Both closed: the count went back down on both servers.
+        async with asyncio.timeout(5):
+            while True:
+                try:
+                    async with ChatClient.connect(b.ws_url("ada")) as again:
+                        assert await again.is_responsive()
+                        break
+                except (ConnectionClosed, AssertionError):
+                    await asyncio.sleep(0.1)
+
+
+async def test_per_user_message_rate_is_shared_by_servers(redis_server: RedisServer) -> None:
+    env = {"CHAT_USER_MESSAGES_PER_S": "0.1", "CHAT_USER_MESSAGE_BURST": "3"}
+    async with (
+        two_processes(redis_server, env) as (a, b),
+        ChatClient.connect(a.ws_url("ada")) as on_a,
+        ChatClient.connect(b.ws_url("ada")) as on_b,
+        ChatClient.connect(b.ws_url("bob")) as bob,
+    ):
+        for client in (on_a, on_b, bob):
+            await client.join("r")
+        for k in range(3):
+            await on_a.say("r", f"a{k}", cid=f"a{k}")
+        acks = [await on_a.next_frame(skip=("ping", "presence", "message")) for _ in range(3)]
+        assert [ack["cid"] for ack in acks] == ["a0", "a1", "a2"]  # the budget is spent
+        await on_b.say("r", "one too many", cid="b0")
+        error = await on_b.next_frame(skip=("ping", "presence", "message"))
+        assert (error.get("code"), error.get("cid")) == ("rate_limited", "b0"), error
+        await bob.say("r", "bob has his own budget")
+        got = [m["text"] for m in await bob.messages_until("bob has his own budget")]
+        assert got == ["a0", "a1", "a2", "bob has his own budget"]
+
+
+async def test_per_address_connection_rate_across_servers(redis_server: RedisServer) -> None:
+    env = {"CHAT_IP_CONNECTIONS_PER_S": "0.01", "CHAT_IP_CONNECTION_BURST": "3"}
+    async with two_processes(redis_server, env) as (a, b):
+        for n, app in enumerate([a, b, a]):
+            async with ChatClient.connect(app.ws_url(f"u{n}")) as client:
+                assert await client.is_responsive()
+        code, reason = await refused_with(b.ws_url("u3"))
+        assert (code, reason) == (4029, "too many new connections from this address")
+
+
+# -- moderation ---------------------------------------------------------------------------
+
+
+async def test_kick_and_ban_reach_every_server(redis_server: RedisServer) -> None:
+    admin = {"Authorization": "Bearer let-me-moderate"}
+    async with (
+        two_processes(redis_server, {"CHAT_ADMIN_TOKEN": "let-me-moderate"}) as (a, b),
+        httpx.AsyncClient() as http,
+    ):
+        async with (
+            ChatClient.connect(b.ws_url("troll")) as troll1,
+            ChatClient.connect(b.ws_url("troll")) as troll2,
+            ChatClient.connect(b.ws_url("nice")) as nice,
+        ):
+            denied = await http.post(f"{a.http_url}/admin/users/troll/kick")
+            assert denied.status_code == 401
+            wrong = {"Authorization": "Bearer guess"}
+            assert (
+                await http.post(f"{a.http_url}/admin/users/troll/kick", headers=wrong)
+            ).status_code == 401
+            kicked = await http.post(f"{a.http_url}/admin/users/troll/kick", headers=admin)
+            assert kicked.status_code == 202
+            assert await troll1.closed_with() == CloseCode.FORBIDDEN
+            assert await troll2.closed_with() == CloseCode.FORBIDDEN
+            assert await nice.is_responsive()
+        ban = {"duration_s": 60, "reason": "spam"}
+        put = await http.put(f"{b.http_url}/admin/users/troll/ban", json=ban, headers=admin)
+        assert put.status_code == 200
+        assert await refused_with(a.ws_url("troll")) == (CloseCode.FORBIDDEN, "banned")
+        info = (await http.get(f"{a.http_url}/admin/users/troll/ban", headers=admin)).json()
+        assert info["reason"] == "spam" and 0 < info["expires_in_s"] <= 60
+        bad = await http.put(
+            f"{a.http_url}/admin/users/troll/ban", json={"duration_s": -1}, headers=admin
+        )
+        assert bad.status_code == 422
+        assert (
+            await http.delete(f"{a.http_url}/admin/users/troll/ban", headers=admin)
+        ).status_code == 204
+        async with ChatClient.connect(a.ws_url("troll")) as back:
+            assert await back.is_responsive()
+
+
+async def test_moderation_api_is_off_without_a_token(server: LiveServer) -> None:
+    async with httpx.AsyncClient() as http:
+        response = await http.post(f"{server.http_url}/admin/users/x/kick")
+    assert response.status_code == 404
+
+
+# -- fuzzing ------------------------------------------------------------------------------
+
+
+def _fuzz_frames(seed: int, count: int) -> list[str | bytes]:
+    """Malformed and hostile frames: random bytes, broken and deeply nested JSON, huge
+    numbers, very long names, wrong types, control characters."""
+    rng = random.Random(seed)
+    frames: list[str | bytes] = []
+    makers = [
+        lambda: rng.randbytes(rng.randint(0, 2000)),
+        lambda: "".join(chr(rng.randint(0, 0x2FFF)) for _ in range(rng.randint(0, 300))),
+        lambda: "[" * rng.randint(100, 20_000) + "]" * rng.randint(0, 100),
+        lambda: '{"type":"join","room":' + "[" * 5000 + "]" * 5000 + "}",
+        lambda: '{"type":"join","room":"r","since":' + "9" * rng.randint(20, 4000) + "}",
+        lambda: '{"type":"send","room":"r","text":"x","cid":1e999999}',
+        lambda: json.dumps({"type": "join", "room": "r" * rng.randint(65, 20_000)}),
+        lambda: json.dumps({"type": "send", "to": "u" * 5000, "text": "x"}),
+        lambda: json.dumps({"type": rng.choice(["send", "join", "auth", "typing", None, 7])}),
+        lambda: json.dumps({"type": "send", "room": "r", "text": rng.choice([None, 5, [], {}])}),
+        lambda: json.dumps({"type": "send", "room": "r", "text": "\x00\u202e\ud7ff", "cid": "c"}),
+        lambda: json.dumps({"type": "auth", "token": "x" * 9000}),
+        lambda: json.dumps([{"type": "ping"}] * 100),
+        lambda: '{"type":"ping"' + "," * rng.randint(1, 50),
+    ]
+    for _ in range(count):
+        frames.append(rng.choice(makers)())
+    return frames
+
+
+async def test_fuzzed_frames_break_nothing(server: LiveServer) -> None:
+    """300 hostile frames on one socket: each gets an error frame (or is a frame the server
+    may take), the socket stays usable, a bystander in a room sees nothing, and afterwards no
+    connection or task is left over."""
+    baseline_tasks = len(asyncio.all_tasks())
+    async with (
+        ChatClient.connect(server.ws_url("bystander")) as bystander,
+        ChatClient.connect(server.ws_url("fuzzer")) as fuzzer,
+    ):
+        await bystander.join("r")
+        await fuzzer.join("r")
+        frames = _fuzz_frames(seed=7, count=300)
+        for frame in frames:
+            await fuzzer.ws.send(frame)
+        await fuzzer.send({"type": "ping"})
+        answers: list[dict[str, Any]] = []
+        async with asyncio.timeout(20):  # every frame is answered, in order, before the pong
+            while not answers or answers[-1]["type"] != "pong":
+                answers.append(await fuzzer.next_frame(skip=("ping", "presence", "typing")))
+        errors = [a for a in answers if a["type"] == "error"]
+        assert len(errors) >= 250, f"only {len(errors)} error frames for {len(frames)} frames"
+        assert {a["type"] for a in answers} <= {"error", "pong", "message", "ack"}
+        await fuzzer.say("r", "still here")
+        got = await bystander.messages_until("still here")
+        assert {m["user"] for m in got} == {"fuzzer"}  # only the valid sends among the junk
+        assert await bystander.is_responsive()
+    # Invalid UTF-8 in a text frame is a protocol error: 1007, for that socket only.
+    async with connect(server.ws_url("bad-utf8"), open_timeout=5) as ws:
+        await ws.recv()
+        await ws.send(b"\xff\xfe{}", text=True)
+        with pytest.raises(ConnectionClosed):
+            async with asyncio.timeout(5):
+                while True:
+                    await ws.recv()
+        assert ws.close_code == CloseCode.INVALID_DATA
+    await wait_until(lambda: not server.state.hub.connections, 5)
+    await wait_until(lambda: len(asyncio.all_tasks()) <= baseline_tasks, 5)
