@@ -13,7 +13,7 @@ import httpx2 as httpx
 import orjson
 import pytest
 from websockets.asyncio.client import connect
-from websockets.exceptions import ConnectionClosed
+from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from tests.helpers import ChatClient
 from tests.processes import NGINX_CONF, AppProcess, NginxServer, RedisServer, upstream_client_ports
@@ -87,6 +87,16 @@ async def test_chat_through_nginx(redis_server: RedisServer) -> None:
             assert [m["text"] for m in history.json()["messages"]] == ["through nginx"]
             assert (await http.get(f"{s.nginx.http_url}/readyz")).status_code == 200
             assert (await http.get(f"{s.nginx.http_url}/metrics")).status_code == 404
+            assert (await http.post(f"{s.nginx.http_url}/admin/users/x/kick")).status_code == 404
+        # The app sees the browser's Host through the proxy: its own page may connect, a
+        # foreign one may not.
+        same_site = f"http://127.0.0.1:{s.nginx.port}"
+        async with ChatClient.connect(s.nginx.ws_url("page"), origin=same_site) as page:
+            assert await page.is_responsive()
+        with pytest.raises(InvalidStatus) as refused:
+            async with connect(s.nginx.ws_url("evil"), origin="https://evil.example"):  # type: ignore[arg-type]
+                pass
+        assert refused.value.response.status_code == 403
         statuses = {line["status"] for line in s.nginx.access_log()}
         assert 101 in statuses and 200 in statuses  # one JSON line per request and socket
 

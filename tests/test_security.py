@@ -11,7 +11,7 @@ import hmac
 import json
 import random
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -86,7 +86,7 @@ async def test_valid_token_in_query_or_first_frame() -> None:
     [
         ("expired", lambda: token(ttl_s=-120)),
         ("wrong secret", lambda: token(key="another-secret-of-at-least-32-bytes!!")),
-        ("alg none", lambda: jwt.encode({"sub": "ada", "exp": time.time() + 60}, None, "none")),
+        ("alg none", lambda: jwt.encode({"sub": "ada", "exp": time.time() + 60}, "", "none")),
         ("no exp", lambda: jwt.encode({"sub": "ada"}, SECRET, "HS256")),
         ("bad sub", lambda: token(sub="not a name!")),
         ("garbage", lambda: "not.a.token"),
@@ -210,8 +210,11 @@ async def test_foreign_origins_are_refused_before_the_socket_opens() -> None:
                 async with connect(url, origin=origin, open_timeout=5):  # type: ignore[arg-type]
                     pass
             assert refused.value.response.status_code == 403
-        for origin in (f"http://127.0.0.1:{server.port}", "https://chat.example.com", None):
-            async with ChatClient.connect(url, origin=origin) as client:
+        allowed: list[str | None] = [
+            f"http://127.0.0.1:{server.port}", "https://chat.example.com", None,
+        ]  # fmt: skip
+        for maybe_origin in allowed:
+            async with ChatClient.connect(url, origin=maybe_origin) as client:
                 assert await client.is_responsive()
         metrics = await scrape(f"{server.http_url}/metrics")
         assert metrics.value("hubbub_upgrades_refused_total", reason="origin") == 3
@@ -338,7 +341,7 @@ def _fuzz_frames(seed: int, count: int) -> list[str | bytes]:
     numbers, very long names, wrong types, control characters."""
     rng = random.Random(seed)
     frames: list[str | bytes] = []
-    makers = [
+    makers: list[Callable[[], str | bytes]] = [
         lambda: rng.randbytes(rng.randint(0, 2000)),
         lambda: "".join(chr(rng.randint(0, 0x2FFF)) for _ in range(rng.randint(0, 300))),
         lambda: "[" * rng.randint(100, 20_000) + "]" * rng.randint(0, 100),
