@@ -234,9 +234,11 @@ class MemoryQuotas:
         now = time.monotonic()
         bucket = self._buckets.get((kind, key))
         if bucket is None:
-            if len(self._buckets) > 100_000:  # forget idle buckets now and then
+            if len(self._buckets) > 100_000:  # forget the full ones (idle long enough) now and then
                 self._buckets = {
-                    k: b for k, b in self._buckets.items() if now - b.stamp < burst / per_s
+                    k: b
+                    for k, b in self._buckets.items()
+                    if now - b.stamp < self._rates[k[0]][1] / self._rates[k[0]][0]
                 }
             bucket = self._buckets[(kind, key)] = _Bucket(burst, now)
         bucket.tokens = min(burst, bucket.tokens + (now - bucket.stamp) * per_s)

@@ -11,7 +11,7 @@ import shutil
 import signal
 import sys
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +20,24 @@ import httpx2 as httpx
 from tests.helpers import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
+
+
+async def wait_for_port(
+    port: int, proc: asyncio.subprocess.Process, describe: str | Callable[[], str]
+) -> None:
+    """Wait (10 s at most) until ``proc`` accepts TCP connections on loopback ``port``; fail
+    with ``describe`` (or what it returns: the process's output) if the process exits first."""
+    async with asyncio.timeout(10):
+        while True:
+            if proc.returncode is not None:
+                raise AssertionError(describe if isinstance(describe, str) else describe())
+            try:
+                _, writer = await asyncio.open_connection("127.0.0.1", port)
+            except OSError:
+                await asyncio.sleep(0.02)
+                continue
+            writer.close()
+            return
 
 
 class RedisServer:
@@ -44,15 +62,7 @@ class RedisServer:
             "--dir", self.dir, "--logfile", "",
             stdout=asyncio.subprocess.DEVNULL,
         )  # fmt: skip
-        async with asyncio.timeout(10):
-            while True:
-                try:
-                    _, writer = await asyncio.open_connection("127.0.0.1", self.port)
-                except OSError:
-                    await asyncio.sleep(0.02)
-                    continue
-                writer.close()
-                return
+        await wait_for_port(self.port, self.proc, "redis-server")
 
     async def kill(self) -> None:
         """SIGKILL: an abrupt loss, as when the Redis host dies."""
@@ -269,16 +279,7 @@ class NginxServer:
             self.proc = await asyncio.create_subprocess_exec(
                 *self.command(), stdout=out, stderr=out
             )
-        async with asyncio.timeout(10):
-            while True:
-                assert self.proc.returncode is None, self.output()
-                try:
-                    _, writer = await asyncio.open_connection("127.0.0.1", self.port)
-                except OSError:
-                    await asyncio.sleep(0.05)
-                    continue
-                writer.close()
-                return
+        await wait_for_port(self.port, self.proc, self.output)
 
     def output(self) -> str:
         logs = [self.dir / "stdout.log", self.log, self.dir / "early.log"]
