@@ -64,6 +64,11 @@ async def websocket_endpoint(ws: WebSocket) -> None:
                     "ts": int(time.time() * 1000),
                 }
                 await manager.broadcast(frame["room"], json.dumps(message))
+            elif kind == "leave":
+                members = manager.rooms.get(frame["room"], [])
+                if ws in members:
+                    members.remove(ws)
+                await ws.send_text(json.dumps({"type": "left", "room": frame["room"]}))
             elif kind == "ping":
                 await ws.send_text(json.dumps({"type": "pong"}))
     except WebSocketDisconnect:

@@ -1,0 +1,326 @@
+"""The load-test scenarios. Each runs in one process over its share of the work (``part`` of
+``parts``) and returns :class:`~loadtest.stats.Stats`; :mod:`loadtest.__main__` starts the
+processes and merges their results. Every scenario is bounded in count and time.
+
+Message texts carry what the receiver needs to measure: ``"<publisher>:<seq>:<send time>"``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+import resource
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import uvloop
+from websockets.asyncio.client import ClientConnection
+
+from loadtest.client import Frame, open_client, read_frames, send, until
+from loadtest.stats import Stats
+
+CONNECT_CONCURRENCY = 200
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What the whole run does; each process takes its part."""
+
+    scenario: str
+    url: str
+    seconds: float
+    parts: int = 1
+    # fanout
+    subscribers: int = 1000
+    rooms: int = 1
+    publishers: int = 1
+    rate: float = 100.0  # fanout: messages/s into all rooms; rtt: sends/s (0: closed loop)
+    # rtt
+    clients: int = 100
+    # connections
+    connections: int = 1000
+    ramp_per_s: float = 1000.0
+    # churn
+    churn_per_s: float = 50.0
+    # every run
+    start_at: float = 0.0  # time.time() when the load starts, same for all parts
+    warmup_s: float = 1.0  # latencies of the first second of load are not recorded
+    grace_s: float = 5.0
+
+    def measured(self, now: float) -> bool:
+        return now >= self.start_at + self.warmup_s
+
+    def share(self, total: int, part: int) -> range:
+        """Indices 0..total-1 that process ``part`` handles."""
+        return range(part, total, self.parts)
+
+
+def _cpu_s() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+class _Meter:
+    """CPU and wall time of a measured phase."""
+
+    def __init__(self) -> None:
+        self.cpu = _cpu_s()
+        self.wall = time.monotonic()
+
+    def stop(self, stats: Stats) -> None:
+        stats.cpu_s = _cpu_s() - self.cpu
+        stats.wall_s = time.monotonic() - self.wall
+
+
+async def _wait_start(plan: Plan) -> None:
+    await asyncio.sleep(max(0.0, plan.start_at - time.time()))
+
+
+async def _open_many(
+    plan: Plan, names: list[str], stats: Stats
+) -> list[tuple[ClientConnection, Frame]]:
+    """Open sockets for ``names``, ``CONNECT_CONCURRENCY`` at a time; failures are counted."""
+    gate = asyncio.Semaphore(CONNECT_CONCURRENCY)
+
+    async def one(name: str) -> tuple[ClientConnection, Frame] | None:
+        async with gate:
+            try:
+                return await open_client(plan.url, name)
+            except Exception as exc:
+                stats.counters[f"failed:{type(exc).__name__}"] += 1
+                return None
+
+    opened = await asyncio.gather(*(one(n) for n in names))
+    return [o for o in opened if o is not None]
+
+
+# -- fanout -------------------------------------------------------------------------------
+
+
+async def fanout(plan: Plan, part: int) -> Stats:
+    """Subscribers over rooms; publishers at a total rate; per-message delivery latency and
+    missing / duplicated / out-of-order counts."""
+    stats = Stats()
+    subscribers = plan.share(plan.subscribers, part)
+    opened = await _open_many(plan, [f"s{i}" for i in subscribers], stats)
+    per_publisher = plan.rate / plan.publishers
+    sent_per_publisher = int(per_publisher * plan.seconds)
+    last_seq: dict[tuple[int, str], int] = {}
+    # One byte per message a subscriber may get from a publisher: duplicates are told apart
+    # from reordering without keeping a set of every message.
+    got: dict[tuple[int, str], bytearray] = {}
+
+    def on_frame(index: int) -> Any:
+        def handle(frame: Frame, _: float) -> None:
+            if frame["type"] != "message":
+                return
+            now = time.time()
+            publisher, seq_text, sent = frame["text"].split(":")
+            seq = int(seq_text)
+            key = (index, publisher)
+            marks = got.get(key)
+            if marks is None:
+                marks = got[key] = bytearray(sent_per_publisher + 1)
+            if seq < len(marks):
+                if marks[seq]:
+                    stats.counters["duplicates"] += 1
+                    return
+                marks[seq] = 1
+            if seq < last_seq.get(key, -1):
+                stats.counters["out_of_order"] += 1
+            else:
+                last_seq[key] = seq
+            ms = (now - float(sent)) * 1000
+            if plan.measured(float(sent)):
+                stats.latency.add(ms)
+            stats.series.add(int(now - plan.start_at), ms)
+            stats.counters["delivered"] += 1
+
+        return handle
+
+    for (ws, _), index in zip(opened, subscribers, strict=False):
+        await send(ws, {"type": "join", "room": f"room{index % plan.rooms}"})
+        await until(ws, "joined")
+        stats.counters[f"subscribers:room{index % plan.rooms}"] += 1
+    readers = [
+        asyncio.create_task(read_frames(ws, on_frame(index)))
+        for (ws, _), index in zip(opened, subscribers, strict=False)
+    ]
+    publishers = []
+    for p in plan.share(plan.publishers, part):
+        ws, _ = await open_client(plan.url, f"p{p}")
+        await send(ws, {"type": "join", "room": f"room{p % plan.rooms}"})
+        await until(ws, "joined")
+        publishers.append((p, ws))
+    drains = [asyncio.create_task(read_frames(ws, lambda f, t: None)) for _, ws in publishers]
+    await _wait_start(plan)
+    meter = _Meter()
+
+    async def publish(p: int, ws: ClientConnection) -> None:
+        room = f"room{p % plan.rooms}"
+        for seq in range(sent_per_publisher):
+            delay = plan.start_at + seq / per_publisher - time.time()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            await send(ws, {"type": "send", "room": room, "text": f"p{p}:{seq}:{time.time()}"})
+            stats.counters[f"published:{room}"] += 1
+
+    await asyncio.gather(*(publish(p, ws) for p, ws in publishers))
+    await asyncio.sleep(max(0.0, plan.start_at + plan.seconds - time.time()) + plan.grace_s)
+    meter.stop(stats)
+    for ws, _ in opened:
+        await ws.close()
+    for _, ws in publishers:
+        await ws.close()
+    for task in [*readers, *drains]:
+        task.cancel()
+    return stats
+
+
+# -- rtt ----------------------------------------------------------------------------------
+
+
+async def rtt(plan: Plan, part: int) -> Stats:
+    """Clients each in a room of their own send and wait for their own message: closed loop
+    (``rate`` 0) or paced at ``rate`` sends/s over all clients."""
+    stats = Stats()
+    indices = list(plan.share(plan.clients, part))
+    opened = await _open_many(plan, [f"c{i}" for i in indices], stats)
+    for (ws, _), i in zip(opened, indices, strict=False):
+        await send(ws, {"type": "join", "room": f"rtt{i}"})
+        await until(ws, "joined")
+    await _wait_start(plan)
+    meter = _Meter()
+    end = plan.start_at + plan.seconds
+    interval = plan.clients / plan.rate if plan.rate > 0 else 0.0
+
+    async def loop(ws: ClientConnection, i: int) -> None:
+        room = f"rtt{i}"
+        next_send = plan.start_at + random.random() * interval
+        seq = 0
+        while time.time() < end:
+            if interval:
+                delay = next_send - time.time()
+                if delay > 0:
+                    await asyncio.sleep(delay)
+                next_send += interval
+            sent = time.time()
+            await send(ws, {"type": "send", "room": room, "text": f"c{i}:{seq}:{sent}"})
+            try:
+                await until(ws, "message", timeout_s=10)
+            except TimeoutError:
+                stats.counters["timeouts"] += 1
+                return
+            now = time.time()
+            ms = (now - sent) * 1000
+            if plan.measured(sent):
+                stats.latency.add(ms)
+            stats.series.add(int(now - plan.start_at), ms)
+            stats.counters["delivered"] += 1
+            seq += 1
+
+    await asyncio.gather(*(loop(ws, i) for (ws, _), i in zip(opened, indices, strict=False)))
+    meter.stop(stats)
+    for ws, _ in opened:
+        await ws.close()
+    return stats
+
+
+# -- connections --------------------------------------------------------------------------
+
+
+async def connections(plan: Plan, part: int) -> Stats:
+    """Open sockets at a ramp rate, keep them (answering pings) for ``seconds``, then count
+    the ones still open; connect times (TCP + upgrade + hello) as the latency."""
+    stats = Stats()
+    indices = list(plan.share(plan.connections, part))
+    ramp = plan.ramp_per_s / plan.parts
+    loop = asyncio.get_running_loop()
+    readers: list[asyncio.Task[int | None]] = []
+    sockets: list[ClientConnection] = []
+    gate = asyncio.Semaphore(CONNECT_CONCURRENCY)
+    started = time.time()
+    meter = _Meter()
+
+    async def one(n: int, i: int) -> None:
+        delay = started + n / ramp - time.time()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        async with gate:
+            begin = loop.time()
+            try:
+                ws, _ = await open_client(plan.url, f"k{i}")
+            except Exception as exc:
+                stats.counters[f"failed:{type(exc).__name__}"] += 1
+                return
+            ms = (loop.time() - begin) * 1000
+            stats.latency.add(ms)
+            stats.series.add(int(time.time() - started), ms)
+            stats.counters["connected"] += 1
+            sockets.append(ws)
+            readers.append(asyncio.create_task(read_frames(ws, lambda f, t: None)))
+
+    await asyncio.gather(*(one(n, i) for n, i in enumerate(indices)))
+    await asyncio.sleep(plan.seconds)
+    stats.counters["alive"] = sum(1 for task in readers if not task.done())
+    for task in readers:
+        if task.done():
+            stats.counters[f"closed:{task.result()}"] += 1
+    meter.stop(stats)
+    for ws in sockets:
+        with contextlib.suppress(Exception):
+            await ws.close()
+    for task in readers:
+        task.cancel()
+    return stats
+
+
+# -- churn --------------------------------------------------------------------------------
+
+
+async def churn(plan: Plan, part: int) -> Stats:
+    """Connect, join, leave, disconnect, at ``churn_per_s`` cycles/s; cycle time as latency."""
+    stats = Stats()
+    rate = plan.churn_per_s / plan.parts
+    total = int(rate * plan.seconds)
+    gate = asyncio.Semaphore(CONNECT_CONCURRENCY)
+    await _wait_start(plan)
+    meter = _Meter()
+
+    async def cycle(n: int) -> None:
+        delay = plan.start_at + n / rate - time.time()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        async with gate:
+            begin = time.time()
+            try:
+                ws, _ = await open_client(plan.url, f"churn{part}x{n}")
+                room = f"churn{n % 50}"
+                await send(ws, {"type": "join", "room": room})
+                await until(ws, "joined")
+                await send(ws, {"type": "leave", "room": room})
+                await until(ws, "left")
+                await ws.close()
+            except Exception as exc:
+                stats.counters[f"failed:{type(exc).__name__}"] += 1
+                return
+            now = time.time()
+            ms = (now - begin) * 1000
+            if plan.measured(begin):
+                stats.latency.add(ms)
+            stats.series.add(int(now - plan.start_at), ms)
+            stats.counters["cycles"] += 1
+
+    await asyncio.gather(*(cycle(n) for n in range(total)))
+    meter.stop(stats)
+    return stats
+
+
+SCENARIOS = {"fanout": fanout, "rtt": rtt, "connections": connections, "churn": churn}
+
+
+def run_part(plan: Plan, part: int) -> Stats:
+    """Process ``part``'s share of ``plan`` (on uvloop); the entry point of each process."""
+    return uvloop.run(SCENARIOS[plan.scenario](plan, part))

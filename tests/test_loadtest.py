@@ -1,0 +1,91 @@
+"""Smoke runs of the load generator (``python -m loadtest``) and of ``make bench``'s harness:
+every scenario, briefly, against a real server; the figures must add up."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.processes import ROOT, AppProcess
+
+
+async def _loadtest(*args: str) -> dict[str, Any]:
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "loadtest", *args, "--quiet", cwd=ROOT,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    async with asyncio.timeout(90):
+        out, err = await proc.communicate()
+    assert proc.returncode == 0, err.decode()
+    result: dict[str, Any] = json.loads(out.decode().strip().splitlines()[-1])
+    return result
+
+
+@pytest.fixture
+async def app() -> Any:
+    server = AppProcess(
+        {"CHAT_RATE_LIMIT_FRAMES_PER_S": "100000", "CHAT_RATE_LIMIT_BURST": "100000"}
+    )
+    await server.start()
+    try:
+        yield server
+    finally:
+        await server.stop()
+
+
+@pytest.mark.timeout(120)
+async def test_every_scenario_runs_and_adds_up(app: AppProcess, tmp_path: Path) -> None:
+    url = f"ws://127.0.0.1:{app.port}/ws"
+    fanout = await _loadtest(
+        "fanout", "--url", url, "--subscribers", "60", "--rooms", "2", "--publishers", "2",
+        "--rate", "40", "--seconds", "2", "--procs", "2", "--setup", "2",
+        "--json", str(tmp_path / "fanout.json"), "--plot", str(tmp_path / "fanout.png"),
+    )  # fmt: skip
+    assert fanout["expected"] == 40 * 2 * 30  # 80 messages, each room has 30 subscribers
+    assert (fanout["missing"], fanout["duplicates"], fanout["out_of_order"]) == (0, 0, 0)
+    assert fanout["p99_ms"] > 0 and fanout["generator_cpu_percent"] > 0
+    assert json.loads((tmp_path / "fanout.json").read_text())["series"]
+    assert (tmp_path / "fanout.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+    rtt = await _loadtest("rtt", "--url", url, "--clients", "10", "--seconds", "2")
+    assert rtt["messages_per_s"] > 100 and rtt["timeouts"] == 0 and rtt["failed"] == {}
+    paced = await _loadtest(
+        "rtt", "--url", url, "--clients", "10", "--rate", "200", "--seconds", "2"
+    )
+    assert 150 < paced["messages_per_s"] < 250
+
+    held = await _loadtest(
+        "connections", "--url", url, "--connections", "200", "--ramp", "400", "--seconds", "1"
+    )
+    assert (held["connected"], held["alive"], held["failed"]) == (200, 200, {})
+
+    churn = await _loadtest("churn", "--url", url, "--churn", "40", "--seconds", "2")
+    assert churn["cycles_per_s"] == pytest.approx(40, rel=0.1) and churn["failed"] == {}
+
+
+@pytest.mark.timeout(180)
+async def test_bench_harness_writes_the_report(tmp_path: Path) -> None:
+    """``make bench``'s harness, tiny: fresh servers (Hubbub and the baseline), interleaved,
+    a generated section in the report with ratios."""
+    out = tmp_path / "benchmarks.md"
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "loadtest.bench", "--smoke", "--only", "rtt-closed", "churn",
+        "--out", str(out), cwd=ROOT,
+        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    async with asyncio.timeout(170):
+        _, err = await proc.communicate()
+    assert proc.returncode == 0, err.decode()
+    text = out.read_text()
+    assert "<!-- bench:begin" in text and "<!-- bench:end -->" in text
+    rows = [
+        line for line in text.splitlines() if line.startswith("| rtt") or line.startswith("| churn")
+    ]
+    assert len(rows) == 4 and "\u00d7" in rows[0]  # a ratio
+    raw = json.loads(out.with_suffix(".json").read_text())
+    assert set(raw) == {"rtt-closed", "churn"} and set(raw["rtt-closed"]) == {"hubbub", "baseline"}
