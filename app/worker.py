@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from typing import Any
 
@@ -16,17 +17,30 @@ from app.settings import load_settings
 
 
 class HubbubWorker(UvicornWorker):
-    """A :class:`uvicorn_worker.UvicornWorker` configured from ``CHAT_*`` settings."""
+    """A :class:`uvicorn_worker.UvicornWorker` configured from ``CHAT_*`` settings, that drains
+    on SIGTERM and stops when its master is gone.
+
+    Gunicorn's own workers exit when their parent changes; uvicorn-worker's do not, so a
+    worker whose master was killed (OOM killer, ``kill -9``) would keep serving, and holding
+    its port, forever. This one checks at every heartbeat (half of gunicorn's ``timeout``).
+    """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         # Read per worker (not at import), so a bad value fails the boot with its message.
         self.CONFIG_KWARGS = uvicorn_options(load_settings())
         super().__init__(*args, **kwargs)
+        self._server: DrainingServer | None = None
+
+    async def callback_notify(self) -> None:
+        if os.getppid() != self.ppid and self._server is not None:
+            self.log.warning("worker %s: the master is gone, shutting down", os.getpid())
+            self._server.should_exit = True
+        self.notify()
 
     async def _serve(self) -> None:
         # As UvicornWorker._serve, with the draining server.
         self.config.app = self.wsgi
-        server = DrainingServer(config=self.config)
+        server = self._server = DrainingServer(config=self.config)
         self._install_sigquit_handler()
         await server.serve(sockets=self.sockets)
         if not server.started:

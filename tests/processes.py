@@ -126,9 +126,11 @@ class AppProcess:
         ]  # fmt: skip
 
     async def start(self, wait_ready: bool = True) -> None:
+        # A session of its own: stop() ends the whole group (gunicorn's workers too).
         self.proc = await asyncio.create_subprocess_exec(
-            *self.command(), cwd=ROOT, env=self.env, stdout=self.log, stderr=self.log
-        )
+            *self.command(), cwd=ROOT, env=self.env, stdout=self.log, stderr=self.log,
+            start_new_session=True,
+        )  # fmt: skip
         if wait_ready:
             await self.wait_status(200)
 
@@ -159,9 +161,11 @@ class AppProcess:
         return Path(self.log.name).read_text(errors="replace")
 
     async def stop(self) -> None:
-        if self.proc is not None and self.proc.returncode is None:
-            self.proc.send_signal(signal.SIGKILL)
-            await self.proc.wait()
+        if self.proc is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGKILL)  # the master and its workers
+            if self.proc.returncode is None:
+                await self.proc.wait()
         self.log.close()
         shutil.rmtree(self.tmpdir, ignore_errors=True)
 

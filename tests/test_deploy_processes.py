@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import signal
 import time
 
@@ -176,3 +177,32 @@ async def test_drain_refuses_new_connections(redis_server: RedisServer) -> None:
                 assert await ChatClient(late).closed_with() == CloseCode.SERVICE_RESTART
     finally:
         await app.stop()
+
+
+async def test_workers_stop_when_the_master_dies(redis_server: RedisServer) -> None:
+    """A SIGKILLed gunicorn master (OOM killer) must not leave workers serving forever: each
+    notices at its next heartbeat (half of gunicorn's timeout, 2 s here) and shuts down."""
+    app = AppProcess(
+        {"CHAT_REDIS_URL": redis_server.url, "GUNICORN_CMD_ARGS": "--timeout 4"},
+        gunicorn_workers=2,
+    )
+    await app.start()
+    try:
+        async with ChatClient.connect(app.ws_url("orphan")) as client:
+            worker = int(client.hello["node"].rsplit(":", 1)[1])
+            assert app.proc is not None
+            os.kill(app.proc.pid, signal.SIGKILL)  # the master only
+            assert await client.closed_with(timeout=15) == CloseCode.SERVICE_RESTART
+        async with asyncio.timeout(10):
+            while _state(worker) not in ("gone",) and "zombie" not in _state(worker):
+                await asyncio.sleep(0.1)
+    finally:
+        await app.stop()
+
+
+def _state(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/status") as status:
+            return next(line for line in status if line.startswith("State:")).lower()
+    except (OSError, StopIteration):
+        return "gone"
