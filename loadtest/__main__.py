@@ -158,6 +158,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--ramp", type=float, default=1000.0, help="connections: opens per s")
     parser.add_argument("--churn", type=float, default=50.0, help="churn: cycles per s")
     parser.add_argument("--setup", type=float, default=None, help="seconds before measuring")
+    parser.add_argument("--grace", type=float, default=5.0, help="fanout: wait for stragglers")
     parser.add_argument("--json", type=Path, help="write the result (and series) here")
     parser.add_argument("--plot", type=Path, help="write a PNG plot here")
     parser.add_argument("--quiet", action="store_true", help="no progress bar, no table")
@@ -173,7 +174,7 @@ def plan_from(args: argparse.Namespace) -> Plan:
         scenario=args.scenario, url=args.url, seconds=args.seconds, parts=args.procs,
         subscribers=args.subscribers, rooms=args.rooms, publishers=args.publishers, rate=rate,
         clients=args.clients, connections=args.connections, ramp_per_s=args.ramp,
-        churn_per_s=args.churn, start_at=time.time() + setup,
+        churn_per_s=args.churn, start_at=time.time() + setup, grace_s=args.grace,
     )  # fmt: skip
 
 

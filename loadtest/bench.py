@@ -191,20 +191,22 @@ class Case:
     metric: str
     higher_is_better: bool = True
     memory: bool = False
+    once: bool = False  # a long run, in the first round only
     results: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
 
 
 def cases(smoke: bool) -> list[Case]:
-    s = "2" if smoke else "8"
+    s = "2" if smoke else "6"
     subs = "100" if smoke else "1000"
     conns = "300" if smoke else "10000"
-    hold = "2" if smoke else "20"
+    hold = "2" if smoke else "8"
+    long_hold = "3" if smoke else "60"
     return [
         Case("fanout-saturation", f"fan-out, 1 room × {subs} subscribers, 200 msg/s offered",
-             ["fanout", "--subscribers", subs, "--rate", "200", "--seconds", s],
+             ["fanout", "--subscribers", subs, "--rate", "200", "--seconds", s, "--grace", "3"],
              ["hubbub", "baseline"], "deliveries_per_s"),
         Case("fanout-100k", f"fan-out at {int(subs) * 100:,} deliveries/s offered (100 msg/s)",
-             ["fanout", "--subscribers", subs, "--rate", "100", "--seconds", s],
+             ["fanout", "--subscribers", subs, "--rate", "100", "--seconds", s, "--grace", "3"],
              ["hubbub", "baseline"], "p99_ms", higher_is_better=False),
         Case("rtt-closed", "rtt, 100 clients, closed loop",
              ["rtt", "--clients", "100", "--seconds", s], ["hubbub", "baseline"],
@@ -216,11 +218,14 @@ def cases(smoke: bool) -> list[Case]:
              ["connections", "--connections", conns, "--ramp", "1000", "--seconds", hold],
              ["hubbub", "baseline"], "rss_kib_per_connection", higher_is_better=False,
              memory=True),
+        Case("connections-60s", f"{int(conns):,} connections held {long_hold} s, one worker",
+             ["connections", "--connections", conns, "--ramp", "1000", "--seconds", long_hold],
+             ["hubbub"], "alive", memory=True, once=True),
         Case("churn", "churn, 100 connect-join-leave-disconnect cycles/s",
              ["churn", "--churn", "100", "--seconds", s], ["hubbub", "baseline"], "p99_ms",
              higher_is_better=False),
         Case("redis-fanout", "Redis broker (gunicorn, 2 workers) vs memory: fan-out 100 msg/s",
-             ["fanout", "--subscribers", subs, "--rate", "100", "--seconds", s],
+             ["fanout", "--subscribers", subs, "--rate", "100", "--seconds", s, "--grace", "3"],
              ["hubbub-redis", "hubbub"], "deliveries_per_s"),
         Case("redis-rtt", "Redis broker (gunicorn, 2 workers) vs memory: rtt closed loop",
              ["rtt", "--clients", "100", "--seconds", s], ["hubbub-redis", "hubbub"],
@@ -270,6 +275,8 @@ def _with_memory_probe(case: Case, server: Server, before: int) -> dict[str, Any
 def run_cases(selected: list[Case], rounds: int, plots: bool) -> None:
     for n in range(rounds):
         for case in selected:
+            if case.once and n:
+                continue
             for kind in case.servers:  # interleaved: A B, A B, ...
                 plot = PLOTS / f"{case.key}-{kind}.png" if plots and n == rounds - 1 else None
                 print(f"round {n + 1}/{rounds}: {case.key} on {kind}", file=sys.stderr, flush=True)
