@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import fnmatch
 import re
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -99,8 +98,3 @@ class Authenticator:
         ):
             raise AuthError(f"invalid token: {settings.jwt_rooms_claim} must be a list of strings")
         return Identity(user, None if rooms is None else tuple(rooms), float(claims["exp"]))
-
-
-def seconds_left(identity: Identity) -> float | None:
-    """Seconds until the identity's token expires (None: never)."""
-    return None if identity.expires_at is None else identity.expires_at - time.time()

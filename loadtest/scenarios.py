@@ -74,6 +74,16 @@ class _Meter:
         stats.wall_s = time.monotonic() - self.wall
 
 
+def _record(plan: Plan, stats: Stats, counter: str, began: float, now: float) -> None:
+    """One completed operation: counted, in the per-second series, and (after the warm-up)
+    in the latency histogram."""
+    ms = (now - began) * 1000
+    if plan.measured(began):
+        stats.latency.add(ms)
+    stats.series.add(int(now - plan.start_at), ms)
+    stats.counters[counter] += 1
+
+
 async def _wait_start(plan: Plan) -> None:
     await asyncio.sleep(max(0.0, plan.start_at - time.time()))
 
@@ -132,11 +142,7 @@ async def fanout(plan: Plan, part: int) -> Stats:
                 stats.counters["out_of_order"] += 1
             else:
                 last_seq[key] = seq
-            ms = (now - float(sent)) * 1000
-            if plan.measured(float(sent)):
-                stats.latency.add(ms)
-            stats.series.add(int(now - plan.start_at), ms)
-            stats.counters["delivered"] += 1
+            _record(plan, stats, "delivered", float(sent), now)
 
         return handle
 
@@ -213,12 +219,7 @@ async def rtt(plan: Plan, part: int) -> Stats:
             except TimeoutError:
                 stats.counters["timeouts"] += 1
                 return
-            now = time.time()
-            ms = (now - sent) * 1000
-            if plan.measured(sent):
-                stats.latency.add(ms)
-            stats.series.add(int(now - plan.start_at), ms)
-            stats.counters["delivered"] += 1
+            _record(plan, stats, "delivered", sent, time.time())
             seq += 1
 
     await asyncio.gather(*(loop(ws, i) for (ws, _), i in zip(opened, indices, strict=False)))
@@ -306,12 +307,7 @@ async def churn(plan: Plan, part: int) -> Stats:
             except Exception as exc:
                 stats.counters[f"failed:{type(exc).__name__}"] += 1
                 return
-            now = time.time()
-            ms = (now - begin) * 1000
-            if plan.measured(begin):
-                stats.latency.add(ms)
-            stats.series.add(int(now - plan.start_at), ms)
-            stats.counters["cycles"] += 1
+            _record(plan, stats, "cycles", begin, time.time())
 
     await asyncio.gather(*(cycle(n) for n in range(total)))
     meter.stop(stats)
