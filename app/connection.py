@@ -1,8 +1,11 @@
 """Connection: one client WebSocket as the rest of the server sees it.
 
-It owns the socket's outbound side: a bounded :class:`~app.outbox.Outbox` and a writer task
-that exists only while there is something to write (an idle connection has no task of its
-own). The inbound side, and so the socket's lifetime, belongs to :mod:`app.session`.
+It owns the socket's outbound side: a bounded :class:`~app.outbox.Outbox`, written by the
+worker's :class:`~app.flusher.Flusher` at the end of the loop iteration in which frames were
+offered. A write that the socket takes at once (nearly all) needs no task; only a write that
+must wait for a paused transport gets one, until the outbox is empty (an idle connection has
+no task of its own). The inbound side, and so the socket's lifetime, belongs to
+:mod:`app.session`.
 """
 
 from __future__ import annotations
@@ -16,7 +19,9 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from app.abort import abort
 from app.auth import Identity
+from app.eager import start_eagerly
 from app.errors import CloseCode
+from app.flusher import Flusher
 from app.metrics import Metrics
 from app.outbox import Outbox
 from app.ratelimit import RateLimiter
@@ -45,6 +50,8 @@ class Connection:
     __slots__ = (
         "_close_timeout_s",
         "_closer",
+        "_flush_due",
+        "_flusher",
         "_metrics",
         "_outbox",
         "_writer",
@@ -70,6 +77,7 @@ class Connection:
         close_timeout_s: float,
         now: float,
         metrics: Metrics,
+        flusher: Flusher,
     ) -> None:
         self.id = secrets.token_hex(6)
         self.user = user
@@ -85,6 +93,8 @@ class Connection:
         self._outbox = outbox
         self._close_timeout_s = close_timeout_s
         self._metrics = metrics
+        self._flusher = flusher
+        self._flush_due = False
         self._writer: asyncio.Task[None] | None = None
         self._closer: asyncio.Task[None] | None = None
 
@@ -102,8 +112,16 @@ class Connection:
         if not self._outbox.put(frame, nbytes):
             self.close(CloseCode.SLOW_CONSUMER, "slow consumer: outbox full")
             return
-        if self._writer is None:
-            self._writer = asyncio.get_running_loop().create_task(self._write())
+        if self._writer is None and not self._flush_due:
+            self._flush_due = True
+            self._flusher.schedule(self)
+
+    def flush(self) -> None:
+        """Write what is queued (called by the :class:`~app.flusher.Flusher`), unless a
+        writer task is already at it or the connection is closing."""
+        self._flush_due = False
+        if self._writer is None and self._outbox and self.close_code is None:
+            self._writer = start_eagerly(self._write())
 
     async def _write(self) -> None:
         outbox, ws, metrics = self._outbox, self._ws, self._metrics

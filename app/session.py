@@ -230,6 +230,7 @@ async def serve(ws: WebSocket, state: ChatState) -> None:
         settings.close_timeout_s,
         now,
         metrics,
+        state.flusher,
     )
     conn.ip = ws.client.host if ws.client else None
     if hub.draining:

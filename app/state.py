@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from app.auth import Authenticator
 from app.broker import Broker
+from app.flusher import Flusher
 from app.hub import Hub
 from app.metrics import Metrics
 from app.origin import OriginPolicy
@@ -22,3 +23,4 @@ class ChatState:
     quotas: Quotas
     origins: OriginPolicy
     authenticator: Authenticator | None  # None in anonymous mode
+    flusher: Flusher = field(default_factory=Flusher)  # writes every connection's outbox

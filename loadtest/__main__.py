@@ -73,8 +73,6 @@ def summarize(plan: Plan, stats: Stats) -> dict[str, Any]:
     """The figures of a run, as one flat dict."""
     c = stats.counters
     failures = {k.split(":", 1)[1]: v for k, v in c.items() if k.startswith("failed:")}
-    last = max(stats.series.counts, default=0)
-    duration = max(plan.seconds, last + 1)
     result: dict[str, Any] = {"scenario": plan.scenario, "url": plan.url, "procs": plan.parts}
     if plan.scenario == "fanout":
         expected = sum(
@@ -85,7 +83,8 @@ def summarize(plan: Plan, stats: Stats) -> dict[str, Any]:
         result |= {
             "subscribers": plan.subscribers, "rooms": plan.rooms, "publishers": plan.publishers,
             "offered_deliveries_per_s": plan.rate * plan.subscribers / plan.rooms,
-            "deliveries_per_s": c["delivered"] / duration,
+            # Over the sending phase, or until the last delivery if that came later.
+            "deliveries_per_s": c["delivered"] / max(plan.seconds, stats.last_at - plan.start_at),
             "delivered": c["delivered"], "expected": expected,
             "missing": expected - c["delivered"],
             "duplicates": c["duplicates"], "out_of_order": c["out_of_order"],

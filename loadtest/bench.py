@@ -168,7 +168,9 @@ def running(kind: str) -> Iterator[Server]:
         server.stop()
 
 
-def loadtest(args: list[str], plot: Path | None = None) -> dict[str, Any]:
+def loadtest(
+    args: list[str], plot: Path | None = None, keep_series: bool = False
+) -> dict[str, Any]:
     """One ``python -m loadtest`` run on the client core; its JSON result."""
     with tempfile.NamedTemporaryFile(suffix=".json") as out:
         command = [*_pin(CLIENT_CPU), sys.executable, "-m", "loadtest", *args, "--quiet",
@@ -177,7 +179,8 @@ def loadtest(args: list[str], plot: Path | None = None) -> dict[str, Any]:
             command += ["--plot", str(plot)]
         subprocess.run(command, cwd=ROOT, check=True, timeout=900, stdout=subprocess.DEVNULL)
         result: dict[str, Any] = json.loads(Path(out.name).read_text())
-    result.pop("series", None)
+    if not keep_series:
+        result.pop("series", None)
     return result
 
 

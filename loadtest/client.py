@@ -1,61 +1,133 @@
-"""A lean protocol client for load tests: websockets' asyncio client, frames split on ``\\n``,
-server pings answered, everything else handed to a callback."""
+"""A lean protocol client for load tests, on picows (WebSocket framing in Cython), so the load
+generator spends its core on measuring rather than on parsing frames.
+
+Every text frame is split on ``\\n`` into JSON objects (the server coalesces queued frames);
+the server's heartbeat ``ping`` frames are answered with ``pong`` at once, whoever reads. Other
+frames go to the ``on_frame`` callback when one is set (callback mode, for the hot receivers of
+the fan-out scenario), else into an inbox that :func:`until` reads.
+"""
 
 from __future__ import annotations
 
 import asyncio
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
 import orjson
-from websockets.asyncio.client import ClientConnection, connect
+from picows import WSFrame, WSListener, WSMsgType, WSTransport, ws_connect
 
 Frame = dict[str, Any]
-PONG = b'{"type":"pong"}'
+OnFrame = Callable[[Frame, float], None]
+_PONG = b'{"type":"pong"}'
 
 
-async def open_client(
-    url: str, name: str, timeout_s: float = 30.0
-) -> tuple[ClientConnection, Frame]:
+class Client(WSListener):
+    """One connection to the chat server. Not thread-safe; one event loop.
+
+    Contract: frames reach ``on_frame`` (or the inbox) in arrival order, each with its arrival
+    time (``loop.time()`` of the read that brought it). ``closed`` resolves, with the close code
+    the server sent (None if none), once the TCP connection has ended.
+    """
+
+    def __init__(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self.transport: WSTransport | None = None
+        self.on_frame: OnFrame | None = None
+        self.close_code: int | None = None
+        self.closed: asyncio.Future[int | None] = self._loop.create_future()
+        self._inbox: deque[Frame] = deque()
+        self._arrived: asyncio.Future[None] | None = None
+        self._partial = bytearray()
+
+    # -- picows callbacks --------------------------------------------------------------------
+
+    def on_ws_connected(self, transport: WSTransport) -> None:
+        self.transport = transport
+
+    def on_ws_frame(self, transport: WSTransport, frame: WSFrame) -> None:
+        kind = frame.msg_type
+        if kind is WSMsgType.CLOSE:
+            self.close_code = int(frame.get_close_code().value)
+            transport.send_close(frame.get_close_code())
+            transport.disconnect()
+            return
+        if kind is not WSMsgType.TEXT and kind is not WSMsgType.CONTINUATION:
+            return  # control frames: picows answers WebSocket pings itself
+        payload = frame.get_payload_as_bytes()
+        if not frame.fin or self._partial:
+            self._partial += payload
+            if not frame.fin:
+                return
+            payload, self._partial = bytes(self._partial), bytearray()
+        now = self._loop.time()
+        for line in payload.split(b"\n"):
+            message: Frame = orjson.loads(line)
+            if message["type"] == "ping":
+                transport.send(WSMsgType.TEXT, _PONG)
+            elif self.on_frame is not None:
+                self.on_frame(message, now)
+            else:
+                self._inbox.append(message)
+        self._wake()
+
+    def on_ws_disconnected(self, transport: WSTransport) -> None:
+        if not self.closed.done():
+            self.closed.set_result(self.close_code)
+        self._wake()
+
+    # -- the scenarios' side -----------------------------------------------------------------
+
+    def _wake(self) -> None:
+        if self._arrived is not None and not self._arrived.done():
+            self._arrived.set_result(None)
+
+    def send(self, frame: Frame) -> None:
+        """Send one JSON frame (never blocks: picows buffers it in the transport)."""
+        if self.transport is not None and not self.closed.done():
+            self.transport.send(WSMsgType.TEXT, orjson.dumps(frame))
+
+    async def next_frame(self) -> Frame:
+        """The oldest unread inbox frame; raises ``ConnectionError`` once closed."""
+        while not self._inbox:
+            if self.closed.done():
+                raise ConnectionError(f"closed with {self.close_code}")
+            self._arrived = self._loop.create_future()
+            await self._arrived
+        return self._inbox.popleft()
+
+    async def stream(self, on_frame: OnFrame) -> int | None:
+        """Hand every frame still unread, and every later one, to ``on_frame`` until the
+        socket closes; returns the close code."""
+        while self._inbox:
+            on_frame(self._inbox.popleft(), self._loop.time())
+        self.on_frame = on_frame
+        return await asyncio.shield(self.closed)
+
+    async def close(self) -> None:
+        """Close (1000) and wait, briefly, for the TCP connection to end."""
+        if self.transport is not None and not self.closed.done():
+            self.transport.send_close()
+            self.transport.disconnect()
+            await asyncio.wait([self.closed], timeout=5)
+
+
+async def open_client(url: str, name: str, timeout_s: float = 30.0) -> tuple[Client, Frame]:
     """Connect as ``name`` and read the ``hello`` frame."""
     separator = "&" if "?" in url else "?"
-    ws = await connect(
-        f"{url}{separator}name={name}", open_timeout=timeout_s, max_size=None, compression=None
-    )
     async with asyncio.timeout(timeout_s):
-        hello = orjson.loads(str(await ws.recv()).split("\n")[0])
-    return ws, hello
+        _, client = await ws_connect(
+            Client, f"{url}{separator}name={name}", websocket_handshake_timeout=timeout_s
+        )
+        assert isinstance(client, Client)
+        hello = await until(client, "hello", timeout_s)
+    return client, hello
 
 
-async def send(ws: ClientConnection, frame: Frame) -> None:
-    await ws.send(orjson.dumps(frame).decode())
-
-
-async def read_frames(ws: ClientConnection, on_frame: Callable[[Frame, float], None]) -> int | None:
-    """Hand every frame (with its arrival time, ``loop.time()``) to ``on_frame`` until the
-    socket closes; answer pings. Returns the close code."""
-    loop = asyncio.get_running_loop()
-    try:
-        async for data in ws:
-            now = loop.time()
-            for line in str(data).split("\n"):
-                frame = orjson.loads(line)
-                if frame["type"] == "ping":
-                    await ws.send(PONG.decode())
-                else:
-                    on_frame(frame, now)
-    except Exception:
-        pass
-    return ws.close_code
-
-
-async def until(ws: ClientConnection, kind: str, timeout_s: float = 30.0) -> Frame:
-    """Read frames (answering pings) until one of type ``kind``."""
+async def until(client: Client, kind: str, timeout_s: float = 30.0) -> Frame:
+    """Read inbox frames until one of type ``kind`` (earlier ones are dropped)."""
     async with asyncio.timeout(timeout_s):
         while True:
-            for line in str(await ws.recv()).split("\n"):
-                frame: Frame = orjson.loads(line)
-                if frame["type"] == "ping":
-                    await ws.send(PONG.decode())
-                elif frame["type"] == kind:
-                    return frame
+            frame = await client.next_frame()
+            if frame["type"] == kind:
+                return frame

@@ -8,18 +8,17 @@ Message texts carry what the receiver needs to measure: ``"<publisher>:<seq>:<se
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import random
 import resource
 import time
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
 import uvloop
-from websockets.asyncio.client import ClientConnection
 
-from loadtest.client import Frame, open_client, read_frames, send, until
-from loadtest.stats import Stats
+from loadtest.client import Client, Frame, open_client, until
+from loadtest.stats import Stats, bucket_of
 
 CONNECT_CONCURRENCY = 200
 
@@ -78,23 +77,27 @@ def _record(plan: Plan, stats: Stats, counter: str, began: float, now: float) ->
     """One completed operation: counted, in the per-second series, and (after the warm-up)
     in the latency histogram."""
     ms = (now - began) * 1000
+    bucket = bucket_of(ms)
     if plan.measured(began):
-        stats.latency.add(ms)
-    stats.series.add(int(now - plan.start_at), ms)
+        stats.latency.add(ms, bucket)
+    stats.series.add(int(now - plan.start_at), ms, bucket)
     stats.counters[counter] += 1
+    stats.last_at = now
+
+
+async def _close_all(clients: list[Client]) -> None:
+    await asyncio.gather(*(client.close() for client in clients), return_exceptions=True)
 
 
 async def _wait_start(plan: Plan) -> None:
     await asyncio.sleep(max(0.0, plan.start_at - time.time()))
 
 
-async def _open_many(
-    plan: Plan, names: list[str], stats: Stats
-) -> list[tuple[ClientConnection, Frame]]:
+async def _open_many(plan: Plan, names: list[str], stats: Stats) -> list[tuple[Client, Frame]]:
     """Open sockets for ``names``, ``CONNECT_CONCURRENCY`` at a time; failures are counted."""
     gate = asyncio.Semaphore(CONNECT_CONCURRENCY)
 
-    async def one(name: str) -> tuple[ClientConnection, Frame] | None:
+    async def one(name: str) -> tuple[Client, Frame] | None:
         async with gate:
             try:
                 return await open_client(plan.url, name)
@@ -147,39 +150,45 @@ async def fanout(plan: Plan, part: int) -> Stats:
         return handle
 
     for (ws, _), index in zip(opened, subscribers, strict=False):
-        await send(ws, {"type": "join", "room": f"room{index % plan.rooms}"})
+        ws.send({"type": "join", "room": f"room{index % plan.rooms}"})
         await until(ws, "joined")
         stats.counters[f"subscribers:room{index % plan.rooms}"] += 1
     readers = [
-        asyncio.create_task(read_frames(ws, on_frame(index)))
+        asyncio.create_task(ws.stream(on_frame(index)))
         for (ws, _), index in zip(opened, subscribers, strict=False)
     ]
     publishers = []
     for p in plan.share(plan.publishers, part):
         ws, _ = await open_client(plan.url, f"p{p}")
-        await send(ws, {"type": "join", "room": f"room{p % plan.rooms}"})
+        ws.send({"type": "join", "room": f"room{p % plan.rooms}"})
         await until(ws, "joined")
         publishers.append((p, ws))
-    drains = [asyncio.create_task(read_frames(ws, lambda f, t: None)) for _, ws in publishers]
+    drains = [asyncio.create_task(ws.stream(lambda f, t: None)) for _, ws in publishers]
     await _wait_start(plan)
     meter = _Meter()
 
-    async def publish(p: int, ws: ClientConnection) -> None:
+    async def publish(p: int, ws: Client) -> None:
         room = f"room{p % plan.rooms}"
         for seq in range(sent_per_publisher):
             delay = plan.start_at + seq / per_publisher - time.time()
             if delay > 0:
                 await asyncio.sleep(delay)
-            await send(ws, {"type": "send", "room": room, "text": f"p{p}:{seq}:{time.time()}"})
+            ws.send({"type": "send", "room": room, "text": f"p{p}:{seq}:{time.time()}"})
             stats.counters[f"published:{room}"] += 1
 
     await asyncio.gather(*(publish(p, ws) for p, ws in publishers))
-    await asyncio.sleep(max(0.0, plan.start_at + plan.seconds - time.time()) + plan.grace_s)
+    # Until every message this process's subscribers should get has come, or the grace ends.
+    publishers_in = Counter(f"room{p % plan.rooms}" for p in range(plan.publishers))
+    expected = sent_per_publisher * sum(
+        publishers_in[f"room{i % plan.rooms}"] for _, i in zip(opened, subscribers, strict=False)
+    )
+    deadline = max(time.time(), plan.start_at + plan.seconds) + plan.grace_s
+    while stats.counters["delivered"] + stats.counters["duplicates"] < expected:
+        if time.time() >= deadline:
+            break
+        await asyncio.sleep(0.05)
     meter.stop(stats)
-    for ws, _ in opened:
-        await ws.close()
-    for _, ws in publishers:
-        await ws.close()
+    await _close_all([ws for ws, _ in opened] + [ws for _, ws in publishers])
     for task in [*readers, *drains]:
         task.cancel()
     return stats
@@ -195,14 +204,14 @@ async def rtt(plan: Plan, part: int) -> Stats:
     indices = list(plan.share(plan.clients, part))
     opened = await _open_many(plan, [f"c{i}" for i in indices], stats)
     for (ws, _), i in zip(opened, indices, strict=False):
-        await send(ws, {"type": "join", "room": f"rtt{i}"})
+        ws.send({"type": "join", "room": f"rtt{i}"})
         await until(ws, "joined")
     await _wait_start(plan)
     meter = _Meter()
     end = plan.start_at + plan.seconds
     interval = plan.clients / plan.rate if plan.rate > 0 else 0.0
 
-    async def loop(ws: ClientConnection, i: int) -> None:
+    async def loop(ws: Client, i: int) -> None:
         room = f"rtt{i}"
         next_send = plan.start_at + random.random() * interval
         seq = 0
@@ -213,7 +222,7 @@ async def rtt(plan: Plan, part: int) -> Stats:
                     await asyncio.sleep(delay)
                 next_send += interval
             sent = time.time()
-            await send(ws, {"type": "send", "room": room, "text": f"c{i}:{seq}:{sent}"})
+            ws.send({"type": "send", "room": room, "text": f"c{i}:{seq}:{sent}"})
             try:
                 await until(ws, "message", timeout_s=10)
             except TimeoutError:
@@ -224,8 +233,7 @@ async def rtt(plan: Plan, part: int) -> Stats:
 
     await asyncio.gather(*(loop(ws, i) for (ws, _), i in zip(opened, indices, strict=False)))
     meter.stop(stats)
-    for ws, _ in opened:
-        await ws.close()
+    await _close_all([ws for ws, _ in opened])
     return stats
 
 
@@ -240,7 +248,7 @@ async def connections(plan: Plan, part: int) -> Stats:
     ramp = plan.ramp_per_s / plan.parts
     loop = asyncio.get_running_loop()
     readers: list[asyncio.Task[int | None]] = []
-    sockets: list[ClientConnection] = []
+    sockets: list[Client] = []
     gate = asyncio.Semaphore(CONNECT_CONCURRENCY)
     started = time.time()
     meter = _Meter()
@@ -261,7 +269,7 @@ async def connections(plan: Plan, part: int) -> Stats:
             stats.series.add(int(time.time() - started), ms)
             stats.counters["connected"] += 1
             sockets.append(ws)
-            readers.append(asyncio.create_task(read_frames(ws, lambda f, t: None)))
+            readers.append(asyncio.create_task(ws.stream(lambda f, t: None)))
 
     await asyncio.gather(*(one(n, i) for n, i in enumerate(indices)))
     await asyncio.sleep(plan.seconds)
@@ -270,9 +278,7 @@ async def connections(plan: Plan, part: int) -> Stats:
         if task.done():
             stats.counters[f"closed:{task.result()}"] += 1
     meter.stop(stats)
-    for ws in sockets:
-        with contextlib.suppress(Exception):
-            await ws.close()
+    await _close_all(sockets)
     for task in readers:
         task.cancel()
     return stats
@@ -299,9 +305,9 @@ async def churn(plan: Plan, part: int) -> Stats:
             try:
                 ws, _ = await open_client(plan.url, f"churn{part}x{n}")
                 room = f"churn{n % 50}"
-                await send(ws, {"type": "join", "room": room})
+                ws.send({"type": "join", "room": room})
                 await until(ws, "joined")
-                await send(ws, {"type": "leave", "room": room})
+                ws.send({"type": "leave", "room": room})
                 await until(ws, "left")
                 await ws.close()
             except Exception as exc:

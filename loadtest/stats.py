@@ -12,7 +12,7 @@ from typing import Any
 _STEP = math.log(1.01)
 
 
-def _bucket(ms: float) -> int:
+def bucket_of(ms: float) -> int:
     return int(math.log(max(ms, 0.001)) / _STEP)
 
 
@@ -24,8 +24,9 @@ class Histogram:
     count: int = 0
     max_ms: float = 0.0
 
-    def add(self, ms: float) -> None:
-        self.buckets[_bucket(ms)] += 1
+    def add(self, ms: float, bucket: int | None = None) -> None:
+        """Count ``ms`` (``bucket``: its bucket, when the caller has it already)."""
+        self.buckets[bucket_of(ms) if bucket is None else bucket] += 1
         self.count += 1
         if ms > self.max_ms:
             self.max_ms = ms
@@ -63,10 +64,13 @@ class Series:
     counts: Counter[int] = field(default_factory=Counter)
     latency: dict[int, Histogram] = field(default_factory=dict)
 
-    def add(self, second: int, ms: float | None = None) -> None:
+    def add(self, second: int, ms: float | None = None, bucket: int | None = None) -> None:
         self.counts[second] += 1
         if ms is not None:
-            self.latency.setdefault(second, Histogram()).add(ms)
+            histogram = self.latency.get(second)
+            if histogram is None:
+                histogram = self.latency[second] = Histogram()
+            histogram.add(ms, bucket)
 
     def merge(self, other: Series) -> None:
         self.counts.update(other.counts)
@@ -94,6 +98,7 @@ class Stats:
     counters: Counter[str] = field(default_factory=Counter)
     cpu_s: float = 0.0  # the process's CPU time during the measured phase
     wall_s: float = 0.0  # the measured phase's length
+    last_at: float = 0.0  # time.time() of the last operation completed
 
     def merge(self, other: Stats) -> None:
         self.latency.merge(other.latency)
@@ -101,3 +106,4 @@ class Stats:
         self.counters.update(other.counters)
         self.cpu_s += other.cpu_s
         self.wall_s = max(self.wall_s, other.wall_s)
+        self.last_at = max(self.last_at, other.last_at)

@@ -207,7 +207,9 @@ def _client_frame(text: str) -> bytes:
 async def test_slow_consumer_closed_others_keep_up() -> None:
     """A member that never reads is dropped with 4008 once its outbox overflows, while the
     publisher and the other members receive every message, promptly."""
-    settings = make_settings(outbox_max_bytes=16_384, close_timeout_s=0.5)
+    settings = make_settings(
+        outbox_max_bytes=16_384, close_timeout_s=0.5, max_text_chars=8000, max_frame_bytes=16_384
+    )
     async with run_server(settings) as live:
         slow = await _raw_upgrade(live.port, rcvbuf=4096)
         try:
@@ -222,8 +224,10 @@ async def test_slow_consumer_closed_others_keep_up() -> None:
             ):
                 await pub.join("r")
                 await fast.join("r")
-                total, text = 3000, "x" * 1000
-                fast_reader = asyncio.create_task(fast.messages(total, timeout=10))
+                # Enough to fill the kernel's send buffer (it grows to a few MB) and then the
+                # transport's and the outbox's: 4,000 x 4 KB = 16 MB.
+                total, text = 4000, "x" * 4000
+                fast_reader = asyncio.create_task(fast.messages(total, timeout=20))
                 for n in range(total):  # closed loop: the publisher waits for its own echo
                     await pub.say("r", f"{n}:{text}")
                     assert (await pub.expect("message"))["text"].startswith(f"{n}:")
