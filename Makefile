@@ -45,7 +45,7 @@ run: $(STAMP)  ## serve the chat on http://127.0.0.1:8000 (memory broker, one wo
 test: $(STAMP) deb-deps  ## install everything the tests need, then run the whole suite
 	$(VENV)/bin/python -m pytest
 
-bench: $(STAMP) deb-deps  ## every load-test scenario vs the baseline (~12 min); rewrites docs/benchmarks.md
+bench: $(STAMP) deb-deps  ## every load-test scenario vs the baseline (~14 min); rewrites docs/benchmarks.md
 	$(VENV)/bin/python -m loadtest.bench
 
 lint: $(STAMP)  ## ruff format check + ruff lint
