@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Final, Literal, Protocol
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
+from app.broker.autopipeline import AutoPipeline
 from app.settings import Settings
 
 if TYPE_CHECKING:
@@ -144,6 +145,7 @@ class RedisQuotas:
             socket_connect_timeout=settings.redis_timeout_s,
         )
         self._take = self._redis.register_script(TAKE)
+        self._pipeline = AutoPipeline(self._redis)
         self._admit = self._redis.register_script(ADMIT)
         self._refresh = self._redis.register_script(REFRESH)
         self._rates = _rates(settings)
@@ -184,7 +186,8 @@ class RedisQuotas:
     async def allow(self, rate: Rate, user: str) -> bool:
         per_s, burst = self._rates[rate]
         try:
-            return bool(await self._take(keys=[self._key(rate, user)], args=[per_s, burst]))
+            taken = await self._pipeline.call(self._take, [self._key(rate, user)], [per_s, burst])
+            return bool(taken)
         except _ERRORS:
             return True
 

@@ -88,6 +88,8 @@ def summarize(plan: Plan, stats: Stats) -> dict[str, Any]:
             "delivered": c["delivered"], "expected": expected,
             "missing": expected - c["delivered"],
             "duplicates": c["duplicates"], "out_of_order": c["out_of_order"],
+            # Frames other than messages (errors, presence), by type.
+            "other_frames": {k.split(":", 1)[1]: v for k, v in c.items() if k.startswith("other:")},
         }  # fmt: skip
     elif plan.scenario == "rtt":
         result |= {

@@ -128,6 +128,7 @@ async def fanout(plan: Plan, part: int) -> Stats:
     def on_frame(index: int) -> Any:
         def handle(frame: Frame, _: float) -> None:
             if frame["type"] != "message":
+                stats.counters["other:" + str(frame.get("type"))] += 1
                 return
             now = time.time()
             publisher, seq_text, sent = frame["text"].split(":")

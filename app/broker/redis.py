@@ -34,6 +34,7 @@ from redis.retry import Retry
 from app.announcer import PresenceAnnouncer
 from app.broker import BrokerHandler, BrokerStats, History, Published, RoomPresence
 from app.broker import redis_scripts as scripts
+from app.broker.autopipeline import AutoPipeline
 from app.errors import BrokerUnavailable
 from app.settings import Settings
 
@@ -75,6 +76,7 @@ class RedisBroker:
                 "PRESENCE_SWEEP",
             )
         }
+        self._pipeline = AutoPipeline(self._redis)
         self._handler: BrokerHandler | None = None
         self._rooms: set[str] = set()
         self._users: set[str] = set()
@@ -327,7 +329,8 @@ class RedisBroker:
             int(settings.dedup_ttl_s * 1000),
             copy_channel,
         ]
-        result = await self._call(lambda: self._scripts["PUBLISH"](keys=keys, args=args))
+        script = self._scripts["PUBLISH"]
+        result = await self._call(lambda: self._pipeline.call(script, keys, args))
         message_id, duplicate = result
         return Published(int(message_id), duplicate=bool(duplicate))
 

@@ -1,0 +1,95 @@
+"""AutoPipeline against a real redis-server: batching, per-caller results and errors,
+script reloading, and a lost server."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import pytest
+from redis.asyncio import Redis
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import ResponseError
+
+from app.broker.autopipeline import AutoPipeline
+from tests.processes import RedisServer
+
+INCR_BY = "return redis.call('INCRBY', KEYS[1], ARGV[1])"
+FAIL_ON_NEGATIVE = "if tonumber(ARGV[1]) < 0 then return redis.error_reply('negative') end\n" + (
+    "return redis.call('RPUSH', KEYS[1], ARGV[1])"
+)
+
+
+@pytest.fixture
+async def redis(redis_server: RedisServer) -> AsyncIterator[Redis]:
+    client = Redis.from_url(redis_server.url, socket_timeout=2, socket_connect_timeout=2)
+    try:
+        yield client
+    finally:
+        await client.aclose()
+
+
+async def test_calls_of_one_iteration_share_one_pipeline_in_order(redis: Redis) -> None:
+    pipeline = AutoPipeline(redis)
+    push = redis.register_script(FAIL_ON_NEGATIVE)
+    replies = await asyncio.gather(*(pipeline.call(push, ["log"], [i]) for i in range(200)))
+    assert replies == list(range(1, 201))  # RPUSH returns the new length: one at a time
+    assert [int(x) for x in await redis.lrange("log", 0, -1)] == list(range(200))
+    assert pipeline.batches == 1
+
+
+async def test_batches_are_capped(redis: Redis) -> None:
+    pipeline = AutoPipeline(redis, max_batch=50)
+    incr = redis.register_script(INCR_BY)
+    replies = await asyncio.gather(*(pipeline.call(incr, ["n"], [1]) for _ in range(120)))
+    assert sorted(replies) == list(range(1, 121))
+    assert pipeline.batches == 3
+
+
+async def test_each_caller_gets_its_own_error(redis: Redis) -> None:
+    pipeline = AutoPipeline(redis)
+    push = redis.register_script(FAIL_ON_NEGATIVE)
+    results = await asyncio.gather(
+        pipeline.call(push, ["log"], [1]),
+        pipeline.call(push, ["log"], [-1]),
+        pipeline.call(push, ["log"], [2]),
+        return_exceptions=True,
+    )
+    assert results[0] == 1 and results[2] == 2
+    assert isinstance(results[1], ResponseError) and "negative" in str(results[1])
+
+
+async def test_unknown_script_is_loaded_and_retried(redis: Redis) -> None:
+    pipeline = AutoPipeline(redis)
+    incr = redis.register_script(INCR_BY)
+    assert await pipeline.call(incr, ["n"], [5]) == 5
+    await redis.script_flush()  # as after a Redis restart
+    replies = await asyncio.gather(*(pipeline.call(incr, ["n"], [1]) for _ in range(3)))
+    assert sorted(replies) == [6, 7, 8]
+
+
+async def test_a_lost_server_fails_every_caller_of_the_batch(
+    redis_server: RedisServer, redis: Redis
+) -> None:
+    pipeline = AutoPipeline(redis)
+    incr = redis.register_script(INCR_BY)
+    assert await pipeline.call(incr, ["n"], [1]) == 1
+    await redis_server.kill()
+    results = await asyncio.gather(
+        *(pipeline.call(incr, ["n"], [1]) for _ in range(5)), return_exceptions=True
+    )
+    assert all(isinstance(r, (RedisConnectionError, OSError)) for r in results), results
+    await redis_server.start()
+    assert await pipeline.call(incr, ["n"], [1]) == 1  # a new server: it starts over
+
+
+async def test_a_cancelled_caller_does_not_disturb_the_others(redis: Redis) -> None:
+    pipeline = AutoPipeline(redis)
+    incr = redis.register_script(INCR_BY)
+    first = asyncio.ensure_future(pipeline.call(incr, ["n"], [1]))
+    second = asyncio.ensure_future(pipeline.call(incr, ["n"], [10]))
+    await asyncio.sleep(0)  # both are queued
+    first.cancel()
+    assert await second in (10, 11)  # the cancelled command may have been sent anyway
+    with pytest.raises(asyncio.CancelledError):
+        await first
