@@ -69,7 +69,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             )
         # What is built by now lives as long as the worker: out of the cyclic collector's
         # sight, so a full collection scans only what connections add (a gen-2 pass of a fresh
-        # worker drops from ~30-60 ms to a few ms) and forked workers share those pages.
+        # worker drops from ~30-60 ms to a few ms).
         gc.collect()
         gc.freeze()
         logger.info("hubbub ready", extra={"version": __version__, "broker": type(broker).__name__})
