@@ -170,7 +170,11 @@ async def test_drain_refuses_new_connections(redis_server: RedisServer) -> None:
     app = AppProcess({"CHAT_REDIS_URL": redis_server.url, "CHAT_DRAIN_WINDOW_S": "3"})
     await app.start()
     try:
-        async with ChatClient.connect(app.ws_url("holder")):
+        async with contextlib.AsyncExitStack() as holders:
+            # Ten holders: their closes are paced over the 3 s window (one would be closed at
+            # once, and the process could exit before the checks below).
+            for i in range(10):
+                await holders.enter_async_context(ChatClient.connect(app.ws_url(f"holder{i}")))
             app.signal(signal.SIGTERM)
             await app.wait_status(503, timeout=2)
             async with connect(app.ws_url("late")) as late:
