@@ -120,6 +120,9 @@ class Server:
         _wait_port(app_port, proc, self.kind)
         self.pid, self.port = proc.pid, app_port
         if self.kind == "hubbub-nginx":
+            # Like Redis, nginx is not the server under test and has cores of its own in
+            # production (often hosts of its own): it runs on core 1 beside the load generator,
+            # so the proxied and the direct app both get core 0 to themselves.
             self.port = free_port()
             conf = (ROOT / "nginx" / "nginx.conf").read_text()
             conf = conf.replace("listen 8080 ", f"listen 127.0.0.1:{self.port} ")
@@ -129,7 +132,7 @@ class Server:
             nginx = shutil.which("nginx") or "/usr/sbin/nginx"
             proc = self._spawn([nginx, "-p", str(self.tmp), "-c", str(self.tmp / "nginx.conf"),
                                 "-e", str(self.tmp / "error.log"), "-g",
-                                f"daemon off; pid {self.tmp / 'nginx.pid'};"])  # fmt: skip
+                                f"daemon off; pid {self.tmp / 'nginx.pid'};"], cpu=CLIENT_CPU)  # fmt: skip
             _wait_port(self.port, proc, "nginx")
         time.sleep(0.5)  # settle (gunicorn's second worker, the first GC)
 
