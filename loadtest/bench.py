@@ -132,7 +132,8 @@ class Server:
             nginx = shutil.which("nginx") or "/usr/sbin/nginx"
             proc = self._spawn([nginx, "-p", str(self.tmp), "-c", str(self.tmp / "nginx.conf"),
                                 "-e", str(self.tmp / "error.log"), "-g",
-                                f"daemon off; pid {self.tmp / 'nginx.pid'};"], cpu=CLIENT_CPU)  # fmt: skip
+                                f"daemon off; pid {self.tmp / 'nginx.pid'};"],
+                               cpu=CLIENT_CPU)  # fmt: skip
             _wait_port(self.port, proc, "nginx")
         time.sleep(0.5)  # settle (gunicorn's second worker, the first GC)
 
