@@ -23,6 +23,7 @@ from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
 from app.broker.autopipeline import AutoPipeline
+from app.broker.hiredis_packing import pack_with_hiredis
 from app.settings import Settings
 
 if TYPE_CHECKING:
@@ -139,10 +140,12 @@ class RedisQuotas:
         assert settings.redis_url is not None
         self._settings = settings
         self._prefix = settings.redis_prefix
-        self._redis: Redis = Redis.from_url(
-            settings.redis_url,
-            socket_timeout=settings.redis_timeout_s,
-            socket_connect_timeout=settings.redis_timeout_s,
+        self._redis: Redis = pack_with_hiredis(
+            Redis.from_url(
+                settings.redis_url,
+                socket_timeout=settings.redis_timeout_s,
+                socket_connect_timeout=settings.redis_timeout_s,
+            )
         )
         self._take = self._redis.register_script(TAKE)
         self._pipeline = AutoPipeline(self._redis)

@@ -35,6 +35,7 @@ from app.announcer import PresenceAnnouncer
 from app.broker import BrokerHandler, BrokerStats, History, Published, RoomPresence
 from app.broker import redis_scripts as scripts
 from app.broker.autopipeline import AutoPipeline
+from app.broker.hiredis_packing import pack_with_hiredis
 from app.errors import BrokerUnavailable
 from app.settings import Settings
 
@@ -52,18 +53,22 @@ class RedisBroker:
         self._settings = settings
         self._prefix = settings.redis_prefix
         self.worker_id = secrets.token_hex(6)
-        self._redis: Redis = Redis.from_url(
-            settings.redis_url,
-            socket_timeout=settings.redis_timeout_s,
-            socket_connect_timeout=settings.redis_timeout_s,
-            retry=Retry(NoBackoff(), 1),
+        self._redis: Redis = pack_with_hiredis(
+            Redis.from_url(
+                settings.redis_url,
+                socket_timeout=settings.redis_timeout_s,
+                socket_connect_timeout=settings.redis_timeout_s,
+                retry=Retry(NoBackoff(), 1),
+            )
         )
         # The subscriber has no socket timeout: it blocks until a message comes. The canary
         # finds out when none can come any more.
-        self._sub_redis: Redis = Redis.from_url(
-            settings.redis_url,
-            socket_connect_timeout=settings.redis_timeout_s,
-            retry=Retry(NoBackoff(), 0),
+        self._sub_redis: Redis = pack_with_hiredis(
+            Redis.from_url(
+                settings.redis_url,
+                socket_connect_timeout=settings.redis_timeout_s,
+                retry=Retry(NoBackoff(), 0),
+            )
         )
         self._scripts = {
             name: self._redis.register_script(getattr(scripts, name))
