@@ -4,7 +4,8 @@ A peer that stopped reading never takes our close frame, and a plain transport c
 the write buffer to drain, so a stuck socket would hold its buffers forever. Uvicorn hands the
 app the bound ``send`` of its protocol object, which holds the asyncio (or uvloop) transport.
 :class:`AbortableWebSockets`, the outermost middleware, finds that transport before any other
-middleware wraps ``send`` and leaves its ``abort`` in the scope for :func:`abort`.
+middleware wraps ``send`` and leaves its ``abort`` in the scope for :func:`abort`, and the
+protocol object itself for :mod:`app.direct`.
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ from starlette.websockets import WebSocket
 
 logger = logging.getLogger(__name__)
 SCOPE_KEY: Final = "hubbub.abort"
+# The server's protocol object for this socket, for :mod:`app.direct`.
+PROTOCOL_KEY: Final = "hubbub.protocol"
 
 
 class AbortableWebSockets:
@@ -32,6 +35,7 @@ class AbortableWebSockets:
             abort = getattr(getattr(protocol, "transport", None), "abort", None)
             if callable(abort):
                 scope[SCOPE_KEY] = abort
+                scope[PROTOCOL_KEY] = protocol
         await self.app(scope, receive, send)
 
 

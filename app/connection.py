@@ -2,10 +2,10 @@
 
 It owns the socket's outbound side: a bounded :class:`~app.outbox.Outbox`, written by the
 worker's :class:`~app.flusher.Flusher` at the end of the loop iteration in which frames were
-offered. A write that the socket takes at once (nearly all) needs no task; only a write that
-must wait for a paused transport gets one, until the outbox is empty (an idle connection has
-no task of its own). The inbound side, and so the socket's lifetime, belongs to
-:mod:`app.session`.
+offered, straight to the transport when it can (:mod:`app.direct`). A write that the socket
+takes at once (nearly all) needs no task; only a write that must wait for a paused transport
+gets one, until the outbox is empty (an idle connection has no task of its own). The inbound
+side, and so the socket's lifetime, belongs to :mod:`app.session`.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from app.abort import abort
 from app.auth import Identity
+from app.direct import DirectSocket
 from app.eager import start_eagerly
 from app.errors import CloseCode
 from app.flusher import Flusher
@@ -50,6 +51,7 @@ class Connection:
     __slots__ = (
         "_close_timeout_s",
         "_closer",
+        "_direct",
         "_flush_due",
         "_flusher",
         "_metrics",
@@ -97,6 +99,11 @@ class Connection:
         self._flush_due = False
         self._writer: asyncio.Task[None] | None = None
         self._closer: asyncio.Task[None] | None = None
+        self._direct: DirectSocket | None = None
+
+    def write_directly(self, direct: DirectSocket | None) -> None:
+        """Write frames through ``direct`` whenever it is writable (after the accept)."""
+        self._direct = direct
 
     @property
     def closing(self) -> bool:
@@ -118,10 +125,25 @@ class Connection:
 
     def flush(self) -> None:
         """Write what is queued (called by the :class:`~app.flusher.Flusher`), unless a
-        writer task is already at it or the connection is closing."""
+        writer task is already at it or the connection is closing.
+
+        Frames go straight to the transport (:mod:`app.direct`) while it takes them; what is
+        left goes through ASGI, in a task if the transport is paused. One write at a time:
+        while that task runs, later flushes leave the outbox to it, so order is kept."""
         self._flush_due = False
-        if self._writer is None and self._outbox and self.close_code is None:
-            self._writer = start_eagerly(self._write())
+        outbox = self._outbox
+        if self._writer is not None or not outbox or self.close_code is not None:
+            return
+        direct = self._direct
+        if direct is not None:
+            encode, wrote = self._flusher.frames.encode, self._metrics.wrote
+            while outbox and direct.writable():
+                texts = outbox.take_frames()
+                direct.write(encode(texts))
+                wrote(texts[0])
+            if not outbox:
+                return
+        self._writer = start_eagerly(self._write())
 
     async def _write(self) -> None:
         outbox, ws, metrics = self._outbox, self._ws, self._metrics

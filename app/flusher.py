@@ -6,7 +6,8 @@ Flusher runs one callback at the end of the current iteration (so frames offered
 that iteration leave coalesced, see :mod:`app.outbox`) and starts each connection's write
 eagerly (:func:`app.eager.start_eagerly`): a socket that takes the frame at once — nearly all —
 costs no task; one whose transport is paused gets a task that waits for it, and only that
-connection waits.
+connection waits. A frame written to many sockets in one flush is encoded once
+(:class:`app.direct.FrameCache`).
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ from __future__ import annotations
 import asyncio
 import logging
 from typing import Protocol
+
+from app.direct import FrameCache
 
 logger = logging.getLogger(__name__)
 
@@ -26,10 +29,12 @@ class Flusher:
     """One per worker (event loop). ``schedule`` never blocks; each scheduled connection's
     ``flush`` is called once, in scheduling order, in a later iteration of the loop."""
 
-    __slots__ = ("_due",)
+    __slots__ = ("_due", "frames")
 
     def __init__(self) -> None:
         self._due: list[Flushable] = []
+        # Frames encoded during one flush, shared by the connections it writes.
+        self.frames = FrameCache()
 
     def schedule(self, conn: Flushable) -> None:
         """Flush ``conn`` soon. The caller schedules a connection at most once per flush."""
@@ -44,3 +49,4 @@ class Flusher:
                 conn.flush()
             except Exception:  # one connection's bug must not cost the others their frames
                 logger.exception("flushing %r failed", conn)
+        self.frames.clear()

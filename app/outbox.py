@@ -38,6 +38,10 @@ class Outbox:
     def take(self) -> str:
         """Remove and return the oldest frames, joined by ``\\n`` up to ``coalesce_max_bytes``
         (at least one frame, however large). The outbox must not be empty."""
+        return "\n".join(self.take_frames())
+
+    def take_frames(self) -> list[str]:
+        """What :meth:`take` would join, unjoined."""
         frames = self._frames
         assert frames is not None
         frame, nbytes = frames.popleft()
@@ -50,7 +54,7 @@ class Outbox:
             size += 1 + nbytes
         if not frames:
             self._frames = None  # an idle connection holds no deque
-        return batch[0] if len(batch) == 1 else "\n".join(batch)
+        return batch
 
     def clear(self) -> None:
         self._frames = None

@@ -21,6 +21,7 @@ from app.admission import Refused, admit, identify
 from app.auth import AuthError, Identity
 from app.broker import RoomPresence
 from app.connection import Connection
+from app.direct import DirectSocket
 from app.errors import BrokerUnavailable, CloseCode, ErrorCode, FrameError
 from app.metrics import Metrics
 from app.outbox import Outbox
@@ -246,6 +247,7 @@ async def serve(ws: WebSocket, state: ChatState) -> None:
     admitted = False
     try:
         await ws.accept()
+        conn.write_directly(DirectSocket.of(ws))
         metrics.opened.inc()
         identity = await identify(ws, state)
         if identity is None:
