@@ -1,4 +1,5 @@
-"""HTTP and WebSocket routes: ``/ws``, ``/rooms/{room}/messages``, ``/healthz``, ``/readyz``."""
+"""HTTP routes (``/rooms/{room}/messages``, ``/healthz``, ``/readyz``) and the chat socket,
+``/ws``."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from typing import Annotated
 import orjson
 from fastapi import APIRouter, HTTPException, Path, Query, Request, Response, WebSocket
 from fastapi.responses import JSONResponse
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from app.errors import BrokerUnavailable
 from app.protocol import ROOM_PATTERN
@@ -21,15 +23,26 @@ def _state(request: Request) -> ChatState:
     return state
 
 
-async def websocket_endpoint(ws: WebSocket) -> None:
-    """The chat socket; see docs/protocol.md."""
-    await serve(ws, ws.app.state.chat)
+class ChatSocket:
+    """ASGI middleware serving the chat socket, ``/ws`` (docs/protocol.md), ahead of FastAPI's
+    router; every other request, and WebSockets on other paths, go on to the app.
 
+    A WebSocket holds its ASGI call stack for as long as it is open. Each layer between the
+    middleware above and the session (the instrumentation, exception and exit-stack
+    middleware, the router and the route: a dozen coroutines with their closures) would be
+    held by every connection, in memory and in every full pass of the garbage collector, and
+    none of them does anything for this socket.
+    """
 
-# A plain Starlette route: the endpoint takes no dependencies, and FastAPI's dependency
-# machinery (two AsyncExitStacks and their frames) would be held for the socket's whole life,
-# ~1.7 KiB times every connection.
-router.add_websocket_route("/ws", websocket_endpoint)
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "websocket" and scope["path"] == "/ws":
+            ws = WebSocket(scope, receive, send)
+            await serve(ws, ws.app.state.chat)
+            return
+        await self.app(scope, receive, send)
 
 
 @router.get("/rooms/{room}/messages")

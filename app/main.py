@@ -18,7 +18,7 @@ from prometheus_fastapi_instrumentator import Instrumentator
 from app import __version__
 from app.abort import AbortableWebSockets
 from app.admin import router as admin_router
-from app.api import router
+from app.api import ChatSocket, router
 from app.auth import Authenticator
 from app.broker import create_broker
 from app.heartbeat import run_heartbeat
@@ -95,6 +95,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     Instrumentator(registry=metrics.registry, excluded_handlers=["/healthz", "/readyz"]).instrument(
         app
     )
+    app.add_middleware(ChatSocket)  # inside MetricsEndpoint: no chat on the metrics port
     app.add_middleware(
         MetricsEndpoint,
         render=metrics.render,
