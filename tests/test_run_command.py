@@ -15,7 +15,7 @@ import orjson
 import pytest
 from fastapi.testclient import TestClient
 
-from app.main import create_app
+from app.main import GC_THRESHOLDS, create_app
 from tests.helpers import ChatClient, free_port, make_settings
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -114,9 +114,13 @@ async def test_make_run_serves_the_chat_page(served: str) -> None:
 
 def test_long_lived_objects_are_frozen_while_serving() -> None:
     """Startup objects are out of the cyclic collector's sight while the app serves (shorter
-    gen-2 pauses), and back in it once the app has stopped."""
+    gen-2 pauses), and young collections rarer (fewer of them); both undone once the app has
+    stopped."""
     gc.unfreeze()
+    before = gc.get_threshold()
     with TestClient(create_app(make_settings())) as client:
         assert client.get("/healthz").status_code == 200
         assert gc.get_freeze_count() > 10_000  # the imported framework and the app's state
+        assert gc.get_threshold() == GC_THRESHOLDS  # rarer young collections
     assert gc.get_freeze_count() == 0
+    assert gc.get_threshold() == before
