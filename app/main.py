@@ -8,10 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import gc
 import logging
 from collections.abc import AsyncIterator
-from typing import Final
 
 from fastapi import FastAPI
 from prometheus_fastapi_instrumentator import Instrumentator
@@ -22,6 +20,7 @@ from app.admin import router as admin_router
 from app.api import ChatSocket, router
 from app.auth import Authenticator
 from app.broker import create_broker
+from app.collector import CollectorTuning
 from app.heartbeat import run_heartbeat
 from app.hub import Hub
 from app.metrics import Metrics, run_metrics_sync
@@ -34,8 +33,6 @@ from app.state import ChatState
 from app.token_expiry import run_token_expiry
 
 logger = logging.getLogger(__name__)
-# The cyclic collector's thresholds while serving (see the lifespan).
-GC_THRESHOLDS: Final = (50_000, 20, 10)
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
@@ -70,17 +67,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                     run_token_expiry(hub, settings.token_refresh_before_s), name="token-expiry"
                 )
             )
-        # What is built by now lives as long as the worker: out of the cyclic collector's
-        # sight, so a full collection scans only what connections add (a gen-2 pass of a fresh
-        # worker drops from ~30-60 ms to a few ms).
-        gc.collect()
-        gc.freeze()
-        # Young collections 70x rarer than Python's default (700): fewer short-lived objects
-        # (a flush's frame lists, a message's dicts) are caught alive and promoted, so fewer
-        # full passes run while serving; each full pass walks every connection's objects
-        # (~94 per socket, 85-95 ms for 1,000 sockets here).
-        thresholds = gc.get_threshold()
-        gc.set_threshold(*GC_THRESHOLDS)
+        # What is built by now lives as long as the worker: see app.collector.
+        collector = CollectorTuning(metrics.gc_pauses)
+        collector.start()
         logger.info("hubbub ready", extra={"version": __version__, "broker": type(broker).__name__})
         try:
             yield
@@ -93,8 +82,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                     await task
             await hub.close()
             await broker.stop()
-            gc.unfreeze()  # back in reach of the collector, for in-process restarts (tests)
-            gc.set_threshold(*thresholds)
+            collector.stop()
             await quotas.close()
             metrics.sync(hub, broker)  # the last counts, before the worker's files go quiet
 

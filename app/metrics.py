@@ -61,6 +61,7 @@ _PUBLISH_BUCKETS: Final = (
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
 )  # fmt: skip
 _DURATION_BUCKETS: Final = (1, 10, 60, 300, 900, 3600, 4 * 3600, 12 * 3600, 24 * 3600)
+_GC_BUCKETS: Final = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
 _SIZE_BUCKETS: Final = (1, 2, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000)
 _PAGE_SIZE: Final = os.sysconf("SC_PAGE_SIZE")
 
@@ -227,6 +228,14 @@ class Metrics:
         )
         self.memory = gauge(
             "hubbub_worker_resident_memory_bytes", "Resident memory of this worker.", "liveall"
+        )
+        self.gc_pauses = Histogram(
+            "hubbub_gc_pause_seconds",
+            "Pauses of Python's cyclic garbage collector (the worker serves nobody meanwhile), "
+            "by generation; generation 2 walks every open socket's objects.",
+            ("generation",),
+            buckets=_GC_BUCKETS,
+            registry=r,
         )
 
         # Bumped on the hot paths, published by sync().

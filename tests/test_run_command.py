@@ -15,7 +15,8 @@ import orjson
 import pytest
 from fastapi.testclient import TestClient
 
-from app.main import GC_THRESHOLDS, create_app
+from app.collector import GC_THRESHOLDS
+from app.main import create_app
 from tests.helpers import ChatClient, free_port, make_settings
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -112,15 +113,23 @@ async def test_make_run_serves_the_chat_page(served: str) -> None:
     assert script.status_code == 200 and "export class HubbubClient" in script.text
 
 
-def test_long_lived_objects_are_frozen_while_serving() -> None:
+def test_collector_is_tuned_and_watched_while_serving() -> None:
     """Startup objects are out of the cyclic collector's sight while the app serves (shorter
-    gen-2 pauses), and young collections rarer (fewer of them); both undone once the app has
-    stopped."""
+    full pauses), young collections are rarer (fewer full ones), and every pause is observed
+    by generation; all undone once the app has stopped."""
     gc.unfreeze()
     before = gc.get_threshold()
-    with TestClient(create_app(make_settings())) as client:
+    app = create_app(make_settings())
+    with TestClient(app) as client:
         assert client.get("/healthz").status_code == 200
         assert gc.get_freeze_count() > 10_000  # the imported framework and the app's state
         assert gc.get_threshold() == GC_THRESHOLDS  # rarer young collections
+        registry = app.state.chat.metrics.registry
+        count = {"generation": "2"}
+        seen = registry.get_sample_value("hubbub_gc_pause_seconds_count", count) or 0.0
+        gc.collect()
+        assert registry.get_sample_value("hubbub_gc_pause_seconds_count", count) == seen + 1
     assert gc.get_freeze_count() == 0
     assert gc.get_threshold() == before
+    gc.collect()  # no longer observed: the callback is gone
+    assert registry.get_sample_value("hubbub_gc_pause_seconds_count", count) == seen + 1

@@ -352,6 +352,13 @@ def build() -> dict[str, Any]:
         "bytes",
     )
     d.graph(
+        "Garbage-collector pauses",
+        "p99 pause of Python's cyclic garbage collector by generation; the worker serves "
+        "nobody meanwhile (generation 2 walks every open socket's objects).",
+        _quantiles("hubbub_gc_pause_seconds", 0.99, by="generation"),
+        "s",
+    )
+    d.graph(
         "Draining and HTTP",
         "Workers draining (deploys), and HTTP requests by handler.",
         [
