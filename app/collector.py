@@ -10,8 +10,11 @@ worker serves nobody. So, while the app serves, :class:`CollectorTuning`:
 - makes young collections 70x rarer than Python's default (:data:`GC_THRESHOLDS`): fewer
   short-lived objects (a flush's lists, a message's dicts) are caught alive and promoted to
   older generations, so full collections come rarely;
-- observes every collection's pause in ``hubbub_gc_pause_seconds``, by generation, so that a
-  burst of late messages can be matched with a pause.
+- records every collection's pause for ``hubbub_gc_pause_seconds`` (by generation), so that a
+  burst of late messages can be matched with a pause. The pause goes into a plain list that
+  :meth:`app.metrics.Metrics.sync` publishes: prometheus_client guards its values with a lock
+  that is not reentrant (one for all values, in multiprocess mode), and a collection can start
+  while this very thread holds it, so observing from inside the collection could deadlock.
 
 :meth:`CollectorTuning.stop` undoes all three (in-process restarts, tests).
 """
@@ -22,8 +25,6 @@ import gc
 import time
 from typing import Any, Final
 
-from prometheus_client import Histogram
-
 # Python's defaults are (700, 10, 10).
 GC_THRESHOLDS: Final = (50_000, 20, 10)
 
@@ -31,8 +32,8 @@ GC_THRESHOLDS: Final = (50_000, 20, 10)
 class CollectorTuning:
     """Started once the app's long-lived state is built; stopped when the app stops."""
 
-    def __init__(self, pauses: Histogram) -> None:
-        self._pauses = [pauses.labels(str(generation)) for generation in range(3)]
+    def __init__(self, pauses: list[tuple[int, float]]) -> None:
+        self._pauses = pauses  # (generation, seconds), appended after each collection
         self._thresholds = gc.get_threshold()
         self._started_at = 0.0
 
@@ -53,4 +54,4 @@ class CollectorTuning:
         if phase == "start":
             self._started_at = time.perf_counter()
         else:
-            self._pauses[info["generation"]].observe(time.perf_counter() - self._started_at)
+            self._pauses.append((info["generation"], time.perf_counter() - self._started_at))

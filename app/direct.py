@@ -52,6 +52,7 @@ class DirectSocket:
             and not protocol.close_sent
             and not protocol.disconnected
             and protocol.conn.state is _OPEN
+            and not protocol.transport.is_closing()  # uvloop refuses writes to a closed one
         )
 
     def write(self, frame: bytes) -> None:

@@ -68,7 +68,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                 )
             )
         # What is built by now lives as long as the worker: see app.collector.
-        collector = CollectorTuning(metrics.gc_pauses)
+        collector = CollectorTuning(metrics.gc_pauses_since_sync)
         collector.start()
         logger.info("hubbub ready", extra={"version": __version__, "broker": type(broker).__name__})
         try:

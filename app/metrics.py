@@ -243,6 +243,8 @@ class Metrics:
         self.frames_sent_since_sync = 0
         self.published_since_sync = 0
         self.frames_received_since_sync: Tally[str] = Tally()
+        # (generation, seconds) of each collection, appended by app.collector.CollectorTuning.
+        self.gc_pauses_since_sync: list[tuple[int, float]] = []
         self._broker_reconnects = 0
         self._broker_deaf = 0
         self._next_latency_sample = 0.0
@@ -293,6 +295,11 @@ class Metrics:
         for frame_type, count in self.frames_received_since_sync.items():
             self.frames_received.labels(frame_type).inc(count)
         self.frames_received_since_sync.clear()
+        pending = self.gc_pauses_since_sync  # drained in place: the collector holds this list
+        pauses = pending[:]
+        del pending[: len(pauses)]  # pauses appended meanwhile stay for the next sync
+        for generation, seconds in pauses:
+            self.gc_pauses.labels(str(generation)).observe(seconds)
 
         conns = hub.connections
         self.connections.set(len(conns))
