@@ -237,6 +237,8 @@ class Metrics:
             buckets=_GC_BUCKETS,
             registry=r,
         )
+        for generation in ("0", "1", "2"):
+            self.gc_pauses.labels(generation)
 
         # Bumped on the hot paths, published by sync().
         self.delivered_since_sync = 0
