@@ -179,3 +179,36 @@ class ChatClient:
         await self.send({"type": "ping"})
         frame = await self.expect("pong")
         return bool(frame == {"type": "pong"})
+
+
+async def raw_upgrade(
+    port: int, rcvbuf: int, name: str, extra_headers: bytes = b""
+) -> tuple[socket.socket, bytes]:
+    """A WebSocket client socket upgraded by hand, with a small receive buffer, that the test
+    reads only when it wants to; and whatever arrived after the 101 response."""
+    loop = asyncio.get_running_loop()
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
+    sock.setblocking(False)
+    await loop.sock_connect(sock, ("127.0.0.1", port))
+    await loop.sock_sendall(
+        sock,
+        f"GET /ws?name={name} HTTP/1.1\r\nHost: 127.0.0.1\r\nUpgrade: websocket\r\n".encode()
+        + b"Connection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
+        + b"Sec-WebSocket-Version: 13\r\n"
+        + extra_headers
+        + b"\r\n",
+    )
+    response = b""
+    while b"\r\n\r\n" not in response:
+        response += await loop.sock_recv(sock, 4096)
+    head, rest = response.split(b"\r\n\r\n", 1)
+    assert head.startswith(b"HTTP/1.1 101"), head
+    return sock, rest
+
+
+def client_frame(text: str) -> bytes:
+    """``text`` as a masked client text frame (a zero mask), up to 125 bytes."""
+    payload = text.encode()
+    assert len(payload) < 126
+    return bytes([0x81, 0x80 | len(payload)]) + b"\x00\x00\x00\x00" + payload

@@ -11,12 +11,13 @@ import orjson
 from websockets.frames import Frame, Opcode
 
 from app.direct import FrameCache
-from tests.helpers import ChatClient, make_settings, run_server, wait_until
-
-UPGRADE = (
-    b"GET /ws?name=reader HTTP/1.1\r\nHost: 127.0.0.1\r\nUpgrade: websocket\r\n"
-    b"Connection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
-    b"Sec-WebSocket-Version: 13\r\n"
+from tests.helpers import (
+    ChatClient,
+    client_frame,
+    make_settings,
+    raw_upgrade,
+    run_server,
+    wait_until,
 )
 
 
@@ -40,24 +41,17 @@ class RawReader:
 
     @classmethod
     async def open(cls, port: int, extra_headers: bytes = b"") -> RawReader:
-        loop = asyncio.get_running_loop()
-        sock = socket.socket()
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-        sock.setblocking(False)
-        await loop.sock_connect(sock, ("127.0.0.1", port))
-        await loop.sock_sendall(sock, UPGRADE + extra_headers + b"\r\n")
+        sock, rest = await raw_upgrade(
+            port, rcvbuf=4096, name="reader", extra_headers=extra_headers
+        )
         reader = cls(sock)
-        while b"\r\n\r\n" not in reader.buffer:
-            reader.buffer += await loop.sock_recv(sock, 4096)
-        head, reader.buffer = reader.buffer.split(b"\r\n\r\n", 1)
-        assert head.startswith(b"HTTP/1.1 101"), head
+        reader.buffer = rest
         return reader
 
     async def send(self, frame: dict[str, object]) -> None:
-        payload = orjson.dumps(frame)
-        assert len(payload) < 126
-        masked = bytes([0x81, 0x80 | len(payload)]) + b"\x00\x00\x00\x00" + payload
-        await asyncio.get_running_loop().sock_sendall(self.sock, masked)
+        await asyncio.get_running_loop().sock_sendall(
+            self.sock, client_frame(orjson.dumps(frame).decode())
+        )
 
     async def _need(self, n: int) -> None:
         while len(self.buffer) < n:

@@ -4,14 +4,21 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import socket
 from typing import Any
 
 import pytest
 from websockets.asyncio.client import connect
 
 from app.errors import CloseCode
-from tests.helpers import ChatClient, LiveServer, make_settings, run_server, wait_until
+from tests.helpers import (
+    ChatClient,
+    LiveServer,
+    client_frame,
+    make_settings,
+    raw_upgrade,
+    run_server,
+    wait_until,
+)
 
 BAD_FRAMES: list[tuple[str, str, str]] = [
     # (id, raw text frame, expected error code)
@@ -178,32 +185,6 @@ async def test_invalid_name_closes_1008(server: LiveServer) -> None:
         assert ws.close_reason == "invalid name"
 
 
-async def _raw_upgrade(port: int, rcvbuf: int) -> socket.socket:
-    """A WebSocket client socket, upgraded, that the test then never reads from."""
-    loop = asyncio.get_running_loop()
-    sock = socket.socket()
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
-    sock.setblocking(False)
-    await loop.sock_connect(sock, ("127.0.0.1", port))
-    await loop.sock_sendall(
-        sock,
-        b"GET /ws?name=slow HTTP/1.1\r\nHost: 127.0.0.1\r\nUpgrade: websocket\r\n"
-        b"Connection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
-        b"Sec-WebSocket-Version: 13\r\n\r\n",
-    )
-    response = b""
-    while b"\r\n\r\n" not in response:
-        response += await loop.sock_recv(sock, 1024)
-    assert response.startswith(b"HTTP/1.1 101"), response
-    return sock
-
-
-def _client_frame(text: str) -> bytes:
-    payload = text.encode()
-    assert len(payload) < 126
-    return bytes([0x81, 0x80 | len(payload)]) + b"\x00\x00\x00\x00" + payload
-
-
 async def test_slow_consumer_closed_others_keep_up() -> None:
     """A member that never reads is dropped with 4008 once its outbox overflows, while the
     publisher and the other members receive every message, promptly."""
@@ -211,10 +192,10 @@ async def test_slow_consumer_closed_others_keep_up() -> None:
         outbox_max_bytes=16_384, close_timeout_s=0.5, max_text_chars=8000, max_frame_bytes=16_384
     )
     async with run_server(settings) as live:
-        slow = await _raw_upgrade(live.port, rcvbuf=4096)
+        slow, _ = await raw_upgrade(live.port, rcvbuf=4096, name="slow")
         try:
             await asyncio.get_running_loop().sock_sendall(
-                slow, _client_frame('{"type":"join","room":"r"}')
+                slow, client_frame('{"type":"join","room":"r"}')
             )
             await wait_until(lambda: len(live.state.hub.members("r")) == 1)
             (slow_conn,) = live.state.hub.members("r")
