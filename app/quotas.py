@@ -211,6 +211,7 @@ class RedisQuotas:
         return Ban(reason.decode(), max(0.0, ttl_ms / 1000))
 
     async def close(self) -> None:
+        await self._pipeline.close()
         await self._redis.aclose()
 
 

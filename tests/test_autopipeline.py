@@ -4,14 +4,17 @@ script reloading, and a lost server."""
 from __future__ import annotations
 
 import asyncio
+import signal
 from collections.abc import AsyncIterator
 
 import pytest
 from redis.asyncio import Redis
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from app.broker.autopipeline import AutoPipeline
+from tests.helpers import wait_until
 from tests.processes import RedisServer
 
 INCR_BY = "return redis.call('INCRBY', KEYS[1], ARGV[1])"
@@ -32,6 +35,7 @@ async def redis(redis_server: RedisServer) -> AsyncIterator[Redis]:
 async def test_calls_of_one_iteration_share_one_pipeline_in_order(redis: Redis) -> None:
     pipeline = AutoPipeline(redis)
     push = redis.register_script(FAIL_ON_NEGATIVE)
+    await redis.script_load(FAIL_ON_NEGATIVE)
     replies = await asyncio.gather(*(pipeline.call(push, ["log"], [i]) for i in range(200)))
     assert replies == list(range(1, 201))  # RPUSH returns the new length: one at a time
     assert [int(x) for x in await redis.lrange("log", 0, -1)] == list(range(200))
@@ -41,6 +45,7 @@ async def test_calls_of_one_iteration_share_one_pipeline_in_order(redis: Redis) 
 async def test_batches_are_capped(redis: Redis) -> None:
     pipeline = AutoPipeline(redis, max_batch=50)
     incr = redis.register_script(INCR_BY)
+    await redis.script_load(INCR_BY)
     replies = await asyncio.gather(*(pipeline.call(incr, ["n"], [1]) for _ in range(120)))
     assert sorted(replies) == list(range(1, 121))
     assert pipeline.batches == 3
@@ -68,6 +73,15 @@ async def test_unknown_script_is_loaded_and_retried(redis: Redis) -> None:
     assert sorted(replies) == [6, 7, 8]
 
 
+async def test_calls_rerun_after_a_script_flush_keep_their_order(redis: Redis) -> None:
+    pipeline = AutoPipeline(redis)
+    push = redis.register_script(FAIL_ON_NEGATIVE)
+    replies = await asyncio.gather(*(pipeline.call(push, ["log"], [i]) for i in range(100)))
+    assert replies == list(range(1, 101))
+    assert [int(x) for x in await redis.lrange("log", 0, -1)] == list(range(100))
+    assert pipeline.batches == 2  # the first met NOSCRIPT: one load and the 100 again
+
+
 async def test_a_lost_server_fails_every_caller_of_the_batch(
     redis_server: RedisServer, redis: Redis
 ) -> None:
@@ -93,3 +107,53 @@ async def test_a_cancelled_caller_does_not_disturb_the_others(redis: Redis) -> N
     assert await second in (10, 11)  # the cancelled command may have been sent anyway
     with pytest.raises(asyncio.CancelledError):
         await first
+
+
+async def test_a_hung_server_times_the_calls_out_and_a_new_connection_follows(
+    redis_server: RedisServer,
+) -> None:
+    redis = Redis.from_url(redis_server.url, socket_timeout=0.5, socket_connect_timeout=2)
+    pipeline = AutoPipeline(redis)
+    incr = redis.register_script(INCR_BY)
+    await redis.script_load(INCR_BY)
+    assert await pipeline.call(incr, ["n"], [1]) == 1
+    assert redis_server.proc is not None
+    redis_server.proc.send_signal(signal.SIGSTOP)  # alive but silent, as a wedged host
+    try:
+        results = await asyncio.wait_for(
+            asyncio.gather(
+                *(pipeline.call(incr, ["n"], [1]) for _ in range(3)), return_exceptions=True
+            ),
+            timeout=5,
+        )
+        assert all(isinstance(r, RedisTimeoutError) for r in results), results
+    finally:
+        redis_server.proc.send_signal(signal.SIGCONT)
+    # The timed-out commands may still run once the server wakes up; ours come after them.
+    assert await pipeline.call(incr, ["n"], [10]) in (11, 14)
+    await pipeline.close()
+    await redis.aclose()
+
+
+async def test_close_fails_the_calls_still_waiting_or_queued(redis_server: RedisServer) -> None:
+    redis = Redis.from_url(redis_server.url, socket_timeout=30, socket_connect_timeout=2)
+    pipeline = AutoPipeline(redis)
+    incr = redis.register_script(INCR_BY)
+    await redis.script_load(INCR_BY)
+    assert await pipeline.call(incr, ["n"], [1]) == 1
+    assert redis_server.proc is not None
+    redis_server.proc.send_signal(signal.SIGSTOP)
+    try:
+        sent = asyncio.ensure_future(pipeline.call(incr, ["n"], [1]))
+        await wait_until(lambda: pipeline.batches == 2, timeout=5)
+        queued = asyncio.ensure_future(pipeline.call(incr, ["n"], [1]))
+        await asyncio.sleep(0)  # in the pipeline, not yet written
+        await pipeline.close()
+        for call in (sent, queued):
+            with pytest.raises(RedisConnectionError):
+                await asyncio.wait_for(call, timeout=2)
+        with pytest.raises(RedisConnectionError):
+            await pipeline.call(incr, ["n"], [1])  # closed for good
+    finally:
+        redis_server.proc.send_signal(signal.SIGCONT)
+        await redis.aclose()

@@ -288,10 +288,10 @@ async def test_deaf_subscription_is_detected_and_healed(redis_server: RedisServe
             reconnects = broker.stats.reconnects
             # Make b's subscription deaf behind its back: the connection stays up, but Redis no
             # longer sends it anything (what a lost subscription looks like to a client).
-            assert broker._pubsub is not None
+            assert broker._subscription is not None
             await pub.say("c", "before")
             assert (await sub.expect("message"))["text"] == "before"
-            await broker._pubsub.unsubscribe()
+            broker._subscription.unsubscribe()  # from every channel
             for k in range(3):  # published fine through a, never heard live by b
                 await pub.say("c", f"during{k}")
             await pub.messages_until("during2")

@@ -1,102 +1,237 @@
 """Automatic pipelining of Lua script calls: the calls made in one event-loop iteration go to
-Redis as one pipeline.
+Redis in one write, on one connection, and their replies are read as they stream back.
 
 With many sockets sending at once, a worker makes many small script calls per iteration (a
-rate-limit token, a publish). Sent one by one, each pays redis-py's per-command overhead (a pool
-checkout and release, a write, a read, a timeout) and a round trip; batched, the whole
-iteration pays it once. Centrifugo's Redis engine does the same (rueidis auto-pipelining).
+rate-limit token, a publish). Centrifugo's Redis engine batches the same way (rueidis
+auto-pipelining). redis-py opens and sets up the connection, then hands it over
+(:mod:`app.broker.handover`) to a protocol that parses replies with hiredis straight from
+``data_received``. redis-py's own pipeline costs, per command, a timeout context, a parse
+coroutine and a response callback, and per batch a task, a pool checkout and a retry wrapper:
+in the Redis rtt benchmark that was a fifth of a worker's CPU, for work hiredis does in C.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+import logging
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
 from typing import Any
 
+import hiredis
 from redis.asyncio import Redis
 from redis.commands.core import AsyncScript
-from redis.exceptions import NoScriptError
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import NoScriptError, ResponseError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
-_Call = tuple[AsyncScript, Sequence[Any], Sequence[Any], "asyncio.Future[Any]"]
+from app.broker.handover import hand_over
+
+logger = logging.getLogger(__name__)
+
+_Command = tuple[Any, ...]
+# The command, its caller's future, and the script it runs (to load it again on NOSCRIPT).
+_Call = tuple[_Command, "asyncio.Future[Any]", "AsyncScript | None"]
 
 
-class AutoPipeline:
-    """Batches :meth:`call` s made in the same loop iteration into one Redis pipeline.
+def _reply_error(message: str) -> ResponseError:
+    """The exception redis-py raises for an error reply (the codes our scripts can meet)."""
+    if message.startswith("NOSCRIPT "):
+        return NoScriptError(message.removeprefix("NOSCRIPT "))
+    return ResponseError(message)
 
-    Contract:
 
-    * **Ordering:** calls reach Redis in the order they were made (one pipeline per batch,
-      batches in order of their first call, on connections of ``redis``'s pool).
-    * **Results:** each caller gets its own script's reply, or the exception its command
-      raised; a failure of the whole pipeline (connection lost, timeout) is raised to every
-      caller of that batch. A script Redis does not know (restarted, ``SCRIPT FLUSH``) is
-      loaded and the call retried, as :class:`~redis.commands.core.AsyncScript` does (after
-      the rest of its batch).
-    * **Cancellation:** a caller cancelled while waiting does not withdraw its command, which
-      may already be on the wire; only its result is dropped.
-    * Not transactional: the scripts of a batch are atomic one by one, not together.
+class _Replies(asyncio.Protocol):
+    """One Redis connection's reply stream: replies resolve the sent calls in order.
+
+    Every call waits at most ``timeout_s`` (None: forever) for its reply; a call that waits
+    longer aborts the connection, and every call still waiting on it fails with a
+    ``TimeoutError``, as a lost connection fails them with a ``ConnectionError``. A call
+    whose script Redis does not know goes to ``rerun`` instead of its caller.
     """
 
-    def __init__(self, redis: Redis, max_batch: int = 1000) -> None:
-        self._redis = redis
-        self._max_batch = max_batch
-        self._pending: list[_Call] = []
-        self._sending: set[asyncio.Task[None]] = set()
-        self.batches = 0  # pipelines sent so far (for tests and profiling)
+    writer: asyncio.StreamWriter  # set once handed over (and kept: see hand_over)
 
-    async def call(self, script: AsyncScript, keys: Sequence[Any], args: Sequence[Any]) -> Any:
-        """Run ``script`` with ``keys`` and ``args`` in this iteration's pipeline."""
-        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        if not self._pending:
-            asyncio.get_running_loop().call_soon(self._send_pending)
-        self._pending.append((script, keys, args, future))
-        if len(self._pending) >= self._max_batch:
-            self._send_pending()
-        return await future
+    def __init__(self, timeout_s: float | None, rerun: Callable[[_Call], None]) -> None:
+        self._timeout_s = timeout_s
+        self._rerun = rerun
+        self._reader = hiredis.Reader(replyError=_reply_error)
+        self._waiting: deque[tuple[_Call, float]] = deque()
+        self._deadline: asyncio.TimerHandle | None = None
+        self.closed = False
 
-    def _send_pending(self) -> None:
-        batch, self._pending = self._pending, []
-        if not batch:
+    @property
+    def usable(self) -> bool:
+        return not self.closed and not self.writer.transport.is_closing()
+
+    def send(self, batch: list[_Call]) -> None:
+        self.writer.transport.write(b"".join([hiredis.pack_command(call[0]) for call in batch]))
+        now = time.monotonic()
+        self._waiting.extend([(call, now) for call in batch])
+        if self._deadline is None and self._timeout_s is not None:
+            loop = asyncio.get_running_loop()
+            self._deadline = loop.call_at(loop.time() + self._timeout_s, self._check_deadline)
+
+    def _check_deadline(self) -> None:
+        self._deadline = None
+        if not self._waiting or self._timeout_s is None:
             return
-        task = asyncio.create_task(self._send(batch), name="redis-autopipeline")
-        self._sending.add(task)
-        task.add_done_callback(self._sending.discard)
-
-    async def _send(self, batch: list[_Call]) -> None:
-        self.batches += 1
-        try:
-            async with self._redis.pipeline(transaction=False) as pipe:
-                for script, keys, args, _ in batch:
-                    pipe.evalsha(script.sha, len(keys), *keys, *args)
-                replies = await pipe.execute(raise_on_error=False)
-        except asyncio.CancelledError:
-            for *_, future in batch:
-                future.cancel()
-            raise
-        except Exception as exc:  # every caller of the batch learns of it
-            for *_, future in batch:
-                if not future.done():
-                    future.set_exception(exc)
+        late_by = time.monotonic() - self._waiting[0][1] - self._timeout_s
+        if late_by >= 0:
+            self._fail(RedisTimeoutError(f"no reply from Redis in {self._timeout_s} s"))
+            self.writer.transport.abort()
             return
-        for (script, keys, args, future), reply in zip(batch, replies, strict=True):
-            if isinstance(reply, NoScriptError):
-                await self._retry_loading(script, keys, args, future)
-            elif future.done():
+        loop = asyncio.get_running_loop()
+        self._deadline = loop.call_at(loop.time() - late_by, self._check_deadline)
+
+    def data_received(self, data: bytes) -> None:
+        self._reader.feed(data)
+        waiting = self._waiting
+        while (reply := self._reader.gets()) is not False:
+            if not waiting:  # a reply nobody asked for: the stream is out of step
+                self._fail(RedisConnectionError("unexpected reply from Redis"))
+                self.writer.transport.abort()
+                return
+            call = waiting.popleft()[0]
+            future = call[1]
+            if isinstance(reply, NoScriptError) and call[2] is not None:
+                self._rerun(call)
+            elif future.done():  # its caller was cancelled
                 continue
             elif isinstance(reply, Exception):
                 future.set_exception(reply)
             else:
                 future.set_result(reply)
 
-    @staticmethod
-    async def _retry_loading(
-        script: AsyncScript, keys: Sequence[Any], args: Sequence[Any], future: asyncio.Future[Any]
-    ) -> None:
-        try:
-            reply = await script(keys=keys, args=args)  # loads the script, then runs it
-        except Exception as exc:
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._fail(RedisConnectionError(f"connection to Redis lost: {exc!r}"))
+
+    def close(self) -> None:
+        self._fail(RedisConnectionError("pipeline closed"))
+        self.writer.transport.close()
+
+    def _fail(self, exc: Exception) -> None:
+        self.closed = True
+        if self._deadline is not None:
+            self._deadline.cancel()
+            self._deadline = None
+        while self._waiting:
+            future = self._waiting.popleft()[0][1]
             if not future.done():
                 future.set_exception(exc)
+
+
+class AutoPipeline:
+    """Batches :meth:`call` s made in the same loop iteration into one write to Redis.
+
+    Contract:
+
+    * **Ordering:** calls reach Redis in the order they were made (one connection, batches
+      written in order of their first call).
+    * **Results:** each caller gets its own script's reply, or the exception its command
+      raised. A lost connection fails every call waiting on it with a ``ConnectionError``, a
+      reply later than the client's ``socket_timeout`` fails them with a ``TimeoutError``
+      (and closes the connection); the next call opens a new one. A call to a script Redis
+      does not know (restarted, ``SCRIPT FLUSH``) is run again after a ``SCRIPT LOAD`` on the
+      same connection; the calls rerun keep their order among themselves.
+    * **Cancellation:** a caller cancelled while waiting does not withdraw its command, which
+      may already be on the wire; only its result is dropped.
+    * Not transactional: the scripts of a batch are atomic one by one, not together.
+    * The owner calls :meth:`close`, which fails the calls still waiting.
+    """
+
+    def __init__(self, redis: Redis, max_batch: int = 1000) -> None:
+        self._redis = redis
+        self._timeout_s: float | None = redis.connection_pool.connection_kwargs.get(
+            "socket_timeout"
+        )
+        self._max_batch = max_batch
+        self._pending: list[_Call] = []
+        self._replies: _Replies | None = None
+        self._connecting: list[list[_Call]] | None = None  # batches waiting for a connection
+        self._loading: set[str] = set()  # scripts being loaded again
+        self._connector: asyncio.Task[None] | None = None
+        self._closed = False
+        self.batches = 0  # writes so far (for tests and profiling)
+
+    async def call(self, script: AsyncScript, keys: Sequence[Any], args: Sequence[Any]) -> Any:
+        """Run ``script`` with ``keys`` and ``args`` in this iteration's pipeline."""
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._enqueue((("EVALSHA", script.sha, len(keys), *keys, *args), future, script))
+        return await future
+
+    def _enqueue(self, call: _Call) -> None:
+        if not self._pending:
+            asyncio.get_running_loop().call_soon(self._send_pending)
+        self._pending.append(call)
+        if len(self._pending) >= self._max_batch:
+            self._send_pending()
+
+    def _send_pending(self) -> None:
+        batch, self._pending = self._pending, []
+        if not batch:
             return
+        replies = self._replies
+        if self._closed:
+            _fail([batch], RedisConnectionError("pipeline closed"))
+        elif self._connecting is not None:
+            self._connecting.append(batch)
+        elif replies is not None and replies.usable:
+            self.batches += 1
+            replies.send(batch)
+        else:
+            self._connecting = [batch]
+            self._connector = asyncio.create_task(self._connect(), name="redis-autopipeline")
+
+    async def _connect(self) -> None:
+        """Open a connection; then send the batches that waited for it, in order."""
+        try:
+            replies = _Replies(self._timeout_s, self._rerun_loading)
+            replies.writer = await hand_over(self._redis, replies)
+        except Exception as exc:
+            batches, self._connecting = self._connecting or [], None
+            _fail(batches, exc)
+            return
+        self._replies = replies
+        batches, self._connecting = self._connecting or [], None
+        for batch in batches:
+            self.batches += 1
+            replies.send(batch)
+
+    def _rerun_loading(self, call: _Call) -> None:
+        """Queue a ``SCRIPT LOAD`` (once per script at a time), then the call again, once."""
+        command, future, script = call
+        assert script is not None
+        if script.sha not in self._loading:
+            self._loading.add(script.sha)
+            loaded: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+            loaded.add_done_callback(lambda done: self._loaded(script.sha, done))
+            self._enqueue((("SCRIPT", "LOAD", script.script), loaded, None))
         if not future.done():
-            future.set_result(reply)
+            self._enqueue((command, future, None))  # a second NOSCRIPT goes to the caller
+
+    def _loaded(self, sha: str, loaded: asyncio.Future[Any]) -> None:
+        self._loading.discard(sha)
+        if not loaded.cancelled() and loaded.exception() is not None:
+            logger.warning("could not load a script into Redis: %r", loaded.exception())
+
+    async def close(self) -> None:
+        """Fail every call not answered yet and close the connection; later calls fail."""
+        self._closed = True
+        closed = RedisConnectionError("pipeline closed")
+        batches, self._connecting = [*(self._connecting or []), self._pending], None
+        self._pending = []
+        _fail(batches, closed)
+        if self._connector is not None:
+            self._connector.cancel()
+        if self._replies is not None:
+            self._replies.close()
+            self._replies = None
+
+
+def _fail(batches: list[list[_Call]], exc: Exception) -> None:
+    for batch in batches:
+        for _, future, _ in batch:
+            if not future.done():
+                future.set_exception(exc)

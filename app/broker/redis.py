@@ -26,7 +26,6 @@ from typing import Any, TypeVar, cast
 
 import orjson
 from redis.asyncio import Redis
-from redis.asyncio.client import PubSub
 from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 from redis.retry import Retry
@@ -36,6 +35,7 @@ from app.broker import BrokerHandler, BrokerStats, History, Published, RoomPrese
 from app.broker import redis_scripts as scripts
 from app.broker.autopipeline import AutoPipeline
 from app.broker.hiredis_packing import pack_with_hiredis
+from app.broker.subscription import Subscription
 from app.errors import BrokerUnavailable
 from app.settings import Settings
 
@@ -86,7 +86,11 @@ class RedisBroker:
         self._rooms: set[str] = set()
         self._users: set[str] = set()
         self._present: dict[str, set[str]] = {}  # room -> users present through this worker
-        self._pubsub: PubSub | None = None
+        self._subscription: Subscription | None = None
+        self._room_prefix = f"{self._prefix}:r:".encode()
+        self._user_prefix = f"{self._prefix}:u:".encode()
+        self._moderation_bytes = self._moderation_channel.encode()
+        self._control_bytes = self._control_channel.encode()
         self._confirmations: dict[bytes, asyncio.Future[None]] = {}
         self._ready = False
         self._tasks: list[asyncio.Task[None]] = []
@@ -158,6 +162,7 @@ class RedisBroker:
             logger.warning("redis broker: %d tasks did not stop in time", len(pending))
         with contextlib.suppress(*_ERRORS):
             await self._withdraw_presence()
+        await self._pipeline.close()
         await self._redis.aclose()
         await self._sub_redis.aclose()
 
@@ -190,55 +195,48 @@ class RedisBroker:
         self._confirmations.clear()
 
     async def _listen(self) -> None:
-        pubsub = self._sub_redis.pubsub()
-        self._pubsub = pubsub
+        """Subscribe everything on a new connection; return only by raising what ended it."""
+        subscription = await Subscription.open(self._sub_redis, self._on_push)
+        self._subscription = subscription
         try:
             channels = [self._room_channel(r) for r in self._rooms]
             channels += [self._user_channel(u) for u in self._users]
             # The control channel goes last: its confirmation means all the others are done.
-            await pubsub.subscribe(*channels, self._moderation_channel, self._control_channel)
-            control = self._control_channel.encode()
-            moderation = self._moderation_channel.encode()
-            deliver_room = self._handler.deliver_room if self._handler else None
-            deliver_user = self._handler.deliver_user if self._handler else None
-            room_prefix = f"{self._prefix}:r:".encode()
-            user_prefix = f"{self._prefix}:u:".encode()
-            while True:
-                message = await pubsub.get_message(timeout=None)
-                if message is None:
-                    continue
-                kind = message["type"]
-                channel: bytes = message["channel"]
-                if kind == "message":
-                    data: bytes = message["data"]
-                    if channel.startswith(room_prefix) and deliver_room is not None:
-                        deliver_room(channel[len(room_prefix) :].decode(), data)
-                    elif channel.startswith(user_prefix) and deliver_user is not None:
-                        deliver_user(channel[len(user_prefix) :].decode(), data)
-                    elif channel == moderation and self._handler is not None:
-                        order = orjson.loads(data)
-                        self._handler.kick(order["user"], order["reason"])
-                    elif channel == control:
-                        self._canary_seen = time.monotonic()
-                        self._pubsub_lag_s = max(0.0, time.time() - float(data))
-                elif kind == "subscribe":
-                    if channel == control and not self._ready:
-                        self._canary_seen = time.monotonic()
-                        self._ready = True
-                        if self._handler is not None and self._reconnects:
-                            self._handler.resubscribed()
-                        logger.info(
-                            "redis pub/sub ready: %d rooms, %d users",
-                            len(self._rooms),
-                            len(self._users),
-                        )
-                    future = self._confirmations.pop(channel, None)
-                    if future is not None and not future.done():
-                        future.set_result(None)
+            subscription.subscribe(*channels, self._moderation_channel, self._control_channel)
+            raise await subscription.lost
         finally:
-            self._pubsub = None
-            with contextlib.suppress(*_ERRORS):
-                await pubsub.aclose()  # type: ignore[no-untyped-call]  # redis-py: untyped
+            self._subscription = None
+            subscription.close()
+
+    def _on_push(self, push: list[Any]) -> None:
+        """Handle one push of the subscription (called from its ``data_received``)."""
+        kind, channel = push[0], push[1]
+        handler = self._handler
+        assert handler is not None
+        if kind == b"message":
+            data: bytes = push[2]
+            if channel.startswith(self._room_prefix):
+                handler.deliver_room(channel[len(self._room_prefix) :].decode(), data)
+            elif channel.startswith(self._user_prefix):
+                handler.deliver_user(channel[len(self._user_prefix) :].decode(), data)
+            elif channel == self._moderation_bytes:
+                order = orjson.loads(data)
+                handler.kick(order["user"], order["reason"])
+            elif channel == self._control_bytes:
+                self._canary_seen = time.monotonic()
+                self._pubsub_lag_s = max(0.0, time.time() - float(data))
+        elif kind == b"subscribe":
+            if channel == self._control_bytes and not self._ready:
+                self._canary_seen = time.monotonic()
+                self._ready = True
+                if self._reconnects:
+                    handler.resubscribed()
+                logger.info(
+                    "redis pub/sub ready: %d rooms, %d users", len(self._rooms), len(self._users)
+                )
+            future = self._confirmations.pop(channel, None)
+            if future is not None and not future.done():
+                future.set_result(None)
 
     async def _canary(self) -> None:
         """Publish to our own control channel; no echo within the timeout means deaf."""
@@ -257,24 +255,24 @@ class RedisBroker:
     # -- subscriptions ------------------------------------------------------------------------
 
     async def _subscribe(self, channel: str) -> None:
-        pubsub = self._pubsub
-        if pubsub is None or not self._ready:
+        subscription = self._subscription
+        if subscription is None or not self._ready:
             return  # remembered; the next connection subscribes it
         future = asyncio.get_running_loop().create_future()
         self._confirmations[channel.encode()] = future
         try:
+            subscription.subscribe(channel)
             async with asyncio.timeout(self._settings.redis_timeout_s):
-                await pubsub.subscribe(channel)
                 await future
         except _ERRORS as exc:
             self._confirmations.pop(channel.encode(), None)
             raise BrokerUnavailable(f"cannot subscribe: {exc!r}") from exc
 
     async def _unsubscribe(self, channel: str) -> None:
-        pubsub = self._pubsub
-        if pubsub is not None and self._ready:
+        subscription = self._subscription
+        if subscription is not None and self._ready:
             with contextlib.suppress(*_ERRORS):
-                await pubsub.unsubscribe(channel)
+                subscription.unsubscribe(channel)
 
     async def subscribe_room(self, room: str) -> None:
         self._rooms.add(room)

@@ -1,0 +1,91 @@
+"""A Redis pub/sub connection whose pushes are parsed by hiredis and handled as they arrive.
+
+redis-py's ``PubSub.get_message`` costs, per message, a few coroutines, a timeout context and a
+dict; a busy worker receives every message of every room it serves through it. Here the
+connection (opened by redis-py, see :mod:`app.broker.handover`) feeds hiredis directly from
+``data_received``, and each push goes to the handler in the same callback.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import hiredis
+from redis.asyncio import Redis
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import ResponseError
+
+from app.broker.handover import hand_over
+
+logger = logging.getLogger(__name__)
+
+PushHandler = Callable[[list[Any]], None]
+
+
+class Subscription(asyncio.Protocol):
+    """One subscribed connection: ``SUBSCRIBE`` / ``UNSUBSCRIBE`` out, pushes in.
+
+    Contract:
+
+    * **Delivery:** every push Redis sends (``[b"message", channel, data]``,
+      ``[b"subscribe", channel, count]``, ...) reaches ``on_push`` once, in the order Redis
+      sent it, from inside ``data_received``; ``on_push`` must not block.
+    * **End:** :attr:`lost` resolves with the exception that ended the subscription: the
+      connection's loss, an error reply, or an exception ``on_push`` raised (the connection is
+      then aborted). Nothing is delivered after that. Whoever opened it calls :meth:`close`.
+    * Subscribing is a write: the confirmation is the ``subscribe`` push.
+    """
+
+    writer: asyncio.StreamWriter  # kept: see hand_over
+
+    def __init__(self, on_push: PushHandler) -> None:
+        self._on_push = on_push
+        self._reader = hiredis.Reader(replyError=ResponseError)
+        self.lost: asyncio.Future[Exception] = asyncio.get_running_loop().create_future()
+
+    @classmethod
+    async def open(cls, redis: Redis, on_push: PushHandler) -> Subscription:
+        """Connect as ``redis`` would (its URL, credentials and timeouts)."""
+        subscription = cls(on_push)
+        subscription.writer = await hand_over(redis, subscription)
+        return subscription
+
+    def subscribe(self, *channels: str) -> None:
+        """Ask for ``channels``; raises ``ConnectionError`` once the subscription is lost."""
+        self._write(("SUBSCRIBE", *channels))
+
+    def unsubscribe(self, *channels: str) -> None:
+        self._write(("UNSUBSCRIBE", *channels))
+
+    def _write(self, command: tuple[Any, ...]) -> None:
+        if self.lost.done() or self.writer.transport.is_closing():
+            raise RedisConnectionError("pub/sub connection lost")
+        self.writer.transport.write(hiredis.pack_command(command))
+
+    def data_received(self, data: bytes) -> None:
+        if self.lost.done():
+            return
+        reader = self._reader
+        reader.feed(data)
+        try:
+            while (push := reader.gets()) is not False:
+                if isinstance(push, Exception):
+                    raise push
+                self._on_push(push)
+        except Exception as exc:
+            self._end(exc)
+            self.writer.transport.abort()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._end(RedisConnectionError(f"pub/sub connection lost: {exc!r}"))
+
+    def close(self) -> None:
+        self._end(RedisConnectionError("pub/sub closed"))
+        self.writer.transport.close()
+
+    def _end(self, exc: Exception) -> None:
+        if not self.lost.done():
+            self.lost.set_result(exc)
