@@ -71,3 +71,7 @@ class FrameError(Exception):
 
 class BrokerUnavailable(Exception):
     """The broker cannot take a publish or subscription right now (it is down or reconnecting)."""
+
+
+class QuotaExceeded(Exception):
+    """A publish was refused: the sender's :class:`~app.broker.QuotaBucket` had no token."""

@@ -22,8 +22,10 @@ from typing import TYPE_CHECKING, Final, Literal, Protocol
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
+from app.broker import QuotaBucket
 from app.broker.autopipeline import AutoPipeline
 from app.broker.hiredis_packing import pack_with_hiredis
+from app.broker.redis_scripts import TOKEN_BUCKET
 from app.settings import Settings
 
 if TYPE_CHECKING:
@@ -51,7 +53,8 @@ class Ban:
 class Quotas(Protocol):
     """Contract: ``admit`` and ``release`` are called once per connection (a connection
     admitted must be released); ``refresh`` every third of ``CHAT_PRESENCE_TTL_S`` with the
-    worker's open connections; ``allow`` before each send or join."""
+    worker's open connections; before each send or join, ``allow`` or, for a send, the broker
+    takes from the ``bucket``."""
 
     async def admit(self, user: str, conn_id: str, ip: str | None) -> Refusal | None: ...
 
@@ -60,6 +63,11 @@ class Quotas(Protocol):
     async def refresh(self, conns: Iterable[tuple[str, str]]) -> None: ...
 
     async def allow(self, rate: Rate, user: str) -> bool: ...
+
+    def bucket(self, rate: Rate, user: str) -> QuotaBucket | None:
+        """The shared bucket of ``rate`` for ``user``, for the broker to take a token from
+        inside its publish (instead of :meth:`allow`); None: call :meth:`allow` first."""
+        ...
 
     async def ban(self, user: str, duration_s: float, reason: str) -> None: ...
 
@@ -80,30 +88,15 @@ def _rates(settings: Settings) -> dict[str, tuple[float, int]]:
 
 # -- Redis --------------------------------------------------------------------------------
 
-_BUCKET: Final = """
-local function take(key, rate, burst, now)
-  local b = redis.call('HMGET', key, 't', 'ts')
-  local tokens = tonumber(b[1]) or burst
-  local ts = tonumber(b[2]) or now
-  tokens = math.min(burst, tokens + math.max(0, now - ts) * rate / 1000)
-  local ok = 0
-  if tokens >= 1 then tokens = tokens - 1; ok = 1 end
-  redis.call('HSET', key, 't', tostring(tokens), 'ts', tostring(now))
-  redis.call('PEXPIRE', key, math.ceil(burst / rate * 1000) + 1000)
-  return ok
-end
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-"""
 
 # KEYS: bucket   ARGV: rate, burst   -> 1 allowed, 0 refused
-TAKE: Final = _BUCKET + "return take(KEYS[1], tonumber(ARGV[1]), tonumber(ARGV[2]), now)"
+TAKE: Final = TOKEN_BUCKET + "return take(KEYS[1], tonumber(ARGV[1]), tonumber(ARGV[2]), now)"
 
 # KEYS: ip bucket (or ''), ban, user's connections (sorted set conn -> expiry ms)
 # ARGV: ip rate, ip burst, conn id, max connections, ttl ms
 # -> 0 admitted, 1 banned, 2 too many connections, 3 address rate
 ADMIT: Final = (
-    _BUCKET
+    TOKEN_BUCKET
     + """
 if KEYS[1] ~= '' and take(KEYS[1], tonumber(ARGV[1]), tonumber(ARGV[2]), now) == 0 then
   return 3
@@ -194,6 +187,10 @@ class RedisQuotas:
         except _ERRORS:
             return True
 
+    def bucket(self, rate: Rate, user: str) -> QuotaBucket:
+        per_s, burst = self._rates[rate]
+        return QuotaBucket(self._key(rate, user), per_s, burst)
+
     async def ban(self, user: str, duration_s: float, reason: str) -> None:
         await self._redis.set(self._key("ban", user), reason, px=max(1, int(duration_s * 1000)))
 
@@ -275,6 +272,9 @@ class MemoryQuotas:
 
     async def refresh(self, conns: Iterable[tuple[str, str]]) -> None:
         return None  # nothing here can outlive its process
+
+    def bucket(self, rate: Rate, user: str) -> None:
+        return None  # buckets live in this process: allow() is all it takes
 
     async def allow(self, rate: Rate, user: str) -> bool:
         return self._take(rate, user)

@@ -22,7 +22,7 @@ from app.auth import AuthError, Identity
 from app.broker import RoomPresence
 from app.connection import Connection
 from app.direct import DirectSocket
-from app.errors import BrokerUnavailable, CloseCode, ErrorCode, FrameError
+from app.errors import BrokerUnavailable, CloseCode, ErrorCode, FrameError, QuotaExceeded
 from app.metrics import Metrics
 from app.outbox import Outbox
 from app.protocol import (
@@ -48,6 +48,7 @@ from app.state import ChatState
 
 logger = logging.getLogger(__name__)
 _HOST = socket.gethostname()
+_TOO_MANY_MESSAGES = "too many messages, slow down"
 
 
 class Session:
@@ -165,17 +166,23 @@ class Session:
                 f"text is {len(frame.text)} characters, at most "
                 f"{self._settings.max_text_chars} are allowed",
             )
-        if not await self._state.quotas.allow("message", conn.user):
-            raise FrameError(ErrorCode.RATE_LIMITED, "too many messages, slow down")
+        quotas = self._state.quotas
+        quota = quotas.bucket("message", conn.user)  # taken by the publish itself
+        if quota is None and not await quotas.allow("message", conn.user):
+            raise FrameError(ErrorCode.RATE_LIMITED, _TOO_MANY_MESSAGES)
         started = time.perf_counter()
         try:
             if frame.room is not None:
-                published = await self._broker.publish(frame.room, conn.user, frame.text, frame.cid)
+                published = await self._broker.publish(
+                    frame.room, conn.user, frame.text, frame.cid, quota
+                )
             else:
                 assert frame.to is not None  # the model guarantees room xor to
                 published = await self._broker.publish_direct(
-                    conn.user, frame.to, frame.text, frame.cid
+                    conn.user, frame.to, frame.text, frame.cid, quota
                 )
+        except QuotaExceeded:
+            raise FrameError(ErrorCode.RATE_LIMITED, _TOO_MANY_MESSAGES) from None
         except BrokerUnavailable:
             self.metrics.publish_failures.inc()
             raise FrameError(

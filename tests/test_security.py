@@ -270,6 +270,9 @@ async def test_per_user_message_rate_is_shared_by_servers(redis_server: RedisSer
         await on_b.say("r", "one too many", cid="b0")
         error = await on_b.next_frame(skip=("ping", "presence", "message"))
         assert (error.get("code"), error.get("cid")) == ("rate_limited", "b0"), error
+        await on_b.say_to("bob", "a direct message draws on the same budget", cid="d0")
+        error = await on_b.next_frame(skip=("ping", "presence", "message"))
+        assert (error.get("code"), error.get("cid")) == ("rate_limited", "d0"), error
         await bob.say("r", "bob has his own budget")
         got = [m["text"] for m in await bob.messages_until("bob has his own budget")]
         assert got == ["a0", "a1", "a2", "bob has his own budget"]

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from app.announcer import PresenceAnnouncer
-from app.broker import BrokerHandler, BrokerStats, History, Published, RoomPresence
+from app.broker import BrokerHandler, BrokerStats, History, Published, QuotaBucket, RoomPresence
 from app.dedup import RecentIds
 from app.errors import BrokerUnavailable
 from app.protocol import encode_direct, encode_message
@@ -96,7 +96,15 @@ class MemoryBroker:
             self._recent.add(key, message_id, now)
         return message_id, ts_ms, False
 
-    async def publish(self, room: str, user: str, text: str, cid: str | int | None) -> Published:
+    async def publish(
+        self,
+        room: str,
+        user: str,
+        text: str,
+        cid: str | int | None,
+        quota: QuotaBucket | None = None,
+    ) -> Published:
+        _no_quota(quota)
         handler = self._running()
         key = None if cid is None else ("r", room, user, cid)
         message_id, ts_ms, duplicate = self._next_id(key)
@@ -109,8 +117,14 @@ class MemoryBroker:
         return Published(message_id)
 
     async def publish_direct(
-        self, sender: str, to: str, text: str, cid: str | int | None
+        self,
+        sender: str,
+        to: str,
+        text: str,
+        cid: str | int | None,
+        quota: QuotaBucket | None = None,
     ) -> Published:
+        _no_quota(quota)
         handler = self._running()
         key = None if cid is None else ("u", to, sender, cid)
         message_id, ts_ms, duplicate = self._next_id(key)
@@ -189,3 +203,8 @@ class MemoryBroker:
         if len(users) > self._settings.presence_max_members:
             return RoomPresence(len(users), None)
         return RoomPresence(len(users), sorted(users))
+
+
+def _no_quota(quota: QuotaBucket | None) -> None:
+    if quota is not None:  # MemoryQuotas checks its own buckets and hands none out
+        raise TypeError("the memory broker cannot take from a Redis quota bucket")

@@ -31,18 +31,26 @@ from redis.exceptions import RedisError
 from redis.retry import Retry
 
 from app.announcer import PresenceAnnouncer
-from app.broker import BrokerHandler, BrokerStats, History, Published, RoomPresence
+from app.broker import (
+    BrokerHandler,
+    BrokerStats,
+    History,
+    Published,
+    QuotaBucket,
+    RoomPresence,
+)
 from app.broker import redis_scripts as scripts
 from app.broker.autopipeline import AutoPipeline
 from app.broker.hiredis_packing import pack_with_hiredis
 from app.broker.subscription import Subscription
-from app.errors import BrokerUnavailable
+from app.errors import BrokerUnavailable, QuotaExceeded
 from app.settings import Settings
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
 
 _ERRORS = (RedisError, OSError, asyncio.TimeoutError)
+_REFUSED_BY_QUOTA = 2  # the PUBLISH script's second reply, as published (0) or duplicate (1)
 
 
 class RedisBroker:
@@ -300,27 +308,46 @@ class RedisBroker:
         except _ERRORS as exc:
             raise BrokerUnavailable(f"redis: {exc!r}") from exc
 
-    async def publish(self, room: str, user: str, text: str, cid: str | int | None) -> Published:
+    async def publish(
+        self,
+        room: str,
+        user: str,
+        text: str,
+        cid: str | int | None,
+        quota: QuotaBucket | None = None,
+    ) -> Published:
         head = b'{"type":"message","room":' + orjson.dumps(room) + b',"id":'
         body = b',"user":' + orjson.dumps(user) + b',"text":' + orjson.dumps(text) + b',"ts":'
         dedup = "" if cid is None else self._room_key(room, f"cid:{user}:{cid!r}")
         keys = [self._room_key(room, "meta"), self._room_key(room, "log"), dedup]
         if self._settings.history_size == 0:
             keys[1] = ""
-        return await self._publish(keys, self._room_channel(room), head, body, "")
+        return await self._publish(keys, self._room_channel(room), head, body, "", quota)
 
     async def publish_direct(
-        self, sender: str, to: str, text: str, cid: str | int | None
+        self,
+        sender: str,
+        to: str,
+        text: str,
+        cid: str | int | None,
+        quota: QuotaBucket | None = None,
     ) -> Published:
         head = b'{"type":"message","to":' + orjson.dumps(to) + b',"id":'
         body = b',"user":' + orjson.dumps(sender) + b',"text":' + orjson.dumps(text) + b',"ts":'
         tag = f"{self._prefix}:{{u:{to}}}"
         dedup = "" if cid is None else f"{tag}:cid:{sender}:{cid!r}"
         channel, copy = self._user_channel(to), self._user_channel(sender)
-        return await self._publish([f"{tag}:meta", "", dedup], channel, head, body, copy)
+        keys = [f"{tag}:meta", "", dedup]
+        return await self._publish(keys, channel, head, body, copy, quota)
 
     async def _publish(
-        self, keys: list[str], channel: str, head: bytes, body: bytes, copy_channel: str
+        self,
+        keys: list[str],
+        channel: str,
+        head: bytes,
+        body: bytes,
+        copy_channel: str,
+        quota: QuotaBucket | None,
     ) -> Published:
         settings = self._settings
         args: list[Any] = [
@@ -332,10 +359,16 @@ class RedisBroker:
             int(settings.dedup_ttl_s * 1000),
             copy_channel,
         ]
+        if quota is None:
+            keys.append("")
+        else:
+            keys.append(quota.key)
+            args += [quota.per_s, quota.burst]
         script = self._scripts["PUBLISH"]
-        result = await self._call(lambda: self._pipeline.call(script, keys, args))
-        message_id, duplicate = result
-        return Published(int(message_id), duplicate=bool(duplicate))
+        message_id, outcome = await self._call(lambda: self._pipeline.call(script, keys, args))
+        if outcome == _REFUSED_BY_QUOTA:
+            raise QuotaExceeded(keys[3])
+        return Published(int(message_id), duplicate=outcome == 1)
 
     async def history_since(self, room: str, since: int) -> History:
         keys = [self._room_key(room, "meta"), self._room_key(room, "log")]

@@ -11,18 +11,41 @@ from __future__ import annotations
 
 from typing import Final
 
+# A token bucket per key (a hash: t tokens, ts last refill in ms), and `now` from Redis' clock.
+TOKEN_BUCKET: Final = """
+local function take(key, rate, burst, now)
+  local b = redis.call('HMGET', key, 't', 'ts')
+  local tokens = tonumber(b[1]) or burst
+  local ts = tonumber(b[2]) or now
+  tokens = math.min(burst, tokens + math.max(0, now - ts) * rate / 1000)
+  local ok = 0
+  if tokens >= 1 then tokens = tokens - 1; ok = 1 end
+  redis.call('HSET', key, 't', tostring(tokens), 'ts', tostring(now))
+  redis.call('PEXPIRE', key, math.ceil(burst / rate * 1000) + 1000)
+  return ok
+end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+"""
+
 # Message ids: max(last + 1, 1000 * Redis time in ms). They increase per room and survive the
 # loss of the room's keys (as long as Redis' clock does not go back), and stay below 2^53 so
 # Lua's doubles and JavaScript clients hold them exactly.
-PUBLISH: Final = """
--- KEYS: meta, log (or '' for no history), dedup (or '')
--- ARGV: channel, head, body, maxlen, ttl_ms, dedup_ttl_ms, second channel (or '')
+# Returns {id, 0} published, {id, 1} a duplicate of message id, {0, 2} refused by the quota.
+PUBLISH: Final = (
+    TOKEN_BUCKET
+    + """
+-- KEYS: meta, log (or '' for no history), dedup (or ''), quota bucket (or '')
+-- ARGV: channel, head, body, maxlen, ttl_ms, dedup_ttl_ms, second channel (or ''),
+--       quota rate per s, quota burst
+if KEYS[4] ~= '' and take(KEYS[4], tonumber(ARGV[8]), tonumber(ARGV[9]), now) == 0 then
+  return {0, 2}
+end
 if KEYS[3] ~= '' then
   local first = redis.call('GET', KEYS[3])
   if first then return {first, 1} end
 end
-local t = redis.call('TIME')
-local ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local ms = now
 local last = tonumber(redis.call('HGET', KEYS[1], 'last') or '0')
 local id = string.format('%.0f', math.max(last + 1, ms * 1000))
 local payload = ARGV[2] .. id .. ARGV[3] .. string.format('%.0f', ms) .. '}'
@@ -42,6 +65,7 @@ if ARGV[7] ~= '' and ARGV[7] ~= ARGV[1] then redis.call('PUBLISH', ARGV[7], payl
 if KEYS[3] ~= '' then redis.call('SET', KEYS[3], id, 'PX', ARGV[6]) end
 return {id, 0}
 """
+)
 
 # Replay for a join with `since`: {1, frames...} when every message after `since` is still
 # retained (and there are at most `limit` of them), {0} when the client must resync.
