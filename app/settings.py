@@ -162,7 +162,10 @@ class Settings(BaseSettings):
         "Redis).",
     )
     redis_timeout_s: float = Field(
-        2.0, gt=0, description="Timeout of one Redis command; a publish that takes longer fails."
+        2.0,
+        gt=0,
+        description="Timeout of one Redis command (and of connecting); a publish that takes "
+        "longer fails with `broker_unavailable`, and the connection it waited on is reopened.",
     )
     redis_reconnect_max_s: float = Field(
         5.0,
