@@ -4,8 +4,9 @@ script reloading, and a lost server."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import signal
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 
 import pytest
 from redis.asyncio import Redis
@@ -109,17 +110,32 @@ async def test_a_cancelled_caller_does_not_disturb_the_others(redis: Redis) -> N
         await first
 
 
+async def _connected(server: RedisServer, timeout_s: float) -> tuple[Redis, AutoPipeline]:
+    """A client with ``timeout_s`` per command, and a pipeline that has made one INCR_BY."""
+    redis = Redis.from_url(server.url, socket_timeout=timeout_s, socket_connect_timeout=2)
+    pipeline = AutoPipeline(redis)
+    await redis.script_load(INCR_BY)
+    assert await pipeline.call(redis.register_script(INCR_BY), ["n"], [1]) == 1
+    return redis, pipeline
+
+
+@contextlib.contextmanager
+def _frozen(server: RedisServer) -> Iterator[None]:
+    """SIGSTOP: the server is alive but silent, as a wedged host; SIGCONT after."""
+    assert server.proc is not None
+    server.proc.send_signal(signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        server.proc.send_signal(signal.SIGCONT)
+
+
 async def test_a_hung_server_times_the_calls_out_and_a_new_connection_follows(
     redis_server: RedisServer,
 ) -> None:
-    redis = Redis.from_url(redis_server.url, socket_timeout=0.5, socket_connect_timeout=2)
-    pipeline = AutoPipeline(redis)
+    redis, pipeline = await _connected(redis_server, timeout_s=0.5)
     incr = redis.register_script(INCR_BY)
-    await redis.script_load(INCR_BY)
-    assert await pipeline.call(incr, ["n"], [1]) == 1
-    assert redis_server.proc is not None
-    redis_server.proc.send_signal(signal.SIGSTOP)  # alive but silent, as a wedged host
-    try:
+    with _frozen(redis_server):
         results = await asyncio.wait_for(
             asyncio.gather(
                 *(pipeline.call(incr, ["n"], [1]) for _ in range(3)), return_exceptions=True
@@ -127,8 +143,6 @@ async def test_a_hung_server_times_the_calls_out_and_a_new_connection_follows(
             timeout=5,
         )
         assert all(isinstance(r, RedisTimeoutError) for r in results), results
-    finally:
-        redis_server.proc.send_signal(signal.SIGCONT)
     # The timed-out commands may still run once the server wakes up; ours come after them.
     assert await pipeline.call(incr, ["n"], [10]) in (11, 14)
     await pipeline.close()
@@ -136,14 +150,9 @@ async def test_a_hung_server_times_the_calls_out_and_a_new_connection_follows(
 
 
 async def test_close_fails_the_calls_still_waiting_or_queued(redis_server: RedisServer) -> None:
-    redis = Redis.from_url(redis_server.url, socket_timeout=30, socket_connect_timeout=2)
-    pipeline = AutoPipeline(redis)
+    redis, pipeline = await _connected(redis_server, timeout_s=30)
     incr = redis.register_script(INCR_BY)
-    await redis.script_load(INCR_BY)
-    assert await pipeline.call(incr, ["n"], [1]) == 1
-    assert redis_server.proc is not None
-    redis_server.proc.send_signal(signal.SIGSTOP)
-    try:
+    with _frozen(redis_server):
         sent = asyncio.ensure_future(pipeline.call(incr, ["n"], [1]))
         await wait_until(lambda: pipeline.batches == 2, timeout=5)
         queued = asyncio.ensure_future(pipeline.call(incr, ["n"], [1]))
@@ -154,6 +163,4 @@ async def test_close_fails_the_calls_still_waiting_or_queued(redis_server: Redis
                 await asyncio.wait_for(call, timeout=2)
         with pytest.raises(RedisConnectionError):
             await pipeline.call(incr, ["n"], [1])  # closed for good
-    finally:
-        redis_server.proc.send_signal(signal.SIGCONT)
-        await redis.aclose()
+    await redis.aclose()
