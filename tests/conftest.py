@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 import uvloop
+from redis.asyncio import Redis
 
 from tests.helpers import LiveServer, make_settings, run_server
 from tests.processes import RedisServer
@@ -32,3 +33,13 @@ async def redis_server() -> AsyncIterator[RedisServer]:
         yield server
     finally:
         await server.stop()
+
+
+@pytest.fixture
+async def redis(redis_server: RedisServer) -> AsyncIterator[Redis]:
+    """A redis-py client of ``redis_server`` (2 s timeouts)."""
+    client = Redis.from_url(redis_server.url, socket_timeout=2, socket_connect_timeout=2)
+    try:
+        yield client
+    finally:
+        await client.aclose()

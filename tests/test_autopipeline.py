@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 
 import pytest
 from redis.asyncio import Redis
@@ -22,15 +22,6 @@ INCR_BY = "return redis.call('INCRBY', KEYS[1], ARGV[1])"
 FAIL_ON_NEGATIVE = "if tonumber(ARGV[1]) < 0 then return redis.error_reply('negative') end\n" + (
     "return redis.call('RPUSH', KEYS[1], ARGV[1])"
 )
-
-
-@pytest.fixture
-async def redis(redis_server: RedisServer) -> AsyncIterator[Redis]:
-    client = Redis.from_url(redis_server.url, socket_timeout=2, socket_connect_timeout=2)
-    try:
-        yield client
-    finally:
-        await client.aclose()
 
 
 async def test_calls_of_one_iteration_share_one_pipeline_in_order(redis: Redis) -> None:

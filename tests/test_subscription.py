@@ -4,7 +4,6 @@ a handler's exception ending it."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -14,15 +13,6 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from app.broker.subscription import Subscription
 from tests.helpers import wait_until
 from tests.processes import RedisServer
-
-
-@pytest.fixture
-async def redis(redis_server: RedisServer) -> AsyncIterator[Redis]:
-    client = Redis.from_url(redis_server.url, socket_timeout=2, socket_connect_timeout=2)
-    try:
-        yield client
-    finally:
-        await client.aclose()
 
 
 async def test_pushes_reach_the_handler_in_order(redis: Redis) -> None:
