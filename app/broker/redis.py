@@ -354,7 +354,7 @@ class RedisBroker:
             channel,
             head,
             body,
-            max(settings.history_size, 1),
+            settings.history_size + 1,  # the log's length, see redis_scripts
             int(settings.history_ttl_s * 1000),
             int(settings.dedup_ttl_s * 1000),
             copy_channel,
@@ -373,8 +373,9 @@ class RedisBroker:
     async def history_since(self, room: str, since: int) -> History:
         keys = [self._room_key(room, "meta"), self._room_key(room, "log")]
         limit = self._settings.recovery_max_messages
+        maxlen = self._settings.history_size + 1
         result = await self._call(
-            lambda: self._scripts["HISTORY_SINCE"](keys=keys, args=[since, limit])
+            lambda: self._scripts["HISTORY_SINCE"](keys=keys, args=[since, limit, maxlen])
         )
         recovered = bool(result[0])
         return History(recovered, list(result[1:]) if recovered else [])

@@ -1,9 +1,9 @@
 """The Lua scripts behind :class:`~app.broker.redis.RedisBroker`: each runs atomically in Redis.
 
 Key layout for a room R (the hash tag keeps a room's keys in one cluster slot):
-``{prefix}:{r:R}:meta`` hash {last: id of the newest message, trimmed: id of the newest
-message dropped from history}, ``{prefix}:{r:R}:log`` the stream of retained frames, whose
-entry ids are ``<message id>-0``, ``{prefix}:{r:R}:cid:<user>:<cid>`` a dedup marker, and
+``{prefix}:{r:R}:meta`` hash {last: id of the newest message}, ``{prefix}:{r:R}:log`` the stream
+of the newest ``CHAT_HISTORY_SIZE + 1`` frames (the oldest marks where recovery can start),
+whose entry ids are ``<message id>-0``, ``{prefix}:{r:R}:cid:<user>:<cid>`` a dedup marker, and
 ``{prefix}:{r:R}:present`` the presence sorted set.
 """
 
@@ -36,7 +36,8 @@ PUBLISH: Final = (
     TOKEN_BUCKET
     + """
 -- KEYS: meta, log (or '' for no history), dedup (or ''), quota bucket (or '')
--- ARGV: channel, head, body, maxlen, ttl_ms, dedup_ttl_ms, second channel (or ''),
+-- ARGV: channel, head, body, log length (history size + 1), ttl_ms, dedup_ttl_ms,
+--       second channel (or ''),
 --       quota rate per s, quota burst
 if KEYS[4] ~= '' and take(KEYS[4], tonumber(ARGV[8]), tonumber(ARGV[9]), now) == 0 then
   return {0, 2}
@@ -45,19 +46,13 @@ if KEYS[3] ~= '' then
   local first = redis.call('GET', KEYS[3])
   if first then return {first, 1} end
 end
-local ms = now
 local last = tonumber(redis.call('HGET', KEYS[1], 'last') or '0')
-local id = string.format('%.0f', math.max(last + 1, ms * 1000))
-local payload = ARGV[2] .. id .. ARGV[3] .. string.format('%.0f', ms) .. '}'
+local id = string.format('%.0f', math.max(last + 1, now * 1000))
+local payload = ARGV[2] .. id .. ARGV[3] .. string.format('%.0f', now) .. '}'
 redis.call('HSET', KEYS[1], 'last', id)
 redis.call('PEXPIRE', KEYS[1], ARGV[5])
 if KEYS[2] ~= '' then
-  local maxlen = tonumber(ARGV[4])
-  if redis.call('XLEN', KEYS[2]) >= maxlen then
-    local oldest = redis.call('XRANGE', KEYS[2], '-', '+', 'COUNT', 1)[1][1]
-    redis.call('HSET', KEYS[1], 'trimmed', string.sub(oldest, 1, -3))
-  end
-  redis.call('XADD', KEYS[2], 'MAXLEN', maxlen, id .. '-0', 'f', payload)
+  redis.call('XADD', KEYS[2], 'MAXLEN', ARGV[4], id .. '-0', 'f', payload)
   redis.call('PEXPIRE', KEYS[2], ARGV[5])
 end
 redis.call('PUBLISH', ARGV[1], payload)
@@ -68,15 +63,24 @@ return {id, 0}
 )
 
 # Replay for a join with `since`: {1, frames...} when every message after `since` is still
-# retained (and there are at most `limit` of them), {0} when the client must resync.
+# retained (and there are at most `limit` of them), {0} when the client must resync. The log is
+# a contiguous run of the newest messages, trimmed from its oldest end: the messages after
+# `since` are all in it when `since` is not older than its oldest entry, or when nothing was
+# ever trimmed from it (it is shorter than `maxlen`). A log that is full without having been
+# trimmed yet, or gone (history off, expired), answers {0} for an older `since`: a resync, never
+# a gap.
 HISTORY_SINCE: Final = """
--- KEYS: meta, log   ARGV: since, limit
+-- KEYS: meta, log   ARGV: since, limit, log length (history size + 1)
 local since = tonumber(ARGV[1])
 local last = tonumber(redis.call('HGET', KEYS[1], 'last') or '0')
 if since > last then return {0} end
 if since == last then return {1} end
-local trimmed = tonumber(redis.call('HGET', KEYS[1], 'trimmed') or '0')
-if since < trimmed then return {0} end
+local oldest = redis.call('XRANGE', KEYS[2], '-', '+', 'COUNT', 1)[1]
+if not oldest then return {0} end
+if since < tonumber(string.sub(oldest[1], 1, -3))
+   and redis.call('XLEN', KEYS[2]) >= tonumber(ARGV[3]) then
+  return {0}
+end
 local limit = tonumber(ARGV[2])
 local start = string.format('%.0f', since + 1) .. '-0'
 local entries = redis.call('XRANGE', KEYS[2], start, '+', 'COUNT', limit + 1)
