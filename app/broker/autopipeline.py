@@ -157,9 +157,16 @@ class AutoPipeline:
 
     async def call(self, script: AsyncScript, keys: Sequence[Any], args: Sequence[Any]) -> Any:
         """Run ``script`` with ``keys`` and ``args`` in this iteration's pipeline."""
+        return await self.submit(script, keys, args)
+
+    def submit(
+        self, script: AsyncScript, keys: Sequence[Any], args: Sequence[Any]
+    ) -> asyncio.Future[Any]:
+        """:meth:`call` without the coroutine (for hot paths): the future gets the reply or
+        the error; cancelling it drops the result, as cancelling a caller of :meth:`call` does."""
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._enqueue((("EVALSHA", script.sha, len(keys), *keys, *args), future, script))
-        return await future
+        return future
 
     def _enqueue(self, call: _Call) -> None:
         if not self._pending:

@@ -364,8 +364,11 @@ class RedisBroker:
         else:
             keys.append(quota.key)
             args += [quota.per_s, quota.burst]
-        script = self._scripts["PUBLISH"]
-        message_id, outcome = await self._call(lambda: self._pipeline.call(script, keys, args))
+        try:
+            reply = await self._pipeline.submit(self._scripts["PUBLISH"], keys, args)
+        except _ERRORS as exc:
+            raise BrokerUnavailable(f"redis: {exc!r}") from exc
+        message_id, outcome = reply
         if outcome == _REFUSED_BY_QUOTA:
             raise QuotaExceeded(keys[3])
         return Published(int(message_id), duplicate=outcome == 1)
