@@ -89,3 +89,13 @@ async def test_bench_harness_writes_the_report(tmp_path: Path) -> None:
     assert len(rows) == 4 and "\u00d7" in rows[0]  # a ratio
     raw = json.loads(out.with_suffix(".json").read_text())
     assert set(raw) == {"rtt-closed", "churn"} and set(raw["rtt-closed"]) == {"hubbub", "baseline"}
+
+
+def test_bench_ratio_is_the_median_of_the_rounds_ratios() -> None:
+    """Each round's ratio pairs the two servers measured back to back in it; a slow round
+    slows both, so it must not be set against another round's figure."""
+    from loadtest.bench import _paired_ratio
+
+    # Round 2 ran on a slow machine for both servers: its pair still says 0.5.
+    assert _paired_ratio([10.0, 5.0, 12.0], [20.0, 10.0, 20.0]) == "**0.50\u00d7** [0.50\u20130.60]"
+    assert _paired_ratio([10.0], [0.0]) == "\u2013"
