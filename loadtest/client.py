@@ -10,6 +10,7 @@ the fan-out scenario), else into an inbox that :func:`until` reads.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections import deque
 from collections.abc import Callable
 from typing import Any
@@ -26,7 +27,8 @@ class Client(WSListener):
     """One connection to the chat server. Not thread-safe; one event loop.
 
     Contract: frames reach ``on_frame`` (or the inbox) in arrival order, each with its arrival
-    time (``loop.time()`` of the read that brought it). ``closed`` resolves, with the close code
+    time (``time.time()``, taken once per WebSocket frame, so comparable with timestamps that
+    other processes put in messages). ``closed`` resolves, with the close code
     the server sent (None if none), once the TCP connection has ended.
     """
 
@@ -60,16 +62,18 @@ class Client(WSListener):
             if not frame.fin:
                 return
             payload, self._partial = bytes(self._partial), bytearray()
-        now = self._loop.time()
+        now = time.time()
+        on_frame = self.on_frame
         for line in payload.split(b"\n"):
             message: Frame = orjson.loads(line)
             if message["type"] == "ping":
                 transport.send(WSMsgType.TEXT, _PONG)
-            elif self.on_frame is not None:
-                self.on_frame(message, now)
+            elif on_frame is not None:
+                on_frame(message, now)
             else:
                 self._inbox.append(message)
-        self._wake()
+        if self._arrived is not None:
+            self._wake()
 
     def on_ws_disconnected(self, transport: WSTransport) -> None:
         if not self.closed.done():
@@ -100,7 +104,7 @@ class Client(WSListener):
         """Hand every frame still unread, and every later one, to ``on_frame`` until the
         socket closes; returns the close code."""
         while self._inbox:
-            on_frame(self._inbox.popleft(), self._loop.time())
+            on_frame(self._inbox.popleft(), time.time())
         self.on_frame = on_frame
         return await asyncio.shield(self.closed)
 

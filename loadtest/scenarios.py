@@ -126,11 +126,10 @@ async def fanout(plan: Plan, part: int) -> Stats:
     got: dict[tuple[int, str], bytearray] = {}
 
     def on_frame(index: int) -> Any:
-        def handle(frame: Frame, _: float) -> None:
+        def handle(frame: Frame, now: float) -> None:
             if frame["type"] != "message":
                 stats.counters["other:" + str(frame.get("type"))] += 1
                 return
-            now = time.time()
             publisher, seq_text, sent = frame["text"].split(":")
             seq = int(seq_text)
             key = (index, publisher)
