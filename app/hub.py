@@ -164,7 +164,9 @@ class Hub:
 
         Raises :class:`BrokerUnavailable` (and ``conn`` is not in the room) when the broker is
         down. Subscribing comes before reading history; live frames that arrive meanwhile are
-        buffered and released after the replay, minus those the replay already held.
+        buffered and released after the replay, minus those the replay already held. Without
+        ``since``, ``joined`` carries ``last``: every message with a larger id reaches the
+        client live, so ``last`` is the ``since`` to rejoin with until a message has come.
         """
         if not self._broker.ready:
             raise BrokerUnavailable("the broker is not connected")
@@ -178,6 +180,7 @@ class Hub:
             if first_here:
                 await self._broker.subscribe_room(room)
             history = None if since is None else await self._broker.history_since(room, since)
+            last = await self._broker.last_id(room) if since is None else None
             self._present[key] += 1
             counted = True
             if self._present[key] == 1:
@@ -200,7 +203,14 @@ class Hub:
         self._rooms.setdefault(room, set()).add(conn)
         recovered = None if history is None else history.recovered
         self._metrics.join_room_size.observe(presence.count)
-        conn.offer(joined_frame(room, recovered, presence.count, presence.users))
+        if last is not None:
+            # Messages published between the subscription and the read of `last` come live,
+            # from the buffer: `last` must stay below them, or a client would skip them.
+            live = (_message_id(frame) for frame, _ in buffer)
+            first_live = next((mid for mid in live if mid is not None), None)
+            if first_live is not None:
+                last = min(last, first_live - 1)
+        conn.offer(joined_frame(room, recovered, presence.count, presence.users, last))
         last_replayed = since or 0
         if history is not None:
             for payload in history.frames:

@@ -192,12 +192,20 @@ def authenticated_frame(user: str, expires_at: float | None) -> str:
     return encode({"type": "authenticated", "user": user, "exp": expires_at and int(expires_at)})
 
 
-def joined_frame(room: str, recovered: bool | None, count: int, users: list[str] | None) -> str:
-    """``joined``: ``recovered`` only for a join with ``since``; ``users`` only below the
-    presence threshold."""
+def joined_frame(
+    room: str,
+    recovered: bool | None,
+    count: int,
+    users: list[str] | None,
+    last: int | None = None,
+) -> str:
+    """``joined``: ``recovered`` only for a join with ``since``, ``last`` only for one without;
+    ``users`` only below the presence threshold."""
     frame: dict[str, Any] = {"type": "joined", "room": room}
     if recovered is not None:
         frame["recovered"] = recovered
+    if last is not None:
+        frame["last"] = last
     frame["count"] = count
     if users is not None:
         frame["users"] = users

@@ -156,18 +156,21 @@ async def test_markup_in_messages_is_shown_as_text(browser: Browser, server: Liv
         await page.close()
 
 
-@pytest.mark.parametrize("recovery", ["replayed", "reloaded"], ids=["since-replay", "http-reload"])
+@pytest.mark.parametrize(
+    "recovery", ["replayed", "reloaded", "quiet"], ids=["since-replay", "http-reload", "quiet-room"]
+)
 async def test_page_recovers_every_message_after_its_server_restarts(
     browser: Browser, redis_server: RedisServer, recovery: str
 ) -> None:
     """Two servers share Redis; ada's page is on A, bob's on B. A is restarted (drained with
     1012, down for a moment, back on the same port) while bob keeps sending: ada's page
     reconnects by itself and shows every message exactly once, in order — replayed with
-    ``since``, or (when more were missed than the server replays) reloaded over HTTP."""
+    ``since``, or (when more were missed than the server replays) reloaded over HTTP. In a
+    room where ada had seen no message yet (quiet), ``since`` is the ``last`` of her join."""
     env = {
         "CHAT_REDIS_URL": redis_server.url,
         "CHAT_DRAIN_WINDOW_S": "0.2",
-        "CHAT_RECOVERY_MAX_MESSAGES": "500" if recovery == "replayed" else "2",
+        "CHAT_RECOVERY_MAX_MESSAGES": "2" if recovery == "reloaded" else "500",
     }
     a, b = AppProcess(env), AppProcess(env)
     await a.start()
@@ -176,8 +179,10 @@ async def test_page_recovers_every_message_after_its_server_restarts(
     bob = await ChatPage.open(browser, b.http_url, "bob", "rec")
     restarted: AppProcess | None = None
     try:
-        await bob.say("before")
-        await ada.shows(["before"])
+        before = [] if recovery == "quiet" else ["before"]
+        for text in before:
+            await bob.say(text)
+            await ada.shows([text])
         await ada.page.evaluate(
             "window.states = []; hubbub.client.addEventListener('state', e => "
             "states.push(e.detail.state + ':' + (e.detail.code ?? '')))"
@@ -189,15 +194,21 @@ async def test_page_recovers_every_message_after_its_server_restarts(
                 await bob.say(text)
                 await asyncio.sleep(0.1)
 
-        sending = asyncio.create_task(keep_sending())
-        await asyncio.sleep(0.3)
-        a.signal(signal.SIGTERM)  # drain: ada's socket gets 1012
-        await a.wait()
+        if recovery == "quiet":  # ada has seen no message in the room when A goes
+            a.signal(signal.SIGTERM)  # drain: ada's socket gets 1012
+            await a.wait()
+            sending = asyncio.create_task(keep_sending())
+            await asyncio.sleep(0.3)
+        else:
+            sending = asyncio.create_task(keep_sending())
+            await asyncio.sleep(0.3)
+            a.signal(signal.SIGTERM)
+            await a.wait()
         restarted = AppProcess(env, port=a.port)
         await restarted.start()
         await sending
-        await bob.shows(["before", *texts])
-        await ada.shows(["before", *texts])  # each once, in order
+        await bob.shows([*before, *texts])
+        await ada.shows([*before, *texts])  # each once, in order
         await ada.connected()
         states = await ada.page.evaluate("states")
         assert "reconnecting:1012" in states, states

@@ -16,7 +16,13 @@ async def test_two_clients_chat(server: LiveServer) -> None:
     ):
         assert alice.hello["user"] == "alice"
         joined = await alice.join("lobby")
-        assert joined == {"type": "joined", "room": "lobby", "count": 1, "users": ["alice"]}
+        assert joined == {
+            "type": "joined",
+            "room": "lobby",
+            "last": 0,
+            "count": 1,
+            "users": ["alice"],
+        }
         await bob.join("lobby")
         await alice.say("lobby", "hi bob")
         for client in (alice, bob):

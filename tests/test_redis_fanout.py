@@ -91,6 +91,31 @@ async def test_recovery_on_the_other_process(redis_server: RedisServer) -> None:
                 assert await late.is_responsive()  # nothing replayed
 
 
+async def test_a_quiet_room_is_recovered_from_the_last_id_of_its_join(
+    redis_server: RedisServer,
+) -> None:
+    """A join without `since` answers `last`: a client that got no message before it went
+    away rejoins with it and gets what was said meanwhile, on the other instance."""
+    async with two_servers(redis_server) as (a, b):
+        async with ChatClient.connect(a.ws_url("quiet")) as quiet:
+            await quiet.send({"type": "join", "room": "q"})
+            last = (await quiet.expect("joined"))["last"]
+            assert last == 0  # nothing said in q yet
+        async with ChatClient.connect(b.ws_url("talker")) as talker:
+            await talker.join("q")
+            await talker.say("q", "first")
+            first = (await talker.expect("message"))["id"]
+            async with ChatClient.connect(a.ws_url("quiet")) as quiet:
+                await quiet.send({"type": "join", "room": "q"})
+                assert (await quiet.expect("joined"))["last"] == first
+            await talker.say("q", "while away")
+            await talker.messages_until("while away")
+        async with ChatClient.connect(b.ws_url("quiet")) as back:
+            await back.send({"type": "join", "room": "q", "since": last})
+            assert (await back.expect("joined"))["recovered"] is True
+            assert [m["text"] for m in await back.messages(2)] == ["first", "while away"]
+
+
 async def test_recovery_has_no_gap_or_duplicate_under_traffic(redis_server: RedisServer) -> None:
     """Rejoining with `since` on the other instance while messages keep flowing yields every
     message exactly once, in order: no gap, no duplicate."""

@@ -153,6 +153,11 @@ class Broker(Protocol):
 
     async def history_since(self, room: str, since: int) -> History: ...
 
+    async def last_id(self, room: str) -> int:
+        """The id of the newest message published to ``room`` (0 when none is known): a
+        ``since`` from which a later join recovers what was published in between."""
+        ...
+
     async def history_before(self, room: str, before: int | None, limit: int) -> list[bytes]:
         """Up to ``limit`` stored frames of ``room`` with ids below ``before``, oldest first."""
         ...

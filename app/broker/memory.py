@@ -172,6 +172,11 @@ class MemoryBroker:
             return History(False, [])
         return History(True, frames)
 
+    async def last_id(self, room: str) -> int:
+        self._running()
+        log = self._logs.get(room)
+        return log.last if log else 0
+
     async def history_before(self, room: str, before: int | None, limit: int) -> list[bytes]:
         self._running()
         log = self._logs.get(room)

@@ -383,6 +383,10 @@ class RedisBroker:
         recovered = bool(result[0])
         return History(recovered, list(result[1:]) if recovered else [])
 
+    async def last_id(self, room: str) -> int:
+        last = await self._call(lambda: self._redis.hget(self._room_key(room, "meta"), "last"))
+        return int(last or 0)
+
     async def history_before(self, room: str, before: int | None, limit: int) -> list[bytes]:
         upper = "+" if before is None else f"({before}-0"
         entries = await self._call(

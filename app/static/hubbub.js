@@ -13,7 +13,7 @@ const HEARTBEAT_SLACK_MS = 5_000;
  * A chat connection. Events (`addEventListener(type, e => e.detail)`):
  * - `state`    {state: "connecting"|"open"|"reconnecting"|"closed", delayMs?, code?, reason?}
  * - `hello`    the server's hello frame (user, conn, node, limits)
- * - `joined`   {room, count, users, recovered}
+ * - `joined`   {room, count, users, recovered | last}
  * - `left`     {room}
  * - `message`  a room message frame, at most once per id and in id order per room
  * - `direct`   a direct message frame (`to` instead of `room`), at most once per id
@@ -197,6 +197,10 @@ export class HubbubClient extends EventTarget {
         }
         break;
       case "joined":
+        // A room that had no message for us yet: recover from where it stood at the join.
+        if (typeof frame.last === "number" && !this.lastId.has(frame.room)) {
+          this.lastId.set(frame.room, frame.last);
+        }
         this._emit("joined", frame);
         if (frame.recovered === false) this._emit("resync", { room: frame.room });
         break;
