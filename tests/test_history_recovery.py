@@ -96,3 +96,26 @@ async def test_without_history_only_an_up_to_date_since_is_recovered(
         ids = [(await broker.publish("r", "u", str(n), None)).id for n in range(2)]
         assert not (await broker.history_since("r", ids[0])).recovered
         assert await broker.history_since("r", ids[1]) == History(True, [])
+
+
+async def test_a_gap_trimmed_under_a_smaller_history_size_is_not_recovered_later() -> None:
+    """Raising CHAT_HISTORY_SIZE (a restart, or pods of a rolling deploy) must not turn a gap
+    that was trimmed under the old size into a claimed recovery."""
+    server = RedisServer()
+    await server.start()
+    try:
+        small = RedisBroker(make_settings(redis_url=server.url, history_size=2))
+        await small.start(_Ignore())
+        ids = [(await small.publish("r", "u", str(n), None)).id for n in range(6)]
+        await small.stop()
+        large = RedisBroker(
+            make_settings(redis_url=server.url, history_size=100, recovery_max_messages=100)
+        )
+        await large.start(_Ignore())
+        try:
+            assert not (await large.history_since("r", ids[0])).recovered
+            assert _texts(await large.history_since("r", ids[3])) == ["4", "5"]
+        finally:
+            await large.stop()
+    finally:
+        await server.stop()

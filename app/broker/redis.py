@@ -376,9 +376,8 @@ class RedisBroker:
     async def history_since(self, room: str, since: int) -> History:
         keys = [self._room_key(room, "meta"), self._room_key(room, "log")]
         limit = self._settings.recovery_max_messages
-        maxlen = self._settings.history_size + 1
         result = await self._call(
-            lambda: self._scripts["HISTORY_SINCE"](keys=keys, args=[since, limit, maxlen])
+            lambda: self._scripts["HISTORY_SINCE"](keys=keys, args=[since, limit])
         )
         recovered = bool(result[0])
         return History(recovered, list(result[1:]) if recovered else [])

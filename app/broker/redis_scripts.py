@@ -66,20 +66,24 @@ return {id, 0}
 # retained (and there are at most `limit` of them), {0} when the client must resync. The log is
 # a contiguous run of the newest messages, trimmed from its oldest end: the messages after
 # `since` are all in it when `since` is not older than its oldest entry, or when nothing was
-# ever trimmed from it (it is shorter than `maxlen`). A log that is full without having been
-# trimmed yet, or gone (history off, expired), answers {0} for an older `since`: a resync, never
-# a gap.
+# ever trimmed from it (Redis counts the entries ever added, whatever CHAT_HISTORY_SIZE was
+# then). A log that is gone (history off, expired) answers {0}: a resync, never a gap.
 HISTORY_SINCE: Final = """
--- KEYS: meta, log   ARGV: since, limit, log length (history size + 1)
+-- KEYS: meta, log   ARGV: since, limit
 local since = tonumber(ARGV[1])
 local last = tonumber(redis.call('HGET', KEYS[1], 'last') or '0')
 if since > last then return {0} end
 if since == last then return {1} end
 local oldest = redis.call('XRANGE', KEYS[2], '-', '+', 'COUNT', 1)[1]
 if not oldest then return {0} end
-if since < tonumber(string.sub(oldest[1], 1, -3))
-   and redis.call('XLEN', KEYS[2]) >= tonumber(ARGV[3]) then
-  return {0}
+if since < tonumber(string.sub(oldest[1], 1, -3)) then
+  local info = redis.call('XINFO', 'STREAM', KEYS[2])
+  local length, added
+  for i = 1, #info, 2 do
+    if info[i] == 'length' then length = info[i + 1] end
+    if info[i] == 'entries-added' then added = info[i + 1] end
+  end
+  if not added or added > length then return {0} end  -- trimmed (or Redis < 7: unknown)
 end
 local limit = tonumber(ARGV[2])
 local start = string.format('%.0f', since + 1) .. '-0'
