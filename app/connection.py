@@ -52,6 +52,7 @@ class Connection:
         "_close_timeout_s",
         "_closer",
         "_direct",
+        "_drain_waiter",
         "_flush_due",
         "_flusher",
         "_metrics",
@@ -100,6 +101,8 @@ class Connection:
         self._writer: asyncio.Task[None] | None = None
         self._closer: asyncio.Task[None] | None = None
         self._direct: DirectSocket | None = None
+        # (bytes, future) of a drained() call waiting for the outbox to shrink to that size.
+        self._drain_waiter: tuple[int, asyncio.Future[bool]] | None = None
 
     def write_directly(self, direct: DirectSocket | None) -> None:
         """Write frames through ``direct`` whenever it is writable (after the accept)."""
@@ -141,6 +144,8 @@ class Connection:
                 texts = outbox.take_frames()
                 direct.write(encode(texts))
                 wrote(texts[0])
+            if self._drain_waiter is not None:
+                self._wake_drain_waiter()
             if not outbox:
                 return
         self._writer = start_eagerly(self._write())
@@ -152,10 +157,43 @@ class Connection:
                 text = outbox.take()
                 await ws.send_text(text)
                 metrics.wrote(text)
+                if self._drain_waiter is not None:
+                    self._wake_drain_waiter()
         except _GONE:
             outbox.clear()
         finally:
             self._writer = None
+            self._wake_drain_waiter()
+
+    def drained(self, below: int) -> asyncio.Future[bool]:
+        """A future that resolves to True once no more than ``below`` bytes are queued, or to
+        False once the connection is closing (what it was waiting to send never will be).
+        One waiter at a time: a new call replaces (and resolves False) the previous one. Used
+        to pace a replay by what the socket takes (:mod:`app.replay`)."""
+        future: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        if self._drain_waiter is not None:
+            previous = self._drain_waiter[1]
+            self._drain_waiter = None
+            if not previous.done():
+                previous.set_result(False)
+        if self.close_code is not None:
+            future.set_result(False)
+        elif self._outbox.queued_bytes <= below:
+            future.set_result(True)
+        else:
+            self._drain_waiter = (below, future)
+        return future
+
+    def _wake_drain_waiter(self) -> None:
+        waiter = self._drain_waiter
+        if waiter is None:
+            return
+        below, future = waiter
+        closing = self.close_code is not None
+        if closing or self._outbox.queued_bytes <= below:
+            self._drain_waiter = None
+            if not future.done():
+                future.set_result(not closing)
 
     def close(self, code: CloseCode, reason: str) -> None:
         """Close the socket with ``code``; queued frames are dropped."""
@@ -186,6 +224,7 @@ class Connection:
         if self._writer is not None:
             self._writer.cancel()
             self._writer = None
+        self._wake_drain_waiter()
 
     @property
     def queued_bytes(self) -> int:

@@ -6,6 +6,13 @@ socket: delivering a message is a loop of :meth:`Connection.offer
 room when the room's first local member joins and unsubscribes when the last one leaves (and
 likewise to a user's direct messages), so a worker hears only what its clients need. It tells
 the broker of presence changes per (room, user), however many tabs the user has here.
+
+Delivery: in each room a connection is either a live member, given every message the room
+hears from the broker, or behind, with a :class:`~app.replay.Replay` that brings it up to date
+from the history and then makes it live. Every join starts behind (from its ``since``, or from
+the room's newest id), and when the broker's subscription is lost every member of every room
+falls behind, from the newest id its room delivered: what a worker missed while it was not
+subscribed is recovered room by room, in order, or reported with a ``resync`` error frame.
 """
 
 from __future__ import annotations
@@ -14,105 +21,127 @@ import asyncio
 import contextlib
 import logging
 from collections import Counter
+from dataclasses import dataclass, field
 
-from app.broker import Broker
+from app.broker import Broker, History
 from app.connection import Connection
 from app.errors import BrokerUnavailable, CloseCode, ErrorCode
 from app.metrics import Metrics
-from app.protocol import error_frame, joined_frame
+from app.protocol import error_frame, joined_frame, message_id_of
+from app.replay import HistoryPages, Pacing, Replay
 
 logger = logging.getLogger(__name__)
 
-_Buffer = list[tuple[str, int]]
+
+@dataclass(slots=True, eq=False)
+class _Room:
+    """One room on this worker: live members, connections still behind, and ``heard``, the id
+    of the newest message the broker delivered live here (every live member has all up to it).
+    """
+
+    members: set[Connection] = field(default_factory=set)
+    behind: dict[Connection, Replay] = field(default_factory=dict)
+    heard: int = 0
+    # The first join's subscription, awaited by the joins that come while it is under way.
+    subscribed: asyncio.Future[None] | None = None
+
+    def __bool__(self) -> bool:
+        return bool(self.members or self.behind)
 
 
 class Hub:
     """Rooms → local connections, users → local connections, and every open connection."""
 
-    def __init__(self, broker: Broker, max_connections: int, metrics: Metrics) -> None:
+    def __init__(
+        self, broker: Broker, max_connections: int, metrics: Metrics, pacing: Pacing
+    ) -> None:
         self._broker = broker
         self._metrics = metrics
         self._max_connections = max_connections
-        self._rooms: dict[str, set[Connection]] = {}
-        # Connections between "subscribed" and "history replayed": live frames wait here.
-        self._joining: dict[str, dict[Connection, _Buffer]] = {}
+        self._pacing = pacing
+        self._rooms: dict[str, _Room] = {}
         self._users: dict[str, set[Connection]] = {}
         self._present: Counter[tuple[str, str]] = Counter()
-        # Newest message id delivered per room, and rooms catching up after a broker outage
-        # (their live frames wait here until the missed ones have been delivered).
-        self._last_id: dict[str, int] = {}
-        self._catching_up: dict[str, _Buffer] = {}
-        self._catch_up_task: asyncio.Task[None] | None = None
+        self._linked = asyncio.Event()
+        self._linked.set()  # until the broker says otherwise: joins check broker.ready
+        self._lost_links = False  # a link was lost since the last resubscription
+        self.pages = HistoryPages(broker, pacing.page)
         self.connections: set[Connection] = set()
         self.draining = False
 
     # -- delivery (called by the broker; never awaits) ---------------------------------------
 
     def deliver_room(self, room: str, payload: bytes) -> None:
-        """Queue ``payload`` (one encoded frame) on every local member of ``room``.
+        """Queue ``payload`` (one encoded frame) on every live member of ``room``, and let
+        each connection still behind in it see the frame (see :meth:`Replay.hear`).
 
         The payload is decoded once for all recipients. Offers never change membership (a slow
         consumer's close happens later, in its own task), so iterating is safe.
         """
+        state = self._rooms.get(room)
+        if state is None:
+            return
         frame = payload.decode()
         nbytes = len(payload)
-        if self._catching_up and room in self._catching_up:
-            self._catching_up[room].append((frame, nbytes))
-        else:
-            self._offer_members(room, frame, nbytes)
-        if self._joining:
-            for buffer in self._joining.get(room, {}).values():
-                buffer.append((frame, nbytes))
-
-    def _offer_members(self, room: str, frame: str, nbytes: int) -> None:
-        members = self._rooms.get(room)
+        message_id = message_id_of(frame)
+        if message_id is not None:
+            state.heard = message_id
+        members = state.members
         if members:
-            message_id = _message_id(frame)
             if message_id is not None:
-                self._last_id[room] = message_id
                 self._metrics.delivered_since_sync += len(members)
             for conn in members:
                 conn.offer(frame, nbytes)
+        if state.behind:
+            caught_up = [
+                replay for replay in state.behind.values() if replay.hear(frame, nbytes, message_id)
+            ]
+            for replay in caught_up:
+                self._make_live(state, replay)
+
+    def link_lost(self) -> None:
+        """The broker's subscription ended: every member of every room falls behind, from the
+        newest message its room delivered, until the broker is back (see :mod:`app.replay`)."""
+        if self._lost_links and not self._linked.is_set():
+            return
+        self._linked.clear()
+        self._lost_links = True
+        behind = 0
+        for room, state in self._rooms.items():
+            for replay in state.behind.values():
+                replay.link_lost()
+            for conn in state.members:
+                replay = Replay(self, self._pacing, conn, room, state.heard, joined=True)
+                state.behind[conn] = replay
+                replay.link_lost()  # frames heard before the fetch are not kept
+                replay.start(None)
+                behind += 1
+            state.members.clear()
+        logger.warning(
+            "broker subscription lost: %d rooms, %d connections fall behind",
+            len(self._rooms),
+            behind,
+        )
 
     def resubscribed(self) -> None:
-        """After a broker outage, fetch what each room missed and deliver it, in order,
-        before the live frames that arrive meanwhile (see :meth:`_catch_up`)."""
-        if self._catch_up_task is None or self._catch_up_task.done():
-            self._catch_up_task = asyncio.create_task(self._catch_up(), name="catch-up")
+        """The broker is subscribed again: replays fetch what was missed. Direct messages have
+        no history: every connection with direct messages routed here is told (``resync``
+        with ``to``) that some sent meanwhile may be missing."""
+        self._linked.set()
+        if not self._lost_links:
+            return
+        self._lost_links = False
+        notice = "direct messages sent while this server was disconnected may be missing"
+        for user, conns in self._users.items():
+            error = error_frame(ErrorCode.RESYNC, notice, {"to": user})
+            self._metrics.error_sent(ErrorCode.RESYNC, len(conns))
+            for conn in conns:
+                conn.offer(error)
+        logger.info("broker subscription back: %d rooms catching up", len(self._rooms))
 
-    async def _catch_up(self) -> None:
-        """Deliver, room by room, the messages published while this worker was not
-        subscribed (from the broker's history), then the live frames held back meanwhile,
-        minus those the history already held. A room whose gap is not in the history any
-        more gets a ``resync`` error frame: its members must reload it."""
-        rooms = [room for room in self._rooms if room in self._last_id]
-        for room in rooms:
-            self._catching_up[room] = []
-        for room in rooms:
-            try:
-                history = await self._broker.history_since(room, self._last_id[room])
-            except BrokerUnavailable:
-                history = None
-            held = self._catching_up.pop(room)
-            if history is None or not history.recovered:
-                error = error_frame(
-                    ErrorCode.RESYNC,
-                    "messages of this room may have been missed: rejoin it with since",
-                    {"room": room},
-                )
-                members = self._rooms.get(room, ())
-                self._metrics.error_sent(ErrorCode.RESYNC, len(members))
-                for conn in members:
-                    conn.offer(error)
-            else:
-                for payload in history.frames:
-                    self._offer_members(room, payload.decode(), len(payload))
-            last = self._last_id.get(room, 0)
-            for frame, nbytes in held:
-                message_id = _message_id(frame)
-                if message_id is None or message_id > last:
-                    self._offer_members(room, frame, nbytes)
-        logger.info("caught up %d rooms after a broker outage", len(rooms))
+    @property
+    def linked(self) -> bool:
+        return self._linked.is_set()
 
     def deliver_user(self, user: str, payload: bytes) -> None:
         """Queue a direct message on every local connection of ``user``."""
@@ -127,6 +156,41 @@ class Hub:
         """Close every local connection of ``user`` with 4003 (moderation)."""
         for conn in list(self._users.get(user, ())):
             conn.close(CloseCode.FORBIDDEN, reason)
+
+    def local_users(self) -> list[str]:
+        """Users with a connection on this worker."""
+        return list(self._users)
+
+    # -- replays (the ReplayHost side) --------------------------------------------------------
+
+    async def link_up(self) -> None:
+        await self._linked.wait()
+
+    def go_live(self, replay: Replay) -> None:
+        state = self._rooms.get(replay.room)
+        if state is None or state.behind.get(replay.conn) is not replay:
+            return  # left meanwhile
+        if replay.cursor > state.heard:
+            # The replay ran ahead of the live stream: the frames up to the cursor are still
+            # on their way here and will be dropped for this connection.
+            replay.skip_to = replay.cursor
+            return
+        self._make_live(state, replay)
+
+    def _make_live(self, state: _Room, replay: Replay) -> None:
+        del state.behind[replay.conn]
+        replay.cancel()
+        state.members.add(replay.conn)
+
+    def report_gap(self, replay: Replay) -> None:
+        self._metrics.error_sent(ErrorCode.RESYNC)
+        replay.conn.offer(
+            error_frame(
+                ErrorCode.RESYNC,
+                "messages of this room may have been missed: rejoin it with since",
+                {"room": replay.room},
+            )
+        )
 
     # -- connections ------------------------------------------------------------------------
 
@@ -145,48 +209,77 @@ class Hub:
             await self._broker.subscribe_user(conn.user)
 
     async def remove(self, conn: Connection) -> None:
-        """Unregister ``conn``: out of every room, and out of its user's routing."""
+        """Unregister ``conn``: out of every room, and out of its user's routing. Every step
+        is taken even when the broker fails one (it is logged)."""
         self.connections.discard(conn)
         for room in list(conn.rooms):
-            await self.leave(conn, room)
+            try:
+                await self.leave(conn, room)
+            except Exception:
+                logger.exception("leaving %s for a closed connection failed", room)
         conns = self._users.get(conn.user)
         if conns is not None and conn in conns:
             conns.discard(conn)
             if not conns:
                 del self._users[conn.user]
-                await self._broker.unsubscribe_user(conn.user)
+                with contextlib.suppress(BrokerUnavailable):
+                    await self._broker.unsubscribe_user(conn.user)
 
     # -- rooms ------------------------------------------------------------------------------
 
     async def join(self, conn: Connection, room: str, since: int | None) -> None:
         """Put ``conn`` in ``room`` and queue its ``joined`` frame, then (with ``since``) the
-        missed messages, then live ones: no gap, no duplicate, in id order.
+        missed messages, paced by the socket, then live ones: no gap, no duplicate, in id
+        order (see :mod:`app.replay`).
 
-        Raises :class:`BrokerUnavailable` (and ``conn`` is not in the room) when the broker is
-        down. Subscribing comes before reading history; live frames that arrive meanwhile are
-        buffered and released after the replay, minus those the replay already held. Without
-        ``since``, ``joined`` carries ``last``: every message with a larger id reaches the
-        client live, so ``last`` is the ``since`` to rejoin with until a message has come.
+        Without ``since``, ``joined`` carries ``last``: every message with a larger id reaches
+        the client, so ``last`` is the ``since`` to rejoin with until a message has come.
+
+        A join with ``since`` of a room ``conn`` is already in replays from ``since`` again
+        (the client lost track). Raises :class:`BrokerUnavailable` when the broker is down:
+        a new member is then not in the room; a member rejoining stays in it, behind from
+        where it was, and catches up by itself.
         """
-        if not self._broker.ready:
+        if not self._broker.ready or not self.linked:
             raise BrokerUnavailable("the broker is not connected")
-        first_here = room not in self._rooms and room not in self._joining
-        buffer: _Buffer = []
-        self._joining.setdefault(room, {})[conn] = buffer
+        state = self._rooms.get(room)
+        if state is None:
+            state = self._rooms[room] = _Room()
+            state.subscribed = asyncio.ensure_future(self._broker.subscribe_room(room))
+            state.subscribed.add_done_callback(_retrieve)
+        subscribed = state.subscribed
+        assert subscribed is not None
+        previous = self._take_out(state, conn)
+        cursor = state.heard if previous is None else previous
+        replay = Replay(self, self._pacing, conn, room, cursor, joined=previous is not None)
+        state.behind[conn] = replay
         conn.rooms.add(room)
         key = (room, conn.user)
         counted = False
         try:
-            if first_here:
-                await self._broker.subscribe_room(room)
-            history = None if since is None else await self._broker.history_since(room, since)
-            last = await self._broker.last_id(room) if since is None else None
-            self._present[key] += 1
-            counted = True
-            if self._present[key] == 1:
-                await self._broker.presence_join(room, conn.user)
+            if not subscribed.done():
+                await asyncio.shield(subscribed)
+            subscribed.result()
+            last: int | None = None
+            if since is None:
+                last = replay.cursor = await self._broker.last_id(room)
+                page = History(True, [])
+            else:
+                page = await self.pages.fetch(room, since)
+                replay.cursor = since
+            if not replay.joined:
+                self._present[key] += 1
+                counted = True
+                if self._present[key] == 1:
+                    await self._broker.presence_join(room, conn.user)
             presence = await self._broker.presence(room)
         except BaseException:
+            if previous is not None:
+                # Still a member: catch up from where it was, by itself.
+                replay.cursor = previous
+                replay.link_lost()
+                replay.start(None)
+                raise
             if counted:
                 self._present[key] -= 1
                 if self._present[key] == 0:
@@ -195,88 +288,75 @@ class Hub:
                     # for a user who is not here.
                     with contextlib.suppress(BrokerUnavailable):
                         await self._broker.presence_leave(room, conn.user)
-            self._stop_joining(conn, room)
             await self.leave(conn, room)
             raise
-        # From here on nothing awaits: the replay and the buffered frames go out in one piece.
-        self._stop_joining(conn, room)
-        self._rooms.setdefault(room, set()).add(conn)
-        recovered = None if history is None else history.recovered
+        replay.joined = True
         self._metrics.join_room_size.observe(presence.count)
-        if last is not None:
-            # Messages published between the subscription and the read of `last` come live,
-            # from the buffer: `last` must stay below them, or a client would skip them.
-            live = (_message_id(frame) for frame, _ in buffer)
-            first_live = next((mid for mid in live if mid is not None), None)
-            if first_live is not None:
-                last = min(last, first_live - 1)
+        recovered = None if since is None else page.recovered
         conn.offer(joined_frame(room, recovered, presence.count, presence.users, last))
-        last_replayed = since or 0
-        if history is not None:
-            for payload in history.frames:
-                conn.offer(payload.decode(), len(payload))
-            if history.frames:
-                last_replayed = _message_id(history.frames[-1].decode()) or last_replayed
-                self._last_id[room] = max(self._last_id.get(room, 0), last_replayed)
-        for frame, nbytes in buffer:
-            message_id = _message_id(frame)
-            if history is not None and message_id is not None and message_id <= last_replayed:
-                continue  # already in the replay
-            conn.offer(frame, nbytes)
+        replay.start(page)
 
-    def _stop_joining(self, conn: Connection, room: str) -> None:
-        joining = self._joining.get(room)
-        if joining is not None:
-            joining.pop(conn, None)
-            if not joining:
-                del self._joining[room]
+    def _take_out(self, state: _Room, conn: Connection) -> int | None:
+        """Take a rejoining ``conn`` out of live delivery: where it was (its cursor), or None
+        when it is new to the room."""
+        if conn in state.members:
+            state.members.discard(conn)
+            return state.heard
+        replay = state.behind.pop(conn, None)
+        if replay is None:
+            return None
+        replay.cancel()
+        return replay.cursor if replay.joined else None
 
     async def leave(self, conn: Connection, room: str) -> None:
         """Take ``conn`` out of ``room``; the last local member out unsubscribes the broker."""
         if room not in conn.rooms:
             return
         conn.rooms.discard(room)
-        members = self._rooms.get(room)
-        was_member = members is not None and conn in members
-        if members is not None:
-            members.discard(conn)
-            if not members:
+        state = self._rooms.get(room)
+        was_present = False
+        if state is not None:
+            if conn in state.members:
+                state.members.discard(conn)
+                was_present = True
+            replay = state.behind.pop(conn, None)
+            if replay is not None:
+                replay.cancel()
+                was_present = replay.joined
+            if not state:
                 del self._rooms[room]
-                self._last_id.pop(room, None)
         key = (room, conn.user)
-        if was_member and self._present[key] > 0:
+        if was_present and self._present[key] > 0:
             self._present[key] -= 1
             if self._present[key] == 0:
                 del self._present[key]
                 # When the broker is down, the entry expires by itself (nobody refreshes it).
                 with contextlib.suppress(BrokerUnavailable):
                     await self._broker.presence_leave(room, conn.user)
-        if room not in self._rooms and room not in self._joining:
+        if room not in self._rooms:
             await self._broker.unsubscribe_room(room)
 
     async def close(self) -> None:
-        """Stop background work (a catch-up in progress)."""
-        if self._catch_up_task is not None:
-            self._catch_up_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._catch_up_task
+        """Stop background work (replays in progress)."""
+        for state in self._rooms.values():
+            for replay in state.behind.values():
+                replay.cancel()
 
     def members(self, room: str) -> frozenset[Connection]:
-        return frozenset(self._rooms.get(room, ()))
+        """Every local connection in ``room``, live or behind."""
+        state = self._rooms.get(room)
+        return frozenset() if state is None else frozenset({*state.members, *state.behind})
+
+    def behind(self, room: str) -> int:
+        """How many local connections of ``room`` are still catching up (for tests)."""
+        state = self._rooms.get(room)
+        return 0 if state is None else len(state.behind)
 
     @property
     def room_count(self) -> int:
-        return len(self._rooms) + len(self._joining)
+        return len(self._rooms)
 
 
-def _message_id(frame: str) -> int | None:
-    """The id of a ``message`` frame; None for frames without one (presence).
-
-    Cheap on purpose (it runs once per fan-out): a message frame is ``{"type":"message",`` then
-    ``"room"`` or ``"to"`` — names that cannot contain a quote — then ``"id":N,``, so the first
-    ``,"id":`` is the id field.
-    """
-    if not frame.startswith('{"type":"message"'):
-        return None
-    start = frame.index(',"id":') + 6
-    return int(frame[start : frame.index(",", start)])
+def _retrieve(future: asyncio.Future[None]) -> None:
+    if not future.cancelled():
+        future.exception()  # raised to the joins that awaited it

@@ -28,6 +28,7 @@ from app.metrics_endpoint import MetricsEndpoint
 from app.origin import OriginPolicy
 from app.page import mount_page
 from app.quotas import create_quotas, keep_counts
+from app.replay import Pacing
 from app.settings import Settings, load_settings
 from app.state import ChatState
 from app.token_expiry import run_token_expiry
@@ -44,7 +45,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         broker = create_broker(settings)
-        hub = Hub(broker, settings.max_connections, metrics)
+        hub = Hub(broker, settings.max_connections, metrics, Pacing.of(settings))
         quotas = create_quotas(settings)
         authenticator = Authenticator(settings) if settings.auth_mode == "jwt" else None
         origins = OriginPolicy(settings.allowed_origins)

@@ -229,3 +229,16 @@ def error_frame(code: ErrorCode, message: str, ref: dict[str, Any] | None = None
     if ref:
         frame.update(ref)
     return encode(frame)
+
+
+def message_id_of(frame: str) -> int | None:
+    """The id of a ``message`` frame; None for frames without one (presence, typing).
+
+    Cheap on purpose (it runs once per fan-out): a message frame is ``{"type":"message",`` then
+    ``"room"`` or ``"to"`` — names that cannot contain a quote — then ``"id":N,``, so the first
+    ``,"id":`` is the id field (see :func:`encode_message` and the Redis PUBLISH script).
+    """
+    if not frame.startswith('{"type":"message"'):
+        return None
+    start = frame.index(',"id":') + 6
+    return int(frame[start : frame.index(",", start)])

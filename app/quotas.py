@@ -25,7 +25,7 @@ from redis.exceptions import RedisError
 from app.broker import QuotaBucket
 from app.broker.autopipeline import AutoPipeline
 from app.broker.hiredis_packing import pack_with_hiredis
-from app.broker.redis_scripts import TOKEN_BUCKET
+from app.broker.redis_scripts import NOW, TOKEN_BUCKET
 from app.settings import Settings
 
 if TYPE_CHECKING:
@@ -90,13 +90,14 @@ def _rates(settings: Settings) -> dict[str, tuple[float, int]]:
 
 
 # KEYS: bucket   ARGV: rate, burst   -> 1 allowed, 0 refused
-TAKE: Final = TOKEN_BUCKET + "return take(KEYS[1], tonumber(ARGV[1]), tonumber(ARGV[2]), now)"
+TAKE: Final = NOW + TOKEN_BUCKET + "return take(KEYS[1], tonumber(ARGV[1]), tonumber(ARGV[2]), now)"
 
 # KEYS: ip bucket (or ''), ban, user's connections (sorted set conn -> expiry ms)
 # ARGV: ip rate, ip burst, conn id, max connections, ttl ms
 # -> 0 admitted, 1 banned, 2 too many connections, 3 address rate
 ADMIT: Final = (
-    TOKEN_BUCKET
+    NOW
+    + TOKEN_BUCKET
     + """
 if KEYS[1] ~= '' and take(KEYS[1], tonumber(ARGV[1]), tonumber(ARGV[2]), now) == 0 then
   return 3

@@ -92,14 +92,15 @@ class Session:
             self.conn.offer(error_frame(exc.code, exc.message, _ref(text)))
 
     async def _join(self, frame: Join) -> None:
+        """Join a room; a join with ``since`` of a room the connection is in replays from
+        ``since`` again. A refused join changes nothing: a member stays a member."""
         conn = self.conn
-        if frame.room in conn.rooms:
-            if frame.since is None:
-                presence = await self._presence(frame.room)
-                conn.offer(joined_frame(frame.room, None, presence.count, presence.users))
-                return
-            await self._hub.leave(conn, frame.room)  # rejoin to replay from `since`
-        if len(conn.rooms) >= self._settings.max_rooms_per_connection:
+        rejoin = frame.room in conn.rooms
+        if rejoin and frame.since is None:
+            presence = await self._presence(frame.room)
+            conn.offer(joined_frame(frame.room, None, presence.count, presence.users))
+            return
+        if not rejoin and len(conn.rooms) >= self._settings.max_rooms_per_connection:
             raise FrameError(
                 ErrorCode.TOO_MANY_ROOMS,
                 f"a connection may be in at most {self._settings.max_rooms_per_connection} rooms",
@@ -170,6 +171,13 @@ class Session:
         quota = quotas.bucket("message", conn.user)  # taken by the publish itself
         if quota is None and not await quotas.allow("message", conn.user):
             raise FrameError(ErrorCode.RATE_LIMITED, _TOO_MANY_MESSAGES)
+        if not self._broker.ready:
+            # Redis may take the publish, but this worker would not hear it: no ack for a
+            # message the sender's own rooms here cannot be sure to get.
+            self.metrics.publish_failures.inc()
+            raise FrameError(
+                ErrorCode.BROKER_UNAVAILABLE, "message not sent: the broker is unavailable"
+            )
         started = time.perf_counter()
         try:
             if frame.room is not None:

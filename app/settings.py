@@ -201,6 +201,13 @@ class Settings(BaseSettings):
         description="Most messages replayed on a join with `since`; more missed means "
         '`"recovered": false`.',
     )
+    recovery_page_messages: int = Field(
+        100,
+        ge=1,
+        description="Messages fetched from the history at a time while a connection catches up "
+        "(a join with `since`, or after a broker outage); each page goes out as the socket "
+        "takes it, half an outbox at most queued at a time.",
+    )
     history_page_max: int = Field(
         100, ge=1, description="Largest `limit` of `GET /rooms/{room}/messages`."
     )

@@ -25,6 +25,7 @@ class _Ignore:
 
     def deliver_room(self, room: str, payload: bytes) -> None: ...
     def deliver_user(self, user: str, payload: bytes) -> None: ...
+    def link_lost(self) -> None: ...
     def resubscribed(self) -> None: ...
     def kick(self, user: str, reason: str) -> None: ...
 
@@ -64,29 +65,34 @@ def _texts(history: History) -> list[str]:
 async def test_up_to_history_size_missed_are_recovered(broker_of: BrokerFactory) -> None:
     async with broker_of(history_size=4, recovery_max_messages=10) as broker:
         ids = [(await broker.publish("r", "u", str(n), None)).id for n in range(8)]
-        missed_four = await broker.history_since("r", ids[3])
+        missed_four = await broker.history_since("r", ids[3], 100)
         assert missed_four == History(True, missed_four.frames)
         assert _texts(missed_four) == ["4", "5", "6", "7"]
-        assert not (await broker.history_since("r", ids[2])).recovered  # 5 missed > 4 kept
-        assert not (await broker.history_since("r", ids[0])).recovered
-        assert await broker.history_since("r", ids[7]) == History(True, [])
-        assert not (await broker.history_since("r", ids[7] + 1)).recovered  # not reached yet
+        assert not (await broker.history_since("r", ids[2], 100)).recovered  # 5 missed > 4 kept
+        assert not (await broker.history_since("r", ids[0], 100)).recovered
+        assert await broker.history_since("r", ids[7], 100) == History(True, [])
+        assert not (await broker.history_since("r", ids[7] + 1, 100)).recovered  # not reached yet
 
 
 async def test_more_missed_than_recovery_max_is_not_recovered(broker_of: BrokerFactory) -> None:
     async with broker_of(history_size=10, recovery_max_messages=2) as broker:
         ids = [(await broker.publish("r", "u", str(n), None)).id for n in range(5)]
-        assert _texts(await broker.history_since("r", ids[2])) == ["3", "4"]
-        assert not (await broker.history_since("r", ids[1])).recovered
+        assert _texts(await broker.history_since("r", ids[2], 100)) == ["3", "4"]
+        assert not (await broker.history_since("r", ids[1], 100)).recovered
 
 
 async def test_a_room_that_never_overflowed_recovers_from_its_start(
     broker_of: BrokerFactory,
 ) -> None:
+    """A quiet room's `last` (what `joined` tells a client) is its log's origin: everything
+    after it is recovered; a `since` from before the log began (0) cannot be vouched for."""
     async with broker_of(history_size=5, recovery_max_messages=10) as broker:
+        origin = await broker.last_id("r")
+        assert origin > 0
         for n in range(3):
             await broker.publish("r", "u", str(n), None)
-        assert _texts(await broker.history_since("r", 0)) == ["0", "1", "2"]
+        assert _texts(await broker.history_since("r", origin, 100)) == ["0", "1", "2"]
+        assert not (await broker.history_since("r", 0, 100)).recovered
 
 
 async def test_without_history_only_an_up_to_date_since_is_recovered(
@@ -94,8 +100,8 @@ async def test_without_history_only_an_up_to_date_since_is_recovered(
 ) -> None:
     async with broker_of(history_size=0) as broker:
         ids = [(await broker.publish("r", "u", str(n), None)).id for n in range(2)]
-        assert not (await broker.history_since("r", ids[0])).recovered
-        assert await broker.history_since("r", ids[1]) == History(True, [])
+        assert not (await broker.history_since("r", ids[0], 100)).recovered
+        assert await broker.history_since("r", ids[1], 100) == History(True, [])
 
 
 async def test_a_gap_trimmed_under_a_smaller_history_size_is_not_recovered_later() -> None:
@@ -113,8 +119,8 @@ async def test_a_gap_trimmed_under_a_smaller_history_size_is_not_recovered_later
         )
         await large.start(_Ignore())
         try:
-            assert not (await large.history_since("r", ids[0])).recovered
-            assert _texts(await large.history_since("r", ids[3])) == ["4", "5"]
+            assert not (await large.history_since("r", ids[0], 100)).recovered
+            assert _texts(await large.history_since("r", ids[3], 100)) == ["4", "5"]
         finally:
             await large.stop()
     finally:

@@ -84,6 +84,9 @@ class _Recorder:
     def deliver_user(self, user: str, payload: bytes) -> None:
         self.users.append((user, payload))
 
+    def link_lost(self) -> None:
+        raise AssertionError("the memory broker never loses its subscriptions")
+
     def resubscribed(self) -> None:
         raise AssertionError("the memory broker never loses its subscriptions")
 
@@ -120,12 +123,12 @@ async def test_memory_broker_history_and_recovery_limits() -> None:
     broker = MemoryBroker(make_settings(history_size=5, recovery_max_messages=3))
     await broker.start(_Recorder())
     ids = [(await broker.publish("r", "u", str(n), None)).id for n in range(8)]
-    recent = await broker.history_since("r", ids[5])
+    recent = await broker.history_since("r", ids[5], 100)
     assert recent.recovered and [orjson.loads(f)["text"] for f in recent.frames] == ["6", "7"]
-    assert not (await broker.history_since("r", ids[3])).recovered  # 4 missed > 3
-    assert not (await broker.history_since("r", ids[1])).recovered  # trimmed away
-    assert not (await broker.history_since("r", ids[-1] + 1)).recovered
-    assert (await broker.history_since("r", ids[-1])) == History(True, [])
+    assert not (await broker.history_since("r", ids[3], 100)).recovered  # 4 missed > 3
+    assert not (await broker.history_since("r", ids[1], 100)).recovered  # trimmed away
+    assert not (await broker.history_since("r", ids[-1] + 1, 100)).recovered
+    assert (await broker.history_since("r", ids[-1], 100)) == History(True, [])
     page = await broker.history_before("r", ids[7], 2)
     assert [orjson.loads(f)["text"] for f in page] == ["5", "6"]
 

@@ -21,8 +21,15 @@ class BrokerHandler(Protocol):
 
     def deliver_user(self, user: str, payload: bytes) -> None: ...
 
+    def link_lost(self) -> None:
+        """The broker's subscription ended (an error, or found deaf): live messages published
+        from now on may never be delivered. Called before anything a later subscription
+        delivers, and possibly more than once per outage."""
+        ...
+
     def resubscribed(self) -> None:
-        """The broker reconnected after an outage: live messages may have been missed."""
+        """The broker is subscribed again after :meth:`link_lost`, to every room and user it
+        was asked for: messages published from now on are delivered live."""
         ...
 
     def kick(self, user: str, reason: str) -> None:
@@ -50,11 +57,13 @@ class Published:
 
 @dataclass(frozen=True, slots=True)
 class History:
-    """Messages after a client's ``since``: ``recovered`` is False when some are gone (or more
-    than the replay limit), and then ``frames`` is empty and the client must resync."""
+    """A page of the messages after a client's ``since``, oldest first: ``recovered`` is False
+    when some are gone (or more than the replay limit), and then ``frames`` is empty and the
+    client must resync; ``more`` is True when messages after the page's last one follow."""
 
     recovered: bool
     frames: list[bytes]
+    more: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,7 +93,8 @@ class Broker(Protocol):
       subscribed to the room, the publisher's own included, in id order: every subscriber of a
       room sees the same order. Storing and publishing are one atomic step.
     - Live delivery is at most once: a message published while a worker is disconnected from
-      the backend does not reach it live; clients recover it from history with ``since``.
+      the backend does not reach it live. The broker says so (``link_lost``, then
+      ``resubscribed``), and the Hub recovers what its rooms missed from history.
     - A publish carrying a ``cid`` the same user already used in that room (or to that user)
       within the dedup window returns the first id with ``duplicate=True`` and delivers nothing.
     - ``subscribe_*``/``unsubscribe_*`` take effect in call order and are remembered: after a
@@ -151,11 +161,17 @@ class Broker(Protocol):
         """Have every worker close ``user``'s connections (:meth:`BrokerHandler.kick`)."""
         ...
 
-    async def history_since(self, room: str, since: int) -> History: ...
+    async def history_since(self, room: str, since: int, limit: int) -> History:
+        """The first ``limit`` messages of ``room`` after ``since`` (see :class:`History`).
+        Not recovered when any message after ``since`` is gone: trimmed, expired, or lost
+        with the backend's data (a restart, a failover), which a room's log incarnation
+        tells apart; or when more than ``CHAT_RECOVERY_MAX_MESSAGES`` follow ``since``."""
+        ...
 
     async def last_id(self, room: str) -> int:
-        """The id of the newest message published to ``room`` (0 when none is known): a
-        ``since`` from which a later join recovers what was published in between."""
+        """The id of the newest message published to ``room`` (the start of its log
+        incarnation when there is none): a ``since`` from which a later join recovers what
+        was published in between."""
         ...
 
     async def history_before(self, room: str, before: int | None, limit: int) -> list[bytes]:

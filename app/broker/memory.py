@@ -17,9 +17,17 @@ from app.settings import Settings
 
 @dataclass(slots=True)
 class _RoomLog:
+    """A room's history in this process: complete after ``origin`` (when the log was made:
+    nothing from before, e.g. before a restart or an eviction, can be vouched for) minus what
+    trimming took (up to ``trimmed``)."""
+
+    origin: int
     last: int = 0
     trimmed: int = 0
     frames: deque[tuple[int, bytes]] = field(default_factory=deque)
+
+    def __post_init__(self) -> None:
+        self.last = self.trimmed = self.origin
 
 
 class MemoryBroker:
@@ -107,6 +115,7 @@ class MemoryBroker:
         _no_quota(quota)
         handler = self._running()
         key = None if cid is None else ("r", room, user, cid)
+        self._log(room)  # first: a new log's origin is below the id this message gets
         message_id, ts_ms, duplicate = self._next_id(key)
         if duplicate:
             return Published(message_id, duplicate=True)
@@ -144,15 +153,21 @@ class MemoryBroker:
         if room in self._rooms:
             handler.deliver_room(room, payload)
 
-    def _remember(self, room: str, message_id: int, payload: bytes) -> None:
-        size = self._settings.history_size
+    def _log(self, room: str) -> _RoomLog:
+        """The room's log, made (with its origin: the newest id handed out so far) if none."""
         log = self._logs.get(room)
         if log is None:
-            log = self._logs[room] = _RoomLog()
+            log = self._logs[room] = _RoomLog(max(self._last_id, int(self._clock() * 1000) * 1000))
+            self._last_id = log.origin
             if len(self._logs) > self._settings.memory_history_max_rooms:
                 self._logs.popitem(last=False)
         else:
             self._logs.move_to_end(room)
+        return log
+
+    def _remember(self, room: str, message_id: int, payload: bytes) -> None:
+        size = self._settings.history_size
+        log = self._log(room)
         log.last = message_id
         if size == 0:
             log.trimmed = message_id
@@ -161,21 +176,19 @@ class MemoryBroker:
             log.trimmed = log.frames.popleft()[0]
         log.frames.append((message_id, payload))
 
-    async def history_since(self, room: str, since: int) -> History:
+    async def history_since(self, room: str, since: int, limit: int) -> History:
         self._running()
-        log = self._logs.get(room)
-        last = log.last if log else 0
-        if since > last or (log is not None and since < log.trimmed):
+        log = self._log(room)
+        if since > log.last or since < log.trimmed:
             return History(False, [])
-        frames = [payload for mid, payload in log.frames if mid > since] if log else []
+        frames = [payload for mid, payload in log.frames if mid > since]
         if len(frames) > self._settings.recovery_max_messages:
             return History(False, [])
-        return History(True, frames)
+        return History(True, frames[:limit], len(frames) > limit)
 
     async def last_id(self, room: str) -> int:
         self._running()
-        log = self._logs.get(room)
-        return log.last if log else 0
+        return self._log(room).last
 
     async def history_before(self, room: str, before: int | None, limit: int) -> list[bytes]:
         self._running()

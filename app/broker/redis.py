@@ -28,7 +28,7 @@ import orjson
 from redis.asyncio import Redis
 from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
-from redis.retry import Retry
+from redis.asyncio.retry import Retry
 
 from app.announcer import PresenceAnnouncer
 from app.broker import (
@@ -83,6 +83,7 @@ class RedisBroker:
             for name in (
                 "PUBLISH",
                 "HISTORY_SINCE",
+                "LAST_ID",
                 "PRESENCE_JOIN",
                 "PRESENCE_LEAVE",
                 "PRESENCE_REFRESH",
@@ -201,6 +202,8 @@ class RedisBroker:
             if not future.done():
                 future.set_exception(BrokerUnavailable("redis connection lost"))
         self._confirmations.clear()
+        if self._handler is not None and not self._stopping:
+            self._handler.link_lost()
 
     async def _listen(self) -> None:
         """Subscribe everything on a new connection; return only by raising what ended it."""
@@ -373,18 +376,18 @@ class RedisBroker:
             raise QuotaExceeded(keys[3])
         return Published(int(message_id), duplicate=outcome == 1)
 
-    async def history_since(self, room: str, since: int) -> History:
+    async def history_since(self, room: str, since: int, limit: int) -> History:
         keys = [self._room_key(room, "meta"), self._room_key(room, "log")]
-        limit = self._settings.recovery_max_messages
-        result = await self._call(
-            lambda: self._scripts["HISTORY_SINCE"](keys=keys, args=[since, limit])
-        )
+        settings = self._settings
+        args = [since, limit, settings.recovery_max_messages, int(settings.history_ttl_s * 1000)]
+        result = await self._call(lambda: self._scripts["HISTORY_SINCE"](keys=keys, args=args))
         recovered = bool(result[0])
-        return History(recovered, list(result[1:]) if recovered else [])
+        return History(recovered, list(result[2:]) if recovered else [], bool(result[1]))
 
     async def last_id(self, room: str) -> int:
-        last = await self._call(lambda: self._redis.hget(self._room_key(room, "meta"), "last"))
-        return int(last or 0)
+        keys = [self._room_key(room, "meta"), self._room_key(room, "log")]
+        ttl_ms = int(self._settings.history_ttl_s * 1000)
+        return int(await self._call(lambda: self._scripts["LAST_ID"](keys=keys, args=[ttl_ms])))
 
     async def history_before(self, room: str, before: int | None, limit: int) -> list[bytes]:
         upper = "+" if before is None else f"({before}-0"

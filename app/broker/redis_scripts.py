@@ -1,17 +1,24 @@
 """The Lua scripts behind :class:`~app.broker.redis.RedisBroker`: each runs atomically in Redis.
 
 Key layout for a room R (the hash tag keeps a room's keys in one cluster slot):
-``{prefix}:{r:R}:meta`` hash {last: id of the newest message}, ``{prefix}:{r:R}:log`` the stream
-of the newest ``CHAT_HISTORY_SIZE + 1`` frames (the oldest marks where recovery can start),
-whose entry ids are ``<message id>-0``, ``{prefix}:{r:R}:cid:<user>:<cid>`` a dedup marker, and
-``{prefix}:{r:R}:present`` the presence sorted set.
+``{prefix}:{r:R}:meta`` hash {last: id of the newest message, origin, run, base: see
+``INCARNATION``}, ``{prefix}:{r:R}:log`` the stream of the newest ``CHAT_HISTORY_SIZE + 1``
+frames (the oldest marks where recovery can start), whose entry ids are ``<message id>-0``,
+``{prefix}:{r:R}:cid:<user>:<cid>`` a dedup marker, and ``{prefix}:{r:R}:present`` the
+presence sorted set.
 """
 
 from __future__ import annotations
 
 from typing import Final
 
-# A token bucket per key (a hash: t tokens, ts last refill in ms), and `now` from Redis' clock.
+# `now`: Redis' clock in ms (every script that needs time starts with it).
+NOW: Final = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+"""
+
+# A token bucket per key (a hash: t tokens, ts last refill in ms).
 TOKEN_BUCKET: Final = """
 local function take(key, rate, burst, now)
   local b = redis.call('HMGET', key, 't', 'ts')
@@ -24,8 +31,35 @@ local function take(key, rate, burst, now)
   redis.call('PEXPIRE', key, math.ceil(burst / rate * 1000) + 1000)
   return ok
 end
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+"""
+
+# A room's log incarnation. The log holds every message after `origin` (minus what trimming
+# took) only while the Redis server that wrote it is the one answering: `run` is that server's
+# run_id. A different run_id (a restart, even from an AOF that may miss its last second; a
+# failover to a replica that may lag; or no meta at all: a new room, an expired one) starts a
+# new incarnation whose origin is above every id handed out before (ids are time-based), so a
+# `since` from before the break is answered `recovered:false` instead of a silent gap. `base`
+# is the log's entries-added at that moment: entries trimmed after the origin are those beyond
+# the log's length among the `added - base` added since.
+INCARNATION: Final = """
+local function entries_added(log)
+  if log == '' or redis.call('EXISTS', log) == 0 then return 0 end
+  local info = redis.call('XINFO', 'STREAM', log)
+  for i = 1, #info, 2 do
+    if info[i] == 'entries-added' then return info[i + 1] end
+  end
+  return nil  -- Redis < 7.0 does not say
+end
+local function incarnation(meta, log, ttl_ms)
+  local run = string.match(redis.call('INFO', 'server'), 'run_id:(%x+)')
+  local m = redis.call('HMGET', meta, 'last', 'origin', 'run', 'base')
+  if m[3] == run then return tonumber(m[1]), tonumber(m[2]), tonumber(m[4]) end
+  local origin = string.format('%.0f', math.max(tonumber(m[1] or '0'), now * 1000))
+  local base = entries_added(log) or -1
+  redis.call('HSET', meta, 'last', origin, 'origin', origin, 'run', run, 'base', base)
+  redis.call('PEXPIRE', meta, ttl_ms)
+  return tonumber(origin), tonumber(origin), base
+end
 """
 
 # Message ids: max(last + 1, 1000 * Redis time in ms). They increase per room and survive the
@@ -33,7 +67,9 @@ local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 # Lua's doubles and JavaScript clients hold them exactly.
 # Returns {id, 0} published, {id, 1} a duplicate of message id, {0, 2} refused by the quota.
 PUBLISH: Final = (
-    TOKEN_BUCKET
+    NOW
+    + TOKEN_BUCKET
+    + INCARNATION
     + """
 -- KEYS: meta, log (or '' for no history), dedup (or ''), quota bucket (or '')
 -- ARGV: channel, head, body, log length (history size + 1), ttl_ms, dedup_ttl_ms,
@@ -46,7 +82,7 @@ if KEYS[3] ~= '' then
   local first = redis.call('GET', KEYS[3])
   if first then return {first, 1} end
 end
-local last = tonumber(redis.call('HGET', KEYS[1], 'last') or '0')
+local last = incarnation(KEYS[1], KEYS[2], ARGV[5])
 local id = string.format('%.0f', math.max(last + 1, now * 1000))
 local payload = ARGV[2] .. id .. ARGV[3] .. string.format('%.0f', now) .. '}'
 redis.call('HSET', KEYS[1], 'last', id)
@@ -62,37 +98,48 @@ return {id, 0}
 """
 )
 
-# Replay for a join with `since`: {1, frames...} when every message after `since` is still
-# retained (and there are at most `limit` of them), {0} when the client must resync. The log is
-# a contiguous run of the newest messages, trimmed from its oldest end: the messages after
-# `since` are all in it when `since` is not older than its oldest entry, or when nothing was
-# ever trimmed from it (Redis counts the entries ever added, whatever CHAT_HISTORY_SIZE was
-# then). A log that is gone (history off, expired) answers {0}: a resync, never a gap.
-HISTORY_SINCE: Final = """
--- KEYS: meta, log   ARGV: since, limit
+# One page of the replay after `since`: {1, more, frames...} when every message after `since`
+# is still retained (and there are at most `cap` of them), with at most `page` frames and
+# more = 1 when others follow; {0, 0} when the client must resync. The log is a contiguous run
+# of the newest messages of the incarnation (see INCARNATION), trimmed from its oldest end: the
+# messages after `since` are all in it when `since` is not older than its oldest entry, or when
+# nothing was trimmed since the origin. A log that is gone (history off, expired) answers {0, 0}.
+HISTORY_SINCE: Final = (
+    NOW
+    + INCARNATION
+    + """
+-- KEYS: meta, log   ARGV: since, page, cap, ttl_ms
 local since = tonumber(ARGV[1])
-local last = tonumber(redis.call('HGET', KEYS[1], 'last') or '0')
-if since > last then return {0} end
-if since == last then return {1} end
+local last, origin, base = incarnation(KEYS[1], KEYS[2], ARGV[4])
+if since > last or since < origin then return {0, 0} end
+if since == last then return {1, 0} end
 local oldest = redis.call('XRANGE', KEYS[2], '-', '+', 'COUNT', 1)[1]
-if not oldest then return {0} end
+if not oldest then return {0, 0} end
 if since < tonumber(string.sub(oldest[1], 1, -3)) then
-  local info = redis.call('XINFO', 'STREAM', KEYS[2])
-  local length, added
-  for i = 1, #info, 2 do
-    if info[i] == 'length' then length = info[i + 1] end
-    if info[i] == 'entries-added' then added = info[i + 1] end
-  end
-  if not added or added > length then return {0} end  -- trimmed (or Redis < 7: unknown)
+  local added = entries_added(KEYS[2])
+  local length = redis.call('XLEN', KEYS[2])
+  if not added or base < 0 or added - base > length then return {0, 0} end  -- trimmed
 end
-local limit = tonumber(ARGV[2])
+local page, cap = tonumber(ARGV[2]), tonumber(ARGV[3])
 local start = string.format('%.0f', since + 1) .. '-0'
-local entries = redis.call('XRANGE', KEYS[2], start, '+', 'COUNT', limit + 1)
-if #entries > limit then return {0} end
-local out = {1}
-for i = 1, #entries do out[#out + 1] = entries[i][2][2] end
+local entries = redis.call('XRANGE', KEYS[2], start, '+', 'COUNT', cap + 1)
+if #entries > cap then return {0, 0} end
+local out = {1, #entries > page and 1 or 0}
+for i = 1, math.min(page, #entries) do out[#out + 1] = entries[i][2][2] end
 return out
 """
+)
+
+# The id of the room's newest message, starting an incarnation when there is none (a quiet
+# room's `last` is then its origin: a later `since` from it is vouched for).
+LAST_ID: Final = (
+    NOW
+    + INCARNATION
+    + """
+-- KEYS: meta, log   ARGV: ttl_ms
+return string.format('%.0f', incarnation(KEYS[1], KEYS[2], ARGV[1]))
+"""
+)
 
 # Presence, per room: ``present`` is a sorted set user -> expiry (ms) of the user's freshest
 # entry; ``tabs:<user>`` a sorted set worker -> expiry. A user is present while its ``present``
