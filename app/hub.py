@@ -20,6 +20,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
+import time
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -152,10 +154,17 @@ class Hub:
             for conn in conns:
                 conn.offer(frame, nbytes)
 
-    def kick(self, user: str, reason: str) -> None:
-        """Close every local connection of ``user`` with 4003 (moderation)."""
+    def kick(self, user: str, reason: str, issued_at: float | None = None) -> None:
+        """Close every local connection of ``user`` with 4003 (moderation); with
+        ``issued_at`` (epoch seconds), only those opened before it."""
+        opened_before = math.inf
+        if issued_at is not None:
+            # Connections keep their opening time on the loop's clock.
+            loop = asyncio.get_running_loop()
+            opened_before = loop.time() - (time.time() - issued_at)
         for conn in list(self._users.get(user, ())):
-            conn.close(CloseCode.FORBIDDEN, reason)
+            if conn.opened_at < opened_before:
+                conn.close(CloseCode.FORBIDDEN, reason)
 
     def local_users(self) -> list[str]:
         """Users with a connection on this worker."""

@@ -81,10 +81,13 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             for task in background:
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
-            await hub.close()
-            await broker.stop()
+            # Each step runs whatever the one before raised (Redis may be down by now).
+            for step in (hub.close, broker.stop, quotas.close):
+                try:
+                    await step()
+                except Exception:
+                    logger.exception("shutdown: %s failed", step.__qualname__)
             collector.stop()
-            await quotas.close()
             metrics.sync(hub, broker)  # the last counts, before the worker's files go quiet
 
     app = FastAPI(title="Hubbub", version=__version__, lifespan=lifespan, docs_url=None)

@@ -20,6 +20,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final, Literal, Protocol
 
 from redis.asyncio import Redis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 
 from app.broker import QuotaBucket
@@ -139,6 +141,8 @@ class RedisQuotas:
                 settings.redis_url,
                 socket_timeout=settings.redis_timeout_s,
                 socket_connect_timeout=settings.redis_timeout_s,
+                # Once on a fresh connection: a pooled one may be stale (Redis restarted).
+                retry=Retry(NoBackoff(), 1),
             )
         )
         self._take = self._redis.register_script(TAKE)

@@ -323,7 +323,10 @@ async def serve(ws: WebSocket, state: ChatState) -> None:
                     "duration_s": round(duration, 3),
                 },
             )
-            await state.quotas.release(conn.user, conn.id)
+            try:
+                await state.quotas.release(conn.user, conn.id)
+            except Exception:  # the slot expires by itself; the rest of the cleanup must run
+                logger.warning("could not release the connection slot", exc_info=True)
         await hub.remove(conn)
         conn.discard()
 

@@ -41,14 +41,16 @@ async def wait_for_port(
 
 
 class RedisServer:
-    """A throwaway redis-server (no persistence) that a test can kill and restart."""
+    """A throwaway redis-server that a test can kill and restart: no persistence, or with
+    ``appendonly`` an append-only file synced on every write (a restart keeps everything)."""
 
-    def __init__(self) -> None:
+    def __init__(self, appendonly: bool = False) -> None:
         binary = shutil.which("redis-server")
         assert binary, "redis-server is missing: `make test` installs it"
         self.binary = binary
         self.port = free_port()
         self.dir = tempfile.mkdtemp(prefix="hubbub-redis-")
+        self.appendonly = appendonly
         self.proc: asyncio.subprocess.Process | None = None
 
     @property
@@ -58,7 +60,8 @@ class RedisServer:
     async def start(self) -> None:
         self.proc = await asyncio.create_subprocess_exec(
             self.binary,
-            "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+            "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+            "--appendonly", "yes" if self.appendonly else "no", "--appendfsync", "always",
             "--dir", self.dir, "--logfile", "",
             stdout=asyncio.subprocess.DEVNULL,
         )  # fmt: skip

@@ -90,7 +90,7 @@ class _Recorder:
     def resubscribed(self) -> None:
         raise AssertionError("the memory broker never loses its subscriptions")
 
-    def kick(self, user: str, reason: str) -> None:
+    def kick(self, user: str, reason: str, issued_at: float | None = None) -> None:
         self.users.append((user, reason.encode()))
 
 

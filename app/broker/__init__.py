@@ -32,8 +32,10 @@ class BrokerHandler(Protocol):
         was asked for: messages published from now on are delivered live."""
         ...
 
-    def kick(self, user: str, reason: str) -> None:
-        """Close every local connection of ``user`` (moderation, from any server)."""
+    def kick(self, user: str, reason: str, issued_at: float | None = None) -> None:
+        """Close every local connection of ``user`` (moderation, from any server); with
+        ``issued_at`` (epoch seconds: a kick this worker missed live and learns of later),
+        only those opened before it."""
         ...
 
 
@@ -158,7 +160,9 @@ class Broker(Protocol):
         ...
 
     async def kick(self, user: str, reason: str) -> None:
-        """Have every worker close ``user``'s connections (:meth:`BrokerHandler.kick`)."""
+        """Have every worker close ``user``'s connections (:meth:`BrokerHandler.kick`), those
+        that do not hear it live too: a worker that was not subscribed when it was issued
+        learns of it when it is again."""
         ...
 
     async def history_since(self, room: str, since: int, limit: int) -> History:

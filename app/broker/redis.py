@@ -169,8 +169,10 @@ class RedisBroker:
                 task.exception()  # retrieved: it was logged (or is moot) already
         if pending:
             logger.warning("redis broker: %d tasks did not stop in time", len(pending))
-        with contextlib.suppress(*_ERRORS):
+        try:
             await self._withdraw_presence()
+        except (*_ERRORS, BrokerUnavailable) as exc:  # the entries expire by themselves
+            logger.warning("could not withdraw presence on stop: %r", exc)
         await self._pipeline.close()
         await self._redis.aclose()
         await self._sub_redis.aclose()
@@ -242,6 +244,10 @@ class RedisBroker:
                 self._ready = True
                 if self._reconnects:
                     handler.resubscribed()
+                    self._tasks = [task for task in self._tasks if not task.done()]
+                    self._tasks.append(
+                        asyncio.create_task(self._missed_kicks(), name="redis-missed-kicks")
+                    )
                 logger.info(
                     "redis pub/sub ready: %d rooms, %d users", len(self._rooms), len(self._users)
                 )
@@ -429,9 +435,32 @@ class RedisBroker:
         if changed:
             await self._announcer.announce(room, "leave", user)
 
+    def _kick_key(self, user: str) -> str:
+        return f"{self._prefix}:kick:{user}"
+
     async def kick(self, user: str, reason: str) -> None:
-        order = orjson.dumps({"user": user, "reason": reason})
+        """Remembered (as long as history is) for the workers that miss the publish."""
+        order = orjson.dumps({"user": user, "reason": reason, "at": time.time()})
+        ttl_ms = int(self._settings.history_ttl_s * 1000)
+        await self._call(lambda: self._redis.set(self._kick_key(user), order, px=ttl_ms))
         await self._call(lambda: self._redis.publish(self._moderation_channel, order))
+
+    async def _missed_kicks(self) -> None:
+        """After an outage: apply the kicks of local users this worker may have missed."""
+        users = sorted(self._users)
+        if not users or self._handler is None:
+            return
+        try:
+            orders = await self._call(
+                lambda: self._redis.mget([self._kick_key(user) for user in users])
+            )
+        except BrokerUnavailable as exc:
+            logger.warning("cannot check for missed kicks: %s", exc)
+            return
+        for user, order in zip(users, orders, strict=True):
+            if order is not None:
+                kick = orjson.loads(order)
+                self._handler.kick(user, kick["reason"], issued_at=kick["at"])
 
     async def broadcast(self, room: str, payload: bytes) -> None:
         await self._call(lambda: self._redis.publish(self._room_channel(room), payload))
