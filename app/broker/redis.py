@@ -26,9 +26,9 @@ from typing import Any, TypeVar, cast
 
 import orjson
 from redis.asyncio import Redis
+from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
-from redis.asyncio.retry import Retry
 
 from app.announcer import PresenceAnnouncer
 from app.broker import (
@@ -66,6 +66,8 @@ class RedisBroker:
                 settings.redis_url,
                 socket_timeout=settings.redis_timeout_s,
                 socket_connect_timeout=settings.redis_timeout_s,
+                # Once, on a fresh connection: a pooled one may be stale (Redis restarted).
+                # The asyncio Retry: the client awaits it (the sync one never retried).
                 retry=Retry(NoBackoff(), 1),
             )
         )
