@@ -100,6 +100,7 @@ class Hub:
             ]
             for replay in caught_up:
                 self._make_live(state, replay)
+            self._metrics.delivered_since_sync += len(caught_up)  # each was given the frame
 
     def link_lost(self) -> None:
         """The broker's subscription ended: every member of every room falls behind, from the

@@ -33,7 +33,10 @@ function start(name) {
   client.addEventListener("hello", (e) => { $("me-name").textContent = e.detail.user; });
   client.addEventListener("joined", (e) => onJoined(e.detail));
   client.addEventListener("message", (e) => addMessage(e.detail));
-  client.addEventListener("resync", (e) => loadHistory(e.detail.room));
+  client.addEventListener("resync", (e) => {
+    if (e.detail.room) loadHistory(e.detail.room);
+    else showAlert("the connection to the server was interrupted: direct messages may be missing");
+  });
   client.addEventListener("presence", (e) => onPresence(e.detail));
   client.addEventListener("typing", (e) => onTyping(e.detail));
   client.addEventListener("error", (e) => showAlert(`${e.detail.code}: ${e.detail.message}`));

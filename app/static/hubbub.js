@@ -17,7 +17,8 @@ const HEARTBEAT_SLACK_MS = 5_000;
  * - `left`     {room}
  * - `message`  a room message frame, at most once per id and in id order per room
  * - `direct`   a direct message frame (`to` instead of `room`), at most once per id
- * - `resync`   {room}: messages may be missing; reload the room with `history(room)`
+ * - `resync`   {room}: messages may be missing; reload the room with `history(room)`;
+ *               {to}: direct messages to you may be missing (they have no history)
  * - `presence` a presence frame; `typing` {room, user}
  * - `ack`      {cid, id, duplicate}; `error` an error frame {code, message, ref?, cid?}
  */
@@ -212,6 +213,11 @@ export class HubbubClient extends EventTarget {
         if (frame.code === "resync" && frame.room) {
           // The server lost track of a room: rejoin it from our position.
           this._joinFrame(frame.room);
+          return;
+        }
+        if (frame.code === "resync" && frame.to) {
+          // Direct messages have no history to recover from: say that some may be missing.
+          this._emit("resync", { to: frame.to });
           return;
         }
         if (frame.cid !== undefined && frame.code !== "broker_unavailable") {
