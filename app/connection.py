@@ -52,7 +52,7 @@ class Connection:
         "_close_timeout_s",
         "_closer",
         "_direct",
-        "_drain_waiter",
+        "_drain_waiters",
         "_flush_due",
         "_flusher",
         "_metrics",
@@ -101,8 +101,9 @@ class Connection:
         self._writer: asyncio.Task[None] | None = None
         self._closer: asyncio.Task[None] | None = None
         self._direct: DirectSocket | None = None
-        # (bytes, future) of a drained() call waiting for the outbox to shrink to that size.
-        self._drain_waiter: tuple[int, asyncio.Future[bool]] | None = None
+        # (bytes, future) of drained() calls waiting for the outbox to shrink to that size
+        # (one per room replaying to this connection).
+        self._drain_waiters: list[tuple[int, asyncio.Future[bool]]] | None = None
 
     def write_directly(self, direct: DirectSocket | None) -> None:
         """Write frames through ``direct`` whenever it is writable (after the accept)."""
@@ -144,8 +145,8 @@ class Connection:
                 texts = outbox.take_frames()
                 direct.write(encode(texts))
                 wrote(texts[0])
-            if self._drain_waiter is not None:
-                self._wake_drain_waiter()
+            if self._drain_waiters is not None:
+                self._wake_drain_waiters()
             if not outbox:
                 return
         self._writer = start_eagerly(self._write())
@@ -157,43 +158,43 @@ class Connection:
                 text = outbox.take()
                 await ws.send_text(text)
                 metrics.wrote(text)
-                if self._drain_waiter is not None:
-                    self._wake_drain_waiter()
+                if self._drain_waiters is not None:
+                    self._wake_drain_waiters()
         except _GONE:
             outbox.clear()
         finally:
             self._writer = None
-            self._wake_drain_waiter()
+            self._wake_drain_waiters()
 
     def drained(self, below: int) -> asyncio.Future[bool]:
         """A future that resolves to True once no more than ``below`` bytes are queued, or to
         False once the connection is closing (what it was waiting to send never will be).
-        One waiter at a time: a new call replaces (and resolves False) the previous one. Used
-        to pace a replay by what the socket takes (:mod:`app.replay`)."""
+        Paces replays by what the socket takes (:mod:`app.replay`); cancelling it is fine."""
         future: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
-        if self._drain_waiter is not None:
-            previous = self._drain_waiter[1]
-            self._drain_waiter = None
-            if not previous.done():
-                previous.set_result(False)
         if self.close_code is not None:
             future.set_result(False)
         elif self._outbox.queued_bytes <= below:
             future.set_result(True)
         else:
-            self._drain_waiter = (below, future)
+            if self._drain_waiters is None:
+                self._drain_waiters = []
+            self._drain_waiters.append((below, future))
         return future
 
-    def _wake_drain_waiter(self) -> None:
-        waiter = self._drain_waiter
-        if waiter is None:
+    def _wake_drain_waiters(self) -> None:
+        waiters = self._drain_waiters
+        if waiters is None:
             return
-        below, future = waiter
-        closing = self.close_code is not None
-        if closing or self._outbox.queued_bytes <= below:
-            self._drain_waiter = None
-            if not future.done():
+        closing, queued = self.close_code is not None, self._outbox.queued_bytes
+        waiting = []
+        for below, future in waiters:
+            if future.done():
+                continue
+            if closing or queued <= below:
                 future.set_result(not closing)
+            else:
+                waiting.append((below, future))
+        self._drain_waiters = waiting or None
 
     def close(self, code: CloseCode, reason: str) -> None:
         """Close the socket with ``code``; queued frames are dropped."""
@@ -224,7 +225,7 @@ class Connection:
         if self._writer is not None:
             self._writer.cancel()
             self._writer = None
-        self._wake_drain_waiter()
+        self._wake_drain_waiters()
 
     @property
     def queued_bytes(self) -> int:

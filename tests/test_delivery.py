@@ -11,6 +11,7 @@ import asyncio
 from collections.abc import AsyncIterator
 
 import httpx2 as httpx
+import orjson
 import pytest
 from redis.asyncio import Redis
 
@@ -18,6 +19,7 @@ from app.broker.redis import RedisBroker
 from app.errors import CloseCode
 from tests.helpers import ChatClient, Frame, LiveServer, make_settings, run_server, wait_until
 from tests.processes import RedisServer
+from tests.test_direct_writes import RawReader
 from tests.test_redis_fanout import redis_settings, two_servers
 
 pytestmark = pytest.mark.timeout(90)
@@ -74,6 +76,75 @@ async def test_a_replay_larger_than_the_outbox_arrives_whole(chat_server: LiveSe
         replayed = await back.messages(20, timeout=20)
         assert [m["text"].split(":")[0] for m in replayed] == [str(n) for n in range(20)]
         assert await back.is_responsive()
+
+
+async def test_two_long_replays_share_one_socket(chat_server: LiveServer) -> None:
+    """Two rooms replayed to one connection at once, each worth more than the outbox: both
+    arrive whole and in order (each room's replay waits for the socket in turn)."""
+    rooms = ("left", "right")
+    async with ChatClient.connect(chat_server.ws_url("away")) as away:
+        since = {room: (await away.join(room))["last"] for room in rooms}
+    async with ChatClient.connect(chat_server.ws_url("talker")) as talker:
+        for room in rooms:
+            await talker.join(room)
+            for n in range(20):
+                await talker.say(room, f"{n}:{LONG_TEXT}")
+            await talker.messages(20, timeout=20)
+    async with ChatClient.connect(chat_server.ws_url("away")) as back:
+        for room in rooms:
+            await back.send({"type": "join", "room": room, "since": since[room]})
+        got: dict[str, list[str]] = {room: [] for room in rooms}
+        joined = 0
+        async with asyncio.timeout(30):
+            while joined < 2 or sum(map(len, got.values())) < 40:
+                frame = await back.next_frame(skip=("ping", "presence"))
+                if frame["type"] == "joined":
+                    assert frame["recovered"] is True
+                    joined += 1
+                else:
+                    assert frame["type"] == "message", frame
+                    got[frame["room"]].append(frame["text"].split(":")[0])
+        assert got == {room: [str(n) for n in range(20)] for room in rooms}
+
+
+async def test_replays_to_a_paused_reader_wait_for_it(chat_server: LiveServer) -> None:
+    """A reader that does not read while two rooms are replayed to it (a 4 KB receive buffer,
+    so the server's transport pauses and its outbox fills): the replays wait for the socket
+    instead of overflowing the outbox (4008), and once it reads it gets both rooms whole, in
+    order."""
+    rooms = ("one", "two")
+    async with ChatClient.connect(chat_server.ws_url("reader")) as away:
+        since = {room: (await away.join(room))["last"] for room in rooms}
+    async with ChatClient.connect(chat_server.ws_url("talker")) as talker:
+        for room in rooms:
+            await talker.join(room)
+            for n in range(300):  # 5 MB a room: more than the kernel's socket buffers
+                await talker.say(room, f"{n}:{LONG_TEXT}")
+                await talker.expect("message")
+    reader = await RawReader.open(chat_server.port)
+    try:
+        for room in rooms:
+            await reader.send({"type": "join", "room": room, "since": since[room]})
+        # Not reading: the replays fill the transport, then wait at the outbox budget.
+        await wait_until(lambda: _queued(chat_server) > 0, 10)
+        await asyncio.sleep(0.5)
+        assert _queued(chat_server) <= make_settings().outbox_max_bytes // 2 + 20_000
+        got: dict[str, list[int]] = {room: [] for room in rooms}
+        async with asyncio.timeout(60):
+            while sum(map(len, got.values())) < 600:
+                first, payload = await reader.frame()
+                assert first == 0x81, f"not a text frame: {payload[:100]!r}"
+                for line in payload.split(b"\n"):
+                    frame = orjson.loads(line)
+                    if frame["type"] == "message":
+                        got[frame["room"]].append(int(frame["text"].split(":")[0]))
+        assert got == {room: list(range(300)) for room in rooms}
+    finally:
+        reader.sock.close()
+
+
+def _queued(live: LiveServer) -> int:
+    return max((conn.queued_bytes for conn in live.state.hub.connections), default=0)
 
 
 async def test_a_replay_continues_live_without_gap_or_duplicate(chat_server: LiveServer) -> None:
