@@ -170,6 +170,11 @@ class Replay:
         early, self._early = self._early, []
         for frame, nbytes in early:
             self.conn.offer(frame, nbytes)
+        nothing_to_replay = first is not None and first == History(True, [])
+        if nothing_to_replay and self._buffer is not None:  # most joins: no task needed
+            self._release_buffer()
+            self._host.go_live(self)
+            return
         self._task = asyncio.get_running_loop().create_task(self._run(first))
 
     def cancel(self) -> None:
