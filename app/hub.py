@@ -366,6 +366,16 @@ class Hub:
     def room_count(self) -> int:
         return len(self._rooms)
 
+    @property
+    def behind_count(self) -> int:
+        """Connection-in-room pairs catching up from history (not those only waiting for
+        their first live message past what they were replayed)."""
+        return sum(
+            replay.skip_to is None
+            for state in self._rooms.values()
+            for replay in state.behind.values()
+        )
+
 
 def _retrieve(future: asyncio.Future[None]) -> None:
     if not future.cancelled():

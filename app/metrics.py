@@ -177,6 +177,12 @@ class Metrics:
         self.memberships = gauge(
             "hubbub_room_memberships", "Connection-in-room pairs (joins held).", "livesum"
         )
+        self.memberships_behind = gauge(
+            "hubbub_room_memberships_behind",
+            "Connection-in-room pairs still catching up from history (a join with since, or "
+            "every membership of a worker after its broker subscription was lost).",
+            "livesum",
+        )
         self.join_room_size = Histogram(
             "hubbub_join_room_size",
             "Users present in a room (all servers) when a connection joins it.",
@@ -310,6 +316,7 @@ class Metrics:
         self.outbox_max_bytes.set(max(queued, default=0))
         self.rooms.set(hub.room_count)
         self.memberships.set(sum(len(conn.rooms) for conn in conns))
+        self.memberships_behind.set(hub.behind_count)
         self.draining.set(1 if hub.draining else 0)
 
         stats = broker.stats

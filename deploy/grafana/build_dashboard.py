@@ -249,10 +249,12 @@ def build() -> dict[str, Any]:
     )
     d.graph(
         "Rooms",
-        "Rooms with members on each worker (summed), and joins held.",
+        "Rooms with members on each worker (summed), joins held, and joins still catching up "
+        "from history (after a join with since, or a lost Redis subscription).",
         [
             _q(f"sum(hubbub_rooms{{{SEL}}})", "rooms (per worker, summed)"),
             _q(f"sum(hubbub_room_memberships{{{SEL}}})", "memberships"),
+            _q(f"sum(hubbub_room_memberships_behind{{{SEL}}})", "catching up"),
         ],
         "short",
     )
