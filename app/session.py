@@ -204,12 +204,15 @@ class Session:
 
 def _ref(text: str) -> dict[str, object] | None:
     """The fields of a refused frame the client needs to match the error to it (its ``type``
-    as ``ref``, and its ``cid``), or None when the frame itself is malformed."""
+    as ``ref``, its ``room`` and its ``cid``), or None when the frame itself is malformed."""
     try:
         frame = parse_client_frame(text)
     except FrameError:
         return None
     ref: dict[str, object] = {"ref": frame.type}
+    room = getattr(frame, "room", None)
+    if room is not None:
+        ref["room"] = room
     if isinstance(frame, Send) and frame.cid is not None:
         ref["cid"] = frame.cid
     return ref

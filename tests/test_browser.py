@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator
 import pytest
 from playwright.async_api import Browser, Page, async_playwright, expect
 
-from tests.helpers import LiveServer
+from tests.helpers import ChatClient, LiveServer, make_settings, run_server, wait_until
 from tests.processes import ROOT, AppProcess, RedisServer
 
 ARTIFACTS = ROOT / "test-artifacts"
@@ -240,3 +240,23 @@ async def test_a_name_is_picked_in_a_dialog(browser: Browser, server: LiveServer
         await expect(page.page.locator("#room-title")).to_have_text("lobby")
     finally:
         await page.close()
+
+
+async def test_a_refused_join_is_tried_again(browser: Browser) -> None:
+    """A join the server refuses for now (here the join quota: one join, then one a second)
+    did not happen: the page's client sends it again, so the room is not silent until the
+    next reconnect."""
+    settings = make_settings(user_joins_per_s=1.0, user_join_burst=1)
+    async with run_server(settings) as live:
+        page = await ChatPage.open(browser, live.http_url, "ada", "lobby")
+        try:
+            await page.page.locator("#join-input").fill("side")
+            await page.page.locator("#join-input").press("Enter")  # refused: rate_limited
+            await expect(page.page.locator("#alerts .alert")).to_contain_text("rate_limited")
+            async with ChatClient.connect(live.ws_url("bob")) as bob:
+                await bob.join("side")
+                await wait_until(lambda: len(live.state.hub.members("side")) == 2, 10)
+                await bob.say("side", "you made it")
+                await page.shows(["you made it"])
+        finally:
+            await page.close()

@@ -5,6 +5,8 @@
 
 /** Close codes after which reconnecting would fail again the same way (docs/protocol.md). */
 export const TERMINAL_CLOSE_CODES = new Set([1000, 1007, 1008, 1009, 4001, 4003]);
+// Error codes after which a refused join is sent again (the server did not join the room).
+const RETRY_JOIN_CODES = new Set(["broker_unavailable", "rate_limited"]);
 
 const STABLE_AFTER_MS = 10_000; // a connection this old resets the backoff
 const HEARTBEAT_SLACK_MS = 5_000;
@@ -219,6 +221,11 @@ export class HubbubClient extends EventTarget {
           // Direct messages have no history to recover from: say that some may be missing.
           this._emit("resync", { to: frame.to });
           return;
+        }
+        if (frame.ref === "join" && frame.room && RETRY_JOIN_CODES.has(frame.code)) {
+          // The join did not happen: try again later (from our position), or the room would
+          // stay silent until the next reconnect.
+          setTimeout(() => { if (this.rooms.has(frame.room)) this._joinFrame(frame.room); }, 1000);
         }
         if (frame.cid !== undefined && frame.code !== "broker_unavailable") {
           this._pending.delete(frame.cid); // refused for good (too long, not joined...)
