@@ -16,7 +16,7 @@ export UV_SYSTEM_CERTS := 1
 # Debian packages the test suite drives for real (binary:package).
 DEB_TEST_DEPS := redis-server:redis-server promtool:prometheus nginx:nginx kubectl:kubernetes-client chromium:chromium
 
-.PHONY: help install run test bench lint typecheck check deb-deps docs-config dashboard clean
+.PHONY: help install run test bench chaos lint typecheck check deb-deps docs-config dashboard clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -47,6 +47,9 @@ test: $(STAMP) deb-deps  ## install everything the tests need, then run the whol
 
 bench: $(STAMP) deb-deps  ## every load-test scenario vs the baseline (~14 min); rewrites docs/benchmarks.md
 	$(VENV)/bin/python -m loadtest.bench
+
+chaos: $(STAMP) deb-deps  ## clients chat through Redis and worker faults (~4 min); fails on a silent loss
+	$(VENV)/bin/python -m loadtest.chaos
 
 lint: $(STAMP)  ## ruff format check + ruff lint
 	$(VENV)/bin/ruff format --check .
