@@ -19,6 +19,7 @@ from app.broker.redis import RedisBroker
 from app.errors import CloseCode
 from tests.helpers import ChatClient, Frame, LiveServer, make_settings, run_server, wait_until
 from tests.processes import RedisServer
+from tests.test_history_recovery import _Ignore
 from tests.test_direct_writes import RawReader
 from tests.test_redis_fanout import redis_settings, two_servers
 
@@ -303,14 +304,6 @@ async def test_an_expired_room_log_is_not_recovered_from(redis_server: RedisServ
     finally:
         await redis.aclose()
         await broker.stop()
-
-
-class _Ignore:
-    def deliver_room(self, room: str, payload: bytes) -> None: ...
-    def deliver_user(self, user: str, payload: bytes) -> None: ...
-    def link_lost(self) -> None: ...
-    def resubscribed(self) -> None: ...
-    def kick(self, user: str, reason: str, issued_at: float | None = None) -> None: ...
 
 
 async def test_the_first_join_after_a_redis_restart_succeeds(redis_server: RedisServer) -> None:
