@@ -19,8 +19,8 @@ from app.broker.redis import RedisBroker
 from app.errors import CloseCode
 from tests.helpers import ChatClient, Frame, LiveServer, make_settings, run_server, wait_until
 from tests.processes import RedisServer
-from tests.test_history_recovery import _Ignore
 from tests.test_direct_writes import RawReader
+from tests.test_history_recovery import _Ignore
 from tests.test_redis_fanout import redis_settings, two_servers
 
 pytestmark = pytest.mark.timeout(90)
