@@ -10,6 +10,7 @@ from fastapi import APIRouter, HTTPException, Path, Query, Request, Response, We
 from fastapi.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from app.auth import AuthError
 from app.errors import BrokerUnavailable
 from app.protocol import ROOM_PATTERN
 from app.session import serve
@@ -53,8 +54,12 @@ async def room_messages(
     limit: Annotated[int, Query(ge=1)] = 50,
 ) -> Response:
     """A page of a room's history, oldest first: up to ``limit`` messages with ids below
-    ``before`` (the newest ones without it). Page backwards with ``before`` = the first id."""
+    ``before`` (the newest ones without it). Page backwards with ``before`` = the first id.
+
+    In ``jwt`` mode it takes the same token as the socket (``Authorization: Bearer``; 401
+    without a valid one) and honours its rooms claim (403)."""
     state = _state(request)
+    _authorize_room(state, request, room)
     limit = min(limit, state.settings.history_page_max)
     try:
         frames = await state.broker.history_before(room, before, limit)
@@ -62,6 +67,23 @@ async def room_messages(
         raise HTTPException(503, "history unavailable: the broker is not connected") from None
     body = b'{"room":' + orjson.dumps(room) + b',"messages":['
     return Response(body + b",".join(frames) + b"]}", media_type="application/json")
+
+
+def _authorize_room(state: ChatState, request: Request, room: str) -> None:
+    """Raise 401/403 unless the request may read ``room`` (only in ``jwt`` mode)."""
+    authenticator = state.authenticator
+    if authenticator is None:
+        return
+    scheme, _, token = request.headers.get("authorization", "").partition(" ")
+    challenge = {"WWW-Authenticate": "Bearer"}
+    if scheme.lower() != "bearer" or not token:
+        raise HTTPException(401, "a bearer token is required", headers=challenge)
+    try:
+        identity = authenticator.verify(token.strip())
+    except AuthError as exc:
+        raise HTTPException(401, str(exc)[:120], headers=challenge) from None
+    if not identity.may_use(room):
+        raise HTTPException(403, f"your token does not allow room {room!r}")
 
 
 @router.get("/healthz")

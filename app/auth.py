@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import fnmatch
 import re
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -92,7 +93,16 @@ class Authenticator:
         user = claims["sub"]
         if not isinstance(user, str) or not _USER.fullmatch(user):
             raise AuthError("invalid token: sub is not a valid user name")
+        issued = claims.get("iat")
+        start = float(issued) if isinstance(issued, int | float) else time.time()
+        if float(claims["exp"]) - start > settings.jwt_max_lifetime_s + settings.jwt_leeway_s:
+            raise AuthError(
+                f"token lives longer than {settings.jwt_max_lifetime_s:g} s "
+                "(CHAT_JWT_MAX_LIFETIME_S): issue shorter-lived tokens and refresh them"
+            )
         rooms = claims.get(settings.jwt_rooms_claim)
+        if rooms is None and settings.jwt_require_rooms:
+            raise AuthError(f"invalid token: no {settings.jwt_rooms_claim} claim")
         if rooms is not None and not (
             isinstance(rooms, list) and all(isinstance(r, str) for r in rooms)
         ):

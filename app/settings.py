@@ -258,7 +258,17 @@ class Settings(BaseSettings):
     jwt_rooms_claim: str = Field(
         "rooms",
         description="Claim listing the rooms (shell-style patterns, e.g. `team-*`) a token may "
-        "join and send to; a token without it may use every room.",
+        "join, send to and read; a token without it may use every room (unless "
+        "`CHAT_JWT_REQUIRE_ROOMS`).",
+    )
+    jwt_require_rooms: bool = Field(
+        False, description="Refuse tokens without the rooms claim (no token grants every room)."
+    )
+    jwt_max_lifetime_s: float = Field(
+        86_400.0,
+        gt=0,
+        description="Longest token lifetime accepted: `exp - iat` (`exp - now` without `iat`); "
+        "a longer-lived token is refused, so a leaked one is not good for long.",
     )
     auth_timeout_s: float = Field(
         5.0,

@@ -179,6 +179,54 @@ async def test_rooms_claim_limits_joins_and_sends() -> None:
             assert {f["type"] for f in frames} == {"message", "ack"}
 
 
+async def test_history_needs_the_sockets_token_and_its_rooms_claim() -> None:
+    """In jwt mode `GET /rooms/{room}/messages` takes the socket's token as a bearer token:
+    401 without one or with a bad one, 403 for a room outside its rooms claim."""
+    async with jwt_server() as server:
+        async with ChatClient.connect(ws_url(server, f"?token={token('ada')}")) as ada:
+            await ada.join("team-a")
+            await ada.say("team-a", "for the team only")
+            await ada.expect("message")
+        url = f"{server.http_url}/rooms/team-a/messages"
+        outsider = token("eve", rooms=["lobby"])
+        async with httpx.AsyncClient() as http:
+            for headers in ({}, {"Authorization": "Bearer garbage"}, {"Authorization": "x y"}):
+                refused = await http.get(url, headers=headers)
+                assert refused.status_code == 401 and "team" not in refused.text
+            forbidden = await http.get(url, headers={"Authorization": f"Bearer {outsider}"})
+            assert forbidden.status_code == 403
+            allowed = await http.get(url, headers={"Authorization": f"Bearer {token('bob')}"})
+            assert allowed.status_code == 200
+            assert [m["text"] for m in allowed.json()["messages"]] == ["for the team only"]
+
+
+@pytest.mark.parametrize(
+    ("case", "settings", "claims"),
+    [
+        ("lives too long", {}, {"ttl_s": 2 * 86_400}),
+        (
+            "lives too long by iat",
+            {"jwt_max_lifetime_s": 60},
+            {"ttl_s": 30, "iat": time.time() - 100},
+        ),
+        ("no rooms claim", {"jwt_require_rooms": True}, {}),
+        ("wrong audience", {"jwt_audience": "chat"}, {"aud": "billing"}),
+        ("no issuer", {"jwt_issuer": "https://id.example"}, {}),
+    ],
+)
+async def test_token_policy_settings_refuse(
+    case: str, settings: dict[str, Any], claims: dict[str, Any]
+) -> None:
+    """CHAT_JWT_MAX_LIFETIME_S (a day by default), CHAT_JWT_REQUIRE_ROOMS, CHAT_JWT_AUDIENCE
+    and CHAT_JWT_ISSUER each refuse a token that does not meet them (4001)."""
+    async with jwt_server(**settings) as server:
+        code, _ = await refused_with(ws_url(server, f"?token={token('ada', **claims)}"))
+        assert code == CloseCode.AUTH_FAILED, case
+        good: dict[str, Any] = {"rooms": ["lobby"], "aud": "chat", "iss": "https://id.example"}
+        async with ChatClient.connect(ws_url(server, f"?token={token('ada', **good)}")) as ok:
+            assert ok.hello["user"] == "ada"
+
+
 async def test_token_refresh_keeps_the_connection_and_its_absence_closes_it() -> None:
     async with jwt_server(token_refresh_before_s=1.5, jwt_leeway_s=0) as server:
         short = token("ada", ttl_s=2.5)

@@ -107,7 +107,9 @@ export class HubbubClient extends EventTarget {
     http.search = "";
     http.searchParams.set("limit", String(limit));
     if (before !== undefined) http.searchParams.set("before", String(before));
-    const response = await fetch(http);
+    // A jwt server wants the socket's token here too (and honours its rooms claim).
+    const headers = this.getToken ? { Authorization: `Bearer ${await this.getToken()}` } : {};
+    const response = await fetch(http, { headers });
     if (!response.ok) throw new Error(`history of ${room}: HTTP ${response.status}`);
     const { messages } = await response.json();
     if (before === undefined && messages.length && this.rooms.has(room)) {
