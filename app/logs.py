@@ -10,6 +10,7 @@ text. Connection events log one line each; messages are never logged.
 from __future__ import annotations
 
 import logging
+import re
 from datetime import UTC, datetime
 from typing import Any, Final
 
@@ -24,11 +25,31 @@ _STANDARD: Final = frozenset(
 )
 
 
+# Credentials that may ride in a logged request line, header or frame: a `?token=` (or
+# `access_token=`) value, a bearer token, a JSON "token". No log line may carry one.
+_SECRETS: Final = (
+    (re.compile(r"((?:^|[?&\s\"'/])(?:access_)?token=)[^&\s\"']+", re.IGNORECASE), r"\1[redacted]"),
+    (re.compile(r"(bearer\s+)[^\s\"',]+", re.IGNORECASE), r"\1[redacted]"),
+    # an `auth` frame, as uvicorn's debug log shows frames
+    (re.compile(r"(\"(?:access_)?token\"\s*:\s*\")[^\"]*", re.IGNORECASE), r"\1[redacted]"),
+)
+
+
+def redact(text: str) -> str:
+    """``text`` without the credentials it may carry (see ``_SECRETS``)."""
+    if "token" not in text.lower() and "bearer" not in text.lower():
+        return text
+    for pattern, replacement in _SECRETS:
+        text = pattern.sub(replacement, text)
+    return text
+
+
 class LineFormatter(logging.Formatter):
     """Formats a record as one line: a JSON object (``json=True``) or readable text.
 
     JSON keys: ``ts`` (UTC, ISO 8601, ms), ``level``, ``logger``, ``msg``, then the extra
-    fields, then ``exc`` (the traceback) when there is one.
+    fields, then ``exc`` (the traceback) when there is one. Tokens are redacted from every
+    part (uvicorn logs request lines, ``?token=`` included).
     """
 
     def __init__(self, json: bool = True) -> None:
@@ -37,20 +58,25 @@ class LineFormatter(logging.Formatter):
 
     def format(self, record: logging.LogRecord) -> str:
         ts = datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds")
-        fields = {k: v for k, v in vars(record).items() if k not in _STANDARD}
-        exc = self.formatException(record.exc_info) if record.exc_info else None
+        fields = {
+            k: redact(v) if isinstance(v, str) else v
+            for k, v in vars(record).items()
+            if k not in _STANDARD
+        }
+        exc = redact(self.formatException(record.exc_info)) if record.exc_info else None
+        message = redact(record.getMessage())
         if self._json:
             line: dict[str, Any] = {
                 "ts": ts.replace("+00:00", "Z"),
                 "level": record.levelname.lower(),
                 "logger": record.name,
-                "msg": record.getMessage(),
+                "msg": message,
                 **fields,
             }
             if exc:
                 line["exc"] = exc
             return orjson.dumps(line, default=str).decode()
-        text = f"{ts[:23]} {record.levelname:<7} {record.name}: {record.getMessage()}"
+        text = f"{ts[:23]} {record.levelname:<7} {record.name}: {message}"
         if fields:
             text += " " + " ".join(f"{k}={v}" for k, v in fields.items())
         return f"{text}\n{exc}" if exc else text

@@ -450,3 +450,36 @@ async def test_fuzzed_frames_break_nothing(server: LiveServer) -> None:
         assert ws.close_code == CloseCode.INVALID_DATA
     await wait_until(lambda: not server.state.hub.connections, 5)
     await wait_until(lambda: len(asyncio.all_tasks()) <= baseline_tasks, 5)
+
+
+async def test_no_log_line_carries_a_token() -> None:
+    """With every log on (debug, uvicorn's request lines included), tokens in `?token=`, in
+    an `auth` frame and in a bearer header, valid or not, appear in no log line."""
+    good, bad = token("ada"), "garbage.token.value"
+    app = AppProcess(
+        {"CHAT_AUTH_MODE": "jwt", "CHAT_JWT_SECRET": SECRET, "CHAT_LOG_LEVEL": "debug"}
+    )
+    await app.start()
+    try:
+        async with connect(f"ws://127.0.0.1:{app.port}/ws?token={good}") as ws:
+            await ws.recv()
+        for query in (f"?token={bad}", f"?name=x&token={bad}&y=1"):
+            code, _ = await refused_with(f"ws://127.0.0.1:{app.port}/ws{query}")
+            assert code == CloseCode.AUTH_FAILED
+        code, _ = await refused_with(
+            f"ws://127.0.0.1:{app.port}/ws", {"type": "auth", "token": bad}
+        )
+        assert code == CloseCode.AUTH_FAILED
+        async with httpx.AsyncClient() as http:
+            for credential in (good, bad):
+                await http.get(
+                    f"{app.http_url}/rooms/r/messages",
+                    headers={"Authorization": f"Bearer {credential}"},
+                )
+        await asyncio.sleep(0.2)  # the last lines reach the log file
+        log = app.output()
+        assert "[redacted]" in log  # the request lines were logged, without their tokens
+        for secret in (good, bad, good.split(".")[-1]):
+            assert secret not in log
+    finally:
+        await app.stop()
