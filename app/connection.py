@@ -21,7 +21,7 @@ from app.abort import abort
 from app.auth import Identity
 from app.direct import DirectSocket
 from app.eager import start_eagerly
-from app.errors import CloseCode
+from app.errors import CloseCode, close_reason
 from app.flusher import Flusher
 from app.metrics import Metrics
 from app.outbox import Outbox
@@ -207,7 +207,7 @@ class Connection:
     async def _close(self, code: CloseCode, reason: str) -> None:
         try:
             async with asyncio.timeout(self._close_timeout_s):
-                await self._ws.close(int(code), reason)
+                await self._ws.close(int(code), close_reason(reason))
         except TimeoutError:
             logger.info("conn=%s close %d timed out; aborting the transport", self.id, code)
             abort(self._ws)

@@ -32,6 +32,18 @@ class CloseCode(IntEnum):
         return self not in _TERMINAL
 
 
+MAX_CLOSE_REASON_BYTES = 123  # RFC 6455: a close frame's payload is at most 125 bytes
+
+
+def close_reason(text: str) -> str:
+    """``text`` cut to what a close frame can carry (123 bytes of UTF-8, whole characters): a
+    longer reason would make the close itself fail, and the client see 1006."""
+    encoded = text.encode()
+    if len(encoded) <= MAX_CLOSE_REASON_BYTES:
+        return text
+    return encoded[:MAX_CLOSE_REASON_BYTES].decode(errors="ignore")
+
+
 _TERMINAL = frozenset(
     {
         CloseCode.NORMAL_CLOSURE,

@@ -22,7 +22,14 @@ from app.auth import AuthError, Identity
 from app.broker import RoomPresence
 from app.connection import Connection
 from app.direct import DirectSocket
-from app.errors import BrokerUnavailable, CloseCode, ErrorCode, FrameError, QuotaExceeded
+from app.errors import (
+    BrokerUnavailable,
+    CloseCode,
+    ErrorCode,
+    FrameError,
+    QuotaExceeded,
+    close_reason,
+)
 from app.metrics import Metrics
 from app.outbox import Outbox
 from app.protocol import (
@@ -288,7 +295,7 @@ async def serve(ws: WebSocket, state: ChatState) -> None:
                     "reason": refused.reason,
                 },
             )
-            await ws.close(code, refused.reason)
+            await ws.close(code, close_reason(refused.reason))
             return
         logger.info("connection opened", extra={"conn": conn.id, "user": conn.user, "ip": conn.ip})
         await hub.register_user(conn)
@@ -338,7 +345,7 @@ async def _refuse(ws: WebSocket, metrics: Metrics, code: CloseCode, reason: str)
     """Accept, then close at once with ``code``: browsers see close codes, not HTTP statuses."""
     await ws.accept()
     metrics.opened.inc()
-    await ws.close(code, reason)
+    await ws.close(code, close_reason(reason))
     metrics.connection_closed(code, 0.0)
 
 

@@ -483,3 +483,20 @@ async def test_no_log_line_carries_a_token() -> None:
             assert secret not in log
     finally:
         await app.stop()
+
+
+async def test_a_ban_reason_too_long_for_a_close_frame_still_closes_cleanly() -> None:
+    """A ban reason of 200 characters (400 bytes of UTF-8) is cut to what a close frame holds
+    (123 bytes, whole characters): the client sees 4003 and the reason's start, not 1006."""
+    admin_token = "m" * 32
+    async with run_server(make_settings(admin_token=admin_token)) as live:
+        async with ChatClient.connect(live.ws_url("loud")) as loud:
+            async with httpx.AsyncClient() as http:
+                banned = await http.put(
+                    f"{live.http_url}/admin/users/loud/ban",
+                    json={"duration_s": 60, "reason": "é" * 200},
+                    headers={"Authorization": f"Bearer {admin_token}"},
+                )
+            assert banned.status_code == 200
+            assert await loud.closed_with() == CloseCode.FORBIDDEN
+            assert loud.ws.close_reason == "é" * 61
