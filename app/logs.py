@@ -82,6 +82,22 @@ class LineFormatter(logging.Formatter):
         return f"{text}\n{exc}" if exc else text
 
 
+class ClientFaults(logging.Filter):
+    """Demotes uvicorn's ERROR-with-traceback for a client's invalid UTF-8 frame to one INFO
+    line: any client can send one, and each would otherwise flood the error log (the socket is
+    closed with 1007, and the session logs that close)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno >= logging.ERROR and str(record.msg).startswith(
+            "Invalid UTF-8 sequence received from client"
+        ):
+            record.levelno, record.levelname = logging.INFO, "INFO"
+            record.exc_info, record.exc_text = None, None
+            # Dropped where INFO is not logged, as an INFO record would have been.
+            return logging.getLogger(record.name).isEnabledFor(logging.INFO)
+        return True
+
+
 def logging_config(settings: Settings) -> dict[str, Any]:
     """A :func:`logging.config.dictConfig` for the whole process: one stderr handler with
     :class:`LineFormatter`; uvicorn's per-request access log off (nginx keeps one)."""
@@ -92,6 +108,7 @@ def logging_config(settings: Settings) -> dict[str, Any]:
         "formatters": {
             "line": {"()": LineFormatter, "json": settings.log_format == "json"},
         },
+        "filters": {"client_faults": {"()": ClientFaults}},
         "handlers": {
             "stderr": {
                 "class": "logging.StreamHandler",
@@ -103,7 +120,7 @@ def logging_config(settings: Settings) -> dict[str, Any]:
         "loggers": {
             "app": {"level": level},
             "uvicorn": {"level": level},
-            "uvicorn.error": {"level": level},
+            "uvicorn.error": {"level": level, "filters": ["client_faults"]},
             "uvicorn.access": {"level": "WARNING", "propagate": False},
             "gunicorn.error": {"level": level, "handlers": ["stderr"], "propagate": False},
             "gunicorn.access": {"level": "WARNING", "propagate": False},

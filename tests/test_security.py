@@ -24,7 +24,7 @@ from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from app.errors import CloseCode
-from tests.helpers import ChatClient, LiveServer, make_settings, run_server, wait_until
+from tests.helpers import ChatClient, LiveServer, make_settings, raw_upgrade, run_server, wait_until
 from tests.processes import AppProcess, RedisServer
 from tests.prom import scrape
 
@@ -500,3 +500,27 @@ async def test_a_ban_reason_too_long_for_a_close_frame_still_closes_cleanly() ->
             assert banned.status_code == 200
             assert await loud.closed_with() == CloseCode.FORBIDDEN
             assert loud.ws.close_reason == "é" * 61
+
+
+async def test_an_invalid_utf8_frame_is_one_info_line_not_an_error() -> None:
+    """Any client can send a text frame that is not UTF-8: it is closed with 1007, and the
+    log gets one INFO line, not an ERROR with a traceback per frame (a log-flooding lever)."""
+    app = AppProcess({})
+    await app.start()
+    try:
+        for _ in range(3):
+            sock, _ = await raw_upgrade(app.port, 65536, "garbler")
+            try:
+                loop = asyncio.get_running_loop()
+                await loop.sock_sendall(sock, b"\x81\x82\x00\x00\x00\x00\xff\xfe")
+                closing = await asyncio.wait_for(loop.sock_recv(sock, 64), 5)
+                assert closing[:1] == b"\x88" and int.from_bytes(closing[2:4]) == 1007
+            finally:
+                sock.close()
+        await asyncio.sleep(0.2)
+        lines = [json.loads(line) for line in app.output().splitlines() if line.startswith("{")]
+        utf8 = [line for line in lines if "UTF-8" in line["msg"]]
+        assert len(utf8) == 3 and all(line["level"] == "info" for line in utf8)
+        assert not any(line["level"] == "error" or "exc" in line for line in lines)
+    finally:
+        await app.stop()
