@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import secrets
 import socket
 import time
 
@@ -54,7 +55,14 @@ from app.settings import Settings
 from app.state import ChatState
 
 logger = logging.getLogger(__name__)
-_HOST = socket.gethostname()
+_NODE = secrets.token_hex(4)  # this worker process, opaque to clients (see _process_name)
+
+
+def _process_name() -> str:
+    """``host:pid`` of this worker: only with ``CHAT_HELLO_NAMES_PROCESS`` (debugging)."""
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
 _TOO_MANY_MESSAGES = "too many messages, slow down"
 
 
@@ -303,7 +311,7 @@ async def serve(ws: WebSocket, state: ChatState) -> None:
             hello_frame(
                 conn.user,
                 conn.id,
-                f"{_HOST}:{os.getpid()}",  # this worker, for debugging (and tests)
+                _process_name() if settings.hello_names_process else _NODE,
                 {
                     "heartbeat_interval_s": settings.heartbeat_interval_s,
                     "heartbeat_timeout_s": settings.heartbeat_timeout_s,

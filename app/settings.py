@@ -55,6 +55,12 @@ class Settings(BaseSettings):
         "json",
         description="`json`: one JSON object per line (for log shippers); `text`: for people.",
     )
+    hello_names_process: bool = Field(
+        False,
+        description="`hello` names the worker process as `host:pid` (debugging, tests). Off: an "
+        "opaque id per worker process, which tells workers apart without telling clients the "
+        "host name or pid.",
+    )
 
     metrics_path: str = Field(
         "/metrics", pattern=r"^/[A-Za-z0-9_./-]*$", description="Path of the Prometheus scrape."

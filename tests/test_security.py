@@ -9,7 +9,9 @@ import contextlib
 import hashlib
 import hmac
 import json
+import os
 import random
+import socket
 import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -524,3 +526,11 @@ async def test_an_invalid_utf8_frame_is_one_info_line_not_an_error() -> None:
         assert not any(line["level"] == "error" or "exc" in line for line in lines)
     finally:
         await app.stop()
+
+
+async def test_hello_names_no_host_or_process_by_default(server: LiveServer) -> None:
+    """`hello`'s node tells worker processes apart without telling clients the host name or
+    the pid (CHAT_HELLO_NAMES_PROCESS is for debugging)."""
+    async with ChatClient.connect(server.ws_url("curious")) as client:
+        node = client.hello["node"]
+        assert node and socket.gethostname() not in node and str(os.getpid()) not in node
