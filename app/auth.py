@@ -1,4 +1,5 @@
-"""Who a connection is: ``?name=`` (anonymous mode) or a verified JWT (jwt mode).
+"""Who a connection is: a verified JWT (jwt mode), a guest (:mod:`app.guest`), or ``?name=``
+(names mode).
 
 Tokens are verified with PyJWT against exactly one key source from the settings — an HS256
 secret, or an RS256/ES256 public key or JWKS file — and only the algorithms that key can
@@ -32,11 +33,13 @@ class AuthError(Exception):
 @dataclass(frozen=True, slots=True)
 class Identity:
     """A verified user: its name, the room patterns it may use (None: all), and when its
-    token expires (epoch seconds; None in anonymous mode)."""
+    token expires (epoch seconds; None without a token)."""
 
     user: str
     rooms: tuple[str, ...] | None = None
     expires_at: float | None = None
+    # A guest key the server just made for this connection (handed back in `hello`).
+    guest_key: str | None = None
 
     def may_use(self, room: str) -> bool:
         return self.rooms is None or any(fnmatch.fnmatchcase(room, p) for p in self.rooms)

@@ -27,6 +27,7 @@ from app.metrics import Metrics, run_metrics_sync
 from app.metrics_endpoint import MetricsEndpoint
 from app.origin import OriginPolicy
 from app.page import mount_page
+from app.pending import PendingAuth
 from app.quotas import create_quotas, keep_counts
 from app.replay import Pacing
 from app.settings import Settings, load_settings
@@ -49,7 +50,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         quotas = create_quotas(settings)
         authenticator = Authenticator(settings) if settings.auth_mode == "jwt" else None
         origins = OriginPolicy(settings.allowed_origins)
-        state = ChatState(settings, broker, hub, metrics, quotas, origins, authenticator)
+        pending_auth = PendingAuth(settings.max_pending_auth, settings.max_pending_auth_per_address)
+        state = ChatState(
+            settings, broker, hub, metrics, quotas, origins, authenticator, pending_auth
+        )
         app.state.chat = state
         await broker.start(hub)
         background = [
@@ -71,7 +75,19 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         # What is built by now lives as long as the worker: see app.collector.
         collector = CollectorTuning(metrics.gc_pauses_since_sync)
         collector.start()
-        logger.info("hubbub ready", extra={"version": __version__, "broker": type(broker).__name__})
+        if settings.auth_mode == "names":
+            logger.warning(
+                "CHAT_AUTH_MODE=names: every connection is whoever its ?name= says, so anyone "
+                "can be anyone. For tests and load generators only: use jwt (or guest)."
+            )
+        logger.info(
+            "hubbub ready",
+            extra={
+                "version": __version__,
+                "broker": type(broker).__name__,
+                "auth_mode": settings.auth_mode,
+            },
+        )
         try:
             yield
         finally:

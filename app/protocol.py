@@ -171,14 +171,18 @@ def hello_frame(
     node: str,
     limits: dict[str, int | float],
     expires_at: float | None = None,
+    guest_key: str | None = None,
 ) -> str:
     """``hello``: who you are, which server process you reached, and the limits that apply
-    (plus ``exp``, when your token expires, in ``jwt`` mode)."""
+    (plus ``exp``, when your token expires, in ``jwt`` mode; ``guest``, the key the server
+    made you, in ``guest`` mode: keep it and connect with ``?guest=`` to stay you)."""
     frame: dict[str, Any] = {
         "type": "hello", "user": user, "conn": connection_id, "node": node, "limits": limits,
     }  # fmt: skip
     if expires_at is not None:
         frame["exp"] = int(expires_at)
+    if guest_key is not None:
+        frame["guest"] = guest_key
     return encode(frame)
 
 

@@ -58,6 +58,11 @@ class Quotas(Protocol):
     worker's open connections; before each send or join, ``allow`` or, for a send, the broker
     takes from the ``bucket``."""
 
+    async def admit_address(self, ip: str | None) -> bool:
+        """Take a token from ``ip``'s bucket of new connections (at the upgrade, before the
+        client says who it is); False: refuse the socket (4029). Fails open."""
+        ...
+
     async def admit(self, user: str, conn_id: str, ip: str | None) -> Refusal | None: ...
 
     async def release(self, user: str, conn_id: str) -> None: ...
@@ -154,6 +159,16 @@ class RedisQuotas:
 
     def _key(self, *parts: str) -> str:
         return ":".join((self._prefix, "q", *parts))
+
+    async def admit_address(self, ip: str | None) -> bool:
+        if ip is None:
+            return True
+        rate, burst = self._rates["ip"]
+        try:
+            return bool(await self._take(keys=[self._key("ip", ip)], args=[rate, burst]))
+        except _ERRORS as exc:
+            logger.warning("quotas unavailable, admitting address %s: %r", ip, exc)
+            return True
 
     async def admit(self, user: str, conn_id: str, ip: str | None) -> Refusal | None:
         rate, burst = self._rates["ip"]
@@ -256,6 +271,9 @@ class MemoryQuotas:
             return False
         bucket.tokens -= 1
         return True
+
+    async def admit_address(self, ip: str | None) -> bool:
+        return ip is None or self._take("ip", ip)
 
     async def admit(self, user: str, conn_id: str, ip: str | None) -> Refusal | None:
         if ip is not None and not self._take("ip", ip):

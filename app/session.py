@@ -18,7 +18,7 @@ import time
 
 from starlette.websockets import WebSocket
 
-from app.admission import Refused, admit, identify
+from app.admission import Refused, admit, admit_address, identify
 from app.auth import AuthError, Identity
 from app.broker import RoomPresence
 from app.connection import Connection
@@ -282,7 +282,9 @@ async def serve(ws: WebSocket, state: ChatState) -> None:
         await ws.accept()
         conn.write_directly(DirectSocket.of(ws))
         metrics.opened.inc()
-        identity = await identify(ws, state)
+        # The address pays for the socket now, not once it has authenticated: sockets that
+        # never do cannot be opened for free.
+        identity = await admit_address(state, conn.ip) or await identify(ws, state)
         if identity is None:
             code = 1001  # the client left before saying who it is
             return
@@ -322,6 +324,7 @@ async def serve(ws: WebSocket, state: ChatState) -> None:
                     "rate_limit_burst": settings.rate_limit_burst,
                 },
                 conn.identity.expires_at,
+                conn.identity.guest_key,
             )
         )
         code = await _read_frames(ws, Session(conn, state), settings, loop)

@@ -43,10 +43,10 @@ class Settings(BaseSettings):
     )
     trusted_proxies: str = Field(
         "127.0.0.1,::1",
-        description="Comma-separated addresses or networks (or `*`) whose `X-Forwarded-For` and "
-        "`X-Forwarded-Proto` headers are believed: the client address then comes from the "
-        "header. Set it to your proxies' addresses; `*` only when nothing but the proxy can "
-        "reach the app.",
+        description="Comma-separated addresses or networks (e.g. `10.0.0.0/8`) of your proxies, "
+        "whose `X-Forwarded-For` and `X-Forwarded-Proto` are believed: the client address is "
+        "the last one in the header that a trusted proxy appended (the entries before it are "
+        "the client's to write). `*` is refused: it would believe the client's own entries.",
     )
     log_level: Literal["debug", "info", "warning", "error"] = Field(
         "info", description="Log level of the service's loggers."
@@ -241,10 +241,13 @@ class Settings(BaseSettings):
         "spread over this many seconds.",
     )
 
-    auth_mode: Literal["anonymous", "jwt"] = Field(
-        "anonymous",
-        description="`anonymous`: the user is `?name=` (development, trusted networks). `jwt`: "
-        "the user is a signed token's `sub` (docs/security.md).",
+    auth_mode: Literal["jwt", "guest", "names"] = Field(
+        "jwt",
+        description="`jwt`: the user is a signed token's `sub` (docs/security.md). `guest`: "
+        "chat without accounts, each browser a user of its own (`?name=` is a display name, "
+        "the identity comes from a key the browser keeps: nobody can take over another's; "
+        "`make run` uses it). `names`: the user is whatever `?name=` says, so anyone can be "
+        "anyone: for tests and load generators only (it logs a warning).",
     )
     jwt_secret: SecretStr | None = Field(
         None, description="`jwt` mode with HS256: the shared secret (at least 32 bytes)."
@@ -317,6 +320,19 @@ class Settings(BaseSettings):
     ip_connection_burst: int = Field(
         200, ge=1, description="New connections a client address may open in a burst."
     )
+    max_pending_auth: int = Field(
+        1_000,
+        ge=1,
+        description="Sockets per worker still to send their token (`jwt` mode, no `?token=`); "
+        "further ones are closed with 1013 at once instead of holding a slot for "
+        "`CHAT_AUTH_TIMEOUT_S`.",
+    )
+    max_pending_auth_per_address: int = Field(
+        10,
+        ge=1,
+        description="Sockets per worker and client address still to send their token; further "
+        "ones are closed with 4029.",
+    )
     admin_token: SecretStr | None = Field(
         None,
         description="Bearer token of the moderation API (`/admin/...`: kick, ban). Unset: the "
@@ -339,11 +355,19 @@ class Settings(BaseSettings):
             keys = [self.jwt_secret, self.jwt_public_key_file, self.jwt_jwks_file]
             if sum(key is not None for key in keys) != 1:
                 raise ValueError(
-                    f"{ENV_PREFIX}AUTH_MODE=jwt needs exactly one of {ENV_PREFIX}JWT_SECRET, "
-                    f"{ENV_PREFIX}JWT_PUBLIC_KEY_FILE and {ENV_PREFIX}JWT_JWKS_FILE"
+                    f"{ENV_PREFIX}AUTH_MODE=jwt (the default) needs exactly one of "
+                    f"{ENV_PREFIX}JWT_SECRET, {ENV_PREFIX}JWT_PUBLIC_KEY_FILE and "
+                    f"{ENV_PREFIX}JWT_JWKS_FILE; to try Hubbub without accounts, set "
+                    f"{ENV_PREFIX}AUTH_MODE=guest (`make run` does)"
                 )
             if self.jwt_secret is not None and len(self.jwt_secret.get_secret_value()) < 32:
                 raise ValueError(f"{ENV_PREFIX}JWT_SECRET must be at least 32 bytes long")
+        if "*" in (p.strip() for p in self.trusted_proxies.split(",")):
+            raise ValueError(
+                f"{ENV_PREFIX}TRUSTED_PROXIES='*' would let any client write its own address "
+                "(the first X-Forwarded-For entry is the client's): list your proxies' "
+                "addresses or networks, e.g. 10.0.0.0/8,172.16.0.0/12"
+            )
         if self.canary_timeout_s <= self.canary_interval_s:
             raise ValueError(
                 f"{ENV_PREFIX}CANARY_TIMEOUT_S ({self.canary_timeout_s}) must be above "

@@ -10,6 +10,7 @@ from app.flusher import Flusher
 from app.hub import Hub
 from app.metrics import Metrics
 from app.origin import OriginPolicy
+from app.pending import PendingAuth
 from app.quotas import Quotas
 from app.settings import Settings
 
@@ -22,5 +23,6 @@ class ChatState:
     metrics: Metrics
     quotas: Quotas
     origins: OriginPolicy
-    authenticator: Authenticator | None  # None in anonymous mode
+    authenticator: Authenticator | None  # None unless in jwt mode
+    pending_auth: PendingAuth  # sockets waiting to send their token
     flusher: Flusher = field(default_factory=Flusher)  # writes every connection's outbox

@@ -98,6 +98,7 @@ SMOKE_FAULTS = ("pubsub_kill", "redis_kill_aof", "redis_stop", "worker_kill")
 # subscription found within ~2 s, quick Redis reconnects, and the per-user and per-address
 # limits out of the way (every client connects from one address, often).
 APP_ENV = {
+    "CHAT_AUTH_MODE": "names",  # the clients are named users (c000, c001, ...)
     "CHAT_DRAIN_WINDOW_S": "2",
     "CHAT_CLOSE_TIMEOUT_S": "2",
     "CHAT_CANARY_INTERVAL_S": "0.5",

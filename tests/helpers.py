@@ -27,6 +27,8 @@ Frame = dict[str, Any]
 def make_settings(**overrides: object) -> Settings:
     """Settings for tests: production defaults with a generous rate limit, plus overrides."""
     base: dict[str, object] = {
+        # Tests connect as named users (?name=); the identity modes are tested on their own.
+        "auth_mode": "names",
         "rate_limit_frames_per_s": 10_000.0,
         "rate_limit_burst": 10_000,
         # Tests open many connections and send fast from one address and a few names.

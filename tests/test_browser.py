@@ -260,3 +260,27 @@ async def test_a_refused_join_is_tried_again(browser: Browser) -> None:
                 await page.shows(["you made it"])
         finally:
             await page.close()
+
+
+async def test_guests_keep_their_identity_and_cannot_take_anothers(browser: Browser) -> None:
+    """On a `guest` server the page shows display names; a browser is the same guest after a
+    reload (its key is kept), and another browser with the same name is another user."""
+    async with run_server(make_settings(auth_mode="guest")) as live:
+        ada = await ChatPage.open(browser, live.http_url, "ada", "lobby")
+        other = await ChatPage.open(browser, live.http_url, "ada", "lobby")
+        try:
+            first = await ada.page.evaluate("hubbub.client.hello.user")
+            assert first.startswith("ada-")
+            assert await other.page.evaluate("hubbub.client.hello.user") != first
+            await expect(ada.page.locator("#me-name")).to_have_text("ada")
+            await ada.say("still me")
+            await ada.shows(["still me"])
+            await ada.page.reload()
+            await ada.connected()
+            assert await ada.page.evaluate("hubbub.client.hello.user") == first
+            await expect(ada.page.locator("#messages .message .author")).to_have_text(["ada"])
+            author = ada.page.locator("#messages .message .author").first
+            assert await author.get_attribute("title") == first
+        finally:
+            await ada.close()
+            await other.close()

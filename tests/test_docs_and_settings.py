@@ -75,8 +75,10 @@ def test_environment_is_read(monkeypatch: pytest.MonkeyPatch) -> None:
     """CHAT_* variables override the defaults."""
     monkeypatch.setenv("CHAT_MAX_TEXT_CHARS", "123")
     monkeypatch.setenv("CHAT_WS_PER_MESSAGE_DEFLATE", "true")
+    monkeypatch.setenv("CHAT_AUTH_MODE", "guest")
     settings = load_settings()
     assert settings.max_text_chars == 123 and settings.ws_per_message_deflate
+    assert settings.auth_mode == "guest"
 
 
 def test_server_refuses_to_start_with_bad_setting() -> None:

@@ -26,7 +26,13 @@ ROOT = Path(__file__).resolve().parent.parent
 @pytest.fixture
 async def served() -> AsyncIterator[str]:
     port = free_port()
-    env = {**os.environ, "CHAT_PORT": str(port), "CHAT_LOG_LEVEL": "warning"}
+    # As `make run` starts it: guests (CHAT_AUTH_MODE=guest), memory broker, one worker.
+    env = {
+        **os.environ,
+        "CHAT_PORT": str(port),
+        "CHAT_LOG_LEVEL": "warning",
+        "CHAT_AUTH_MODE": "guest",
+    }
     proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "app", cwd=ROOT, env=env)
     base = f"127.0.0.1:{port}"
     try:
@@ -87,7 +93,7 @@ def test_in_process_client() -> None:
 
 
 async def _healthcheck(port: int) -> int:
-    env = {**os.environ, "CHAT_HOST": "0.0.0.0", "CHAT_PORT": str(port)}
+    env = {**os.environ, "CHAT_HOST": "0.0.0.0", "CHAT_PORT": str(port), "CHAT_AUTH_MODE": "guest"}
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "app.healthcheck", cwd=ROOT, env=env,
         stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,

@@ -26,8 +26,9 @@ from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from app.errors import CloseCode
+from app.settings import SettingsError, load_settings
 from tests.helpers import ChatClient, LiveServer, make_settings, raw_upgrade, run_server, wait_until
-from tests.processes import AppProcess, RedisServer
+from tests.processes import AppProcess, NginxServer, RedisServer
 from tests.prom import scrape
 
 SECRET = "a-test-secret-that-is-long-enough-for-hs256"
@@ -534,3 +535,88 @@ async def test_hello_names_no_host_or_process_by_default(server: LiveServer) -> 
     async with ChatClient.connect(server.ws_url("curious")) as client:
         node = client.hello["node"]
         assert node and socket.gethostname() not in node and str(os.getpid()) not in node
+
+
+def test_trusting_every_proxy_is_refused() -> None:
+    """CHAT_TRUSTED_PROXIES='*' would make the client's own X-Forwarded-For entry its
+    address (per-address limits evaded, logs forged): the server refuses to start with it."""
+    with pytest.raises(SettingsError, match="TRUSTED_PROXIES"):
+        load_settings(auth_mode="guest", trusted_proxies="*")
+    with pytest.raises(SettingsError, match="TRUSTED_PROXIES"):
+        load_settings(auth_mode="guest", trusted_proxies="10.0.0.0/8, *")
+    assert load_settings(auth_mode="guest", trusted_proxies="10.0.0.0/8").trusted_proxies
+
+
+async def test_a_forged_forwarded_for_does_not_evade_the_address_limit() -> None:
+    """Behind nginx (a trusted proxy), a client (here from 127.0.0.2) that writes its own
+    X-Forwarded-For entries is still counted by the address nginx saw: rotating forged
+    entries does not buy more connections than CHAT_IP_CONNECTION_BURST."""
+    settings = make_settings(ip_connections_per_s=0.01, ip_connection_burst=3)
+    async with run_server(settings) as live:
+        proxy = NginxServer(f"127.0.0.1:{live.port}")
+        await proxy.start()
+        try:
+            codes = []
+            for n in range(5):
+                headers = {"X-Forwarded-For": f"203.0.113.{n}"}
+                try:
+                    async with connect(
+                        proxy.ws_url(f"f{n}"),
+                        additional_headers=headers,
+                        open_timeout=5,
+                        local_addr=("127.0.0.2", 0),
+                    ) as ws:
+                        first = json.loads(str(await ws.recv()))
+                        codes.append(first["type"])
+                        if first["type"] == "hello":
+                            continue
+                except ConnectionClosed as closed:
+                    codes.append(closed.rcvd.code if closed.rcvd else 1006)
+            assert codes[:3] == ["hello"] * 3 and codes[3:] == [4029, 4029], codes
+        finally:
+            await proxy.stop()
+
+
+async def _silent_sockets(url: str, count: int) -> tuple[list[Any], list[int]]:
+    """Open ``count`` sockets that never authenticate: those still open, and the close codes
+    of those the server refused at once."""
+    held, refused = [], []
+    for _ in range(count):
+        ws = await connect(url, open_timeout=5)
+        try:
+            await asyncio.wait_for(ws.recv(), 0.3)
+        except TimeoutError:
+            held.append(ws)  # the server waits for its token
+            continue
+        except ConnectionClosed as closed:
+            refused.append(closed.rcvd.code if closed.rcvd else 1006)
+        await ws.close()
+    return held, refused
+
+
+async def test_unauthenticated_sockets_cannot_fill_a_worker() -> None:
+    """Sockets that never send their token hold at most CHAT_MAX_PENDING_AUTH_PER_ADDRESS
+    slots per address (the rest are closed with 4029 at once), so a real user still gets in
+    on a worker capped at 20 connections."""
+    async with jwt_server(max_connections=20, max_pending_auth_per_address=5) as server:
+        held, refused = await _silent_sockets(ws_url(server), 25)
+        try:
+            assert len(held) == 5 and refused == [4029] * 20
+            async with ChatClient.connect(ws_url(server, f"?token={token('ada')}")) as ada:
+                assert ada.hello["user"] == "ada"
+        finally:
+            for ws in held:
+                await ws.close()
+
+
+async def test_the_address_pays_for_a_socket_before_it_authenticates() -> None:
+    """The per-address connection rate is charged at the upgrade: unauthenticated sockets
+    count, so an address cannot open them without limit."""
+    settings = {"ip_connections_per_s": 0.01, "ip_connection_burst": 3}
+    async with jwt_server(**settings) as server:
+        held, refused = await _silent_sockets(ws_url(server), 6)
+        try:
+            assert len(held) == 3 and refused == [4029] * 3
+        finally:
+            for ws in held:
+                await ws.close()

@@ -1,9 +1,10 @@
 // The chat page: rooms, messages, presence, typing, connection state — on top of hubbub.js.
 // Messages are kept per room by id and shown in id order, so a message replayed after a
 // reconnect or reloaded over HTTP appears exactly once. Text is always set as text, never HTML.
-import { HubbubClient } from "./hubbub.js";
+import { HubbubClient, displayName } from "./hubbub.js";
 
-const NAME = /^[A-Za-z0-9][A-Za-z0-9_.-]{0,31}$/;
+// A display name (what guest servers take; other modes take it too).
+const NAME = /^[A-Za-z0-9][A-Za-z0-9_.]{0,14}$/;
 const ROOM = /^[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}$/;
 const TYPING_EVERY_MS = 3000;
 const TYPING_SHOWN_MS = 4000;
@@ -27,10 +28,16 @@ function el(tag, className, text) {
 function start(name) {
   localStorage.setItem("hubbub.name", name);
   $("me-name").textContent = name;
-  client = new HubbubClient({ name });
+  // This browser's guest key (guest servers): the same guest on every visit and reconnect.
+  const guestKey = localStorage.getItem("hubbub.guest") || undefined;
+  client = new HubbubClient({ name, guestKey });
   window.hubbub = { client, rooms }; // for debugging in the console
   client.addEventListener("state", (e) => showState(e.detail));
-  client.addEventListener("hello", (e) => { $("me-name").textContent = e.detail.user; });
+  client.addEventListener("hello", (e) => {
+    if (e.detail.guest) localStorage.setItem("hubbub.guest", e.detail.guest);
+    $("me-name").textContent = displayName(e.detail.user);
+    $("me-name").title = e.detail.user;
+  });
   client.addEventListener("joined", (e) => onJoined(e.detail));
   client.addEventListener("message", (e) => addMessage(e.detail));
   client.addEventListener("resync", (e) => {
@@ -59,7 +66,7 @@ $("name-form").addEventListener("submit", (event) => {
   const name = $("name-input").value.trim();
   if (!NAME.test(name)) {
     event.preventDefault();
-    $("name-input").setCustomValidity("letters, digits, _ . - (starting with a letter or digit)");
+    $("name-input").setCustomValidity("up to 15 letters, digits, _ . (starting with a letter or digit)");
     $("name-input").reportValidity();
     return;
   }
@@ -191,7 +198,9 @@ function messageItem(frame) {
   item.dataset.id = String(frame.id);
   const time = el("time", "meta", new Date(frame.ts).toLocaleTimeString([], { hour: "2-digit", minute: "2-digit" }));
   time.dateTime = new Date(frame.ts).toISOString();
-  item.append(time, el("span", "author", frame.user), el("span", "text", frame.text));
+  const author = el("span", "author", displayName(frame.user));
+  author.title = frame.user; // guests may share a display name: the id tells them apart
+  item.append(time, author, el("span", "text", frame.text));
   return item;
 }
 
@@ -214,7 +223,7 @@ function addMessage(frame) {
     next = node;
   }
   list.insertBefore(item, next);
-  if (atBottom || frame.user === client.name) list.scrollTop = list.scrollHeight;
+  if (atBottom || frame.user === client.hello?.user) list.scrollTop = list.scrollHeight;
 }
 
 function renderMessages() {
@@ -254,12 +263,16 @@ function renderPresence() {
   const state = rooms.get(active);
   $("presence-count").textContent = state ? `(${state.count})` : "";
   if (!state || !state.users) return;
-  for (const user of [...state.users].sort()) list.append(el("li", "", user));
+  for (const user of [...state.users].sort()) {
+    const item = el("li", "", displayName(user));
+    item.title = user;
+    list.append(item);
+  }
 }
 
 function onTyping({ room, user }) {
   const state = rooms.get(room);
-  if (!state || user === client.name) return;
+  if (!state || user === client.hello?.user) return;
   clearTimeout(state.typing.get(user));
   state.typing.set(user, setTimeout(() => { state.typing.delete(user); renderTyping(); }, TYPING_SHOWN_MS));
   renderTyping();
@@ -269,8 +282,8 @@ function renderTyping() {
   const state = rooms.get(active);
   const users = state ? [...state.typing.keys()] : [];
   $("typing").textContent = users.length === 0 ? ""
-    : users.length === 1 ? `${users[0]} is typing…`
-      : `${users.slice(0, 3).join(", ")} are typing…`;
+    : users.length === 1 ? `${displayName(users[0])} is typing…`
+      : `${users.slice(0, 3).map(displayName).join(", ")} are typing…`;
 }
 
 // -- composer ------------------------------------------------------------------------------

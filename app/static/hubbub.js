@@ -24,19 +24,28 @@ const HEARTBEAT_SLACK_MS = 5_000;
  * - `presence` a presence frame; `typing` {room, user}
  * - `ack`      {cid, id, duplicate}; `error` an error frame {code, message, ref?, cid?}
  */
+/** The display name of a user id: a guest's id is its name plus "-" and 16 hex digits. */
+export function displayName(user) {
+  return user.replace(/-[0-9a-f]{16}$/, "");
+}
+
 export class HubbubClient extends EventTarget {
   /**
-   * @param {{url?: string, name?: string, getToken?: () => Promise<string>,
+   * @param {{url?: string, name?: string, guestKey?: string, getToken?: () => Promise<string>,
    *          baseDelayMs?: number, maxDelayMs?: number}} options
-   *   `url` defaults to this page's host (`ws[s]://HOST/ws`). `name` for servers in anonymous
-   *   mode; `getToken` for `jwt` mode: called on every (re)connect and when the server asks
-   *   for a refresh, it returns a fresh token (sent in an `auth` frame, never in the URL).
+   *   `url` defaults to this page's host (`ws[s]://HOST/ws`). `name`: the display name on
+   *   `guest` servers (the user on `names` servers); `guestKey`: the key that makes this browser
+   *   the same guest on every reconnect (the server makes one if none is given: it is then in
+   *   `guestKey` after `hello`, for the page to keep); `getToken` for `jwt` mode: called on
+   *   every (re)connect and when the server asks for a refresh, it returns a fresh token (sent
+   *   in an `auth` frame, never in the URL).
    */
-  constructor({ url, name, getToken, baseDelayMs = 500, maxDelayMs = 15_000 }) {
+  constructor({ url, name, guestKey, getToken, baseDelayMs = 500, maxDelayMs = 15_000 }) {
     super();
     const scheme = location.protocol === "https:" ? "wss:" : "ws:";
     this.url = url ?? `${scheme}//${location.host}/ws`;
     this.name = name;
+    this.guestKey = guestKey;
     this.getToken = getToken;
     this.baseDelayMs = baseDelayMs;
     this.maxDelayMs = maxDelayMs;
@@ -126,6 +135,7 @@ export class HubbubClient extends EventTarget {
     this._setState(this._attempt === 0 ? "connecting" : "reconnecting");
     const url = new URL(this.url);
     if (this.name) url.searchParams.set("name", this.name);
+    if (this.guestKey) url.searchParams.set("guest", this.guestKey);
     const ws = new WebSocket(url);
     this._ws = ws;
     if (this.getToken) {
@@ -172,6 +182,7 @@ export class HubbubClient extends EventTarget {
     switch (frame.type) {
       case "hello":
         this.hello = frame;
+        if (frame.guest) this.guestKey = frame.guest; // made for us: reconnect as the same guest
         this._setState("open");
         this._stableTimer = setTimeout(() => { this._attempt = 0; }, STABLE_AFTER_MS);
         this.dispatchEvent(new CustomEvent("hello", { detail: frame }));
