@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hmac
 import logging
+import time
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Header, HTTPException, Path, Request, Response
@@ -33,8 +34,14 @@ def _authorized(
     token = state.settings.admin_token
     if token is None:
         raise HTTPException(404, "Not Found")
+    address, now = request.client.host if request.client else None, time.monotonic()
+    if state.failed_logins.locked_out(address, now):
+        retry_after = {"Retry-After": str(int(state.failed_logins.window_s))}
+        raise HTTPException(429, "too many failed attempts: try again later", headers=retry_after)
     expected = f"Bearer {token.get_secret_value()}".encode()
     if authorization is None or not hmac.compare_digest(authorization.encode(), expected):
+        state.failed_logins.failed(address, now)
+        logger.warning("moderation: failed login", extra={"ip": address})
         raise HTTPException(401, "a valid admin bearer token is required",
                             headers={"WWW-Authenticate": "Bearer"})  # fmt: skip
     return state

@@ -335,8 +335,10 @@ class Settings(BaseSettings):
     )
     admin_token: SecretStr | None = Field(
         None,
-        description="Bearer token of the moderation API (`/admin/...`: kick, ban). Unset: the "
-        "API is off (404).",
+        min_length=32,
+        description="Bearer token of the moderation API (`/admin/...`: kick, ban), at least 32 "
+        "characters. Unset: the API is off (404). Five failed attempts from an address lock it "
+        "out for a minute (429).",
     )
 
     @model_validator(mode="after")

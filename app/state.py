@@ -8,6 +8,7 @@ from app.auth import Authenticator
 from app.broker import Broker
 from app.flusher import Flusher
 from app.hub import Hub
+from app.lockout import FAILURE_WINDOW_S, MAX_FAILURES, FailedLogins
 from app.metrics import Metrics
 from app.origin import OriginPolicy
 from app.pending import PendingAuth
@@ -25,4 +26,7 @@ class ChatState:
     origins: OriginPolicy
     authenticator: Authenticator | None  # None unless in jwt mode
     pending_auth: PendingAuth  # sockets waiting to send their token
+    failed_logins: FailedLogins = field(
+        default_factory=lambda: FailedLogins(MAX_FAILURES, FAILURE_WINDOW_S)
+    )
     flusher: Flusher = field(default_factory=Flusher)  # writes every connection's outbox

@@ -343,9 +343,11 @@ async def test_per_address_connection_rate_across_servers(redis_server: RedisSer
 
 
 async def test_kick_and_ban_reach_every_server(redis_server: RedisServer) -> None:
-    admin = {"Authorization": "Bearer let-me-moderate"}
+    admin = {"Authorization": "Bearer let-me-moderate-with-a-long-enough-token"}
     async with (
-        two_processes(redis_server, {"CHAT_ADMIN_TOKEN": "let-me-moderate"}) as (a, b),
+        two_processes(
+            redis_server, {"CHAT_ADMIN_TOKEN": "let-me-moderate-with-a-long-enough-token"}
+        ) as (a, b),
         httpx.AsyncClient() as http,
     ):
         async with (
@@ -385,6 +387,28 @@ async def test_moderation_api_is_off_without_a_token(server: LiveServer) -> None
     async with httpx.AsyncClient() as http:
         response = await http.post(f"{server.http_url}/admin/users/x/kick")
     assert response.status_code == 404
+
+
+def test_a_short_admin_token_is_refused() -> None:
+    """An admin token shorter than 32 characters can be guessed: the server refuses it."""
+    with pytest.raises(SettingsError, match="ADMIN_TOKEN"):
+        load_settings(auth_mode="guest", admin_token="let-me-in")
+
+
+async def test_failed_admin_logins_are_limited() -> None:
+    """Five wrong admin tokens from an address lock it out (429, even with the right token)
+    for a minute: a token cannot be guessed online."""
+    admin_token = "k" * 40
+    async with run_server(make_settings(admin_token=admin_token)) as live:
+        url = f"{live.http_url}/admin/users/x/kick"
+        async with httpx.AsyncClient() as http:
+            codes = [
+                (await http.post(url, headers={"Authorization": f"Bearer guess{n}"})).status_code
+                for n in range(6)
+            ]
+            assert codes == [401] * 5 + [429]
+            right = await http.post(url, headers={"Authorization": f"Bearer {admin_token}"})
+            assert right.status_code == 429
 
 
 # -- fuzzing ------------------------------------------------------------------------------
