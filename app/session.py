@@ -111,10 +111,6 @@ class Session:
         ``since`` again. A refused join changes nothing: a member stays a member."""
         conn = self.conn
         rejoin = frame.room in conn.rooms
-        if rejoin and frame.since is None:
-            presence = await self._presence(frame.room)
-            conn.offer(joined_frame(frame.room, None, presence.count, presence.users))
-            return
         if not rejoin and len(conn.rooms) >= self._settings.max_rooms_per_connection:
             raise FrameError(
                 ErrorCode.TOO_MANY_ROOMS,
@@ -122,8 +118,12 @@ class Session:
             )
         if not conn.identity.may_use(frame.room):
             raise FrameError(ErrorCode.FORBIDDEN, f"your token does not allow room {frame.room!r}")
-        if not await self._state.quotas.allow("join", conn.user):
+        if not await self._state.quotas.allow("join", conn.user):  # rejoins cost the same
             raise FrameError(ErrorCode.RATE_LIMITED, "too many joins, slow down")
+        if rejoin and frame.since is None:
+            presence = await self._presence(frame.room)
+            conn.offer(joined_frame(frame.room, None, presence.count, presence.users))
+            return
         try:
             await self._hub.join(conn, frame.room, frame.since)
         except BrokerUnavailable:
@@ -145,6 +145,8 @@ class Session:
         """Relay to the room; best effort: dropped without a word while the broker is down."""
         if frame.room not in self.conn.rooms:
             raise FrameError(ErrorCode.NOT_JOINED, f"join room {frame.room!r} before typing")
+        if not await self._state.quotas.allow("typing", self.conn.user):
+            raise FrameError(ErrorCode.RATE_LIMITED, "too many typing notices, slow down")
         with contextlib.suppress(BrokerUnavailable):
             await self._broker.broadcast(frame.room, typing_frame(frame.room, self.conn.user))
 

@@ -309,7 +309,19 @@ class Settings(BaseSettings):
         2.0, gt=0, description="Joins per second per user across every server (refill)."
     )
     user_join_burst: int = Field(
-        30, ge=1, description="Joins a user may make in a burst (error `rate_limited`)."
+        30,
+        ge=1,
+        description="Joins a user may make in a burst, rejoins of a joined room included "
+        "(error `rate_limited`).",
+    )
+    user_typing_per_s: float = Field(
+        1.0,
+        gt=0,
+        description="`typing` frames per second per user across every server (refill); each "
+        "goes to the whole room, so it is counted per user, not per connection.",
+    )
+    user_typing_burst: int = Field(
+        5, ge=1, description="`typing` frames a user may send in a burst (error `rate_limited`)."
     )
     ip_connections_per_s: float = Field(
         20.0,

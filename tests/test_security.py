@@ -411,6 +411,49 @@ async def test_failed_admin_logins_are_limited() -> None:
             assert right.status_code == 429
 
 
+async def test_typing_is_limited_per_user_not_per_connection() -> None:
+    """One user with three sockets typing as fast as it can: the room gets no more typing
+    notices than the user's burst (CHAT_USER_TYPING_BURST); the rest are refused."""
+    settings = make_settings(user_typing_per_s=0.01, user_typing_burst=4)
+    async with run_server(settings) as live, contextlib.AsyncExitStack() as stack:
+        tabs = [
+            await stack.enter_async_context(ChatClient.connect(live.ws_url("spam")))
+            for _ in range(3)
+        ]
+        reader = await stack.enter_async_context(ChatClient.connect(live.ws_url("reader")))
+        for client in (reader, *tabs):
+            await client.join("r")
+        for _ in range(5):
+            for tab in tabs:
+                await tab.send({"type": "typing", "room": "r"})
+        refused = 0
+        async with asyncio.timeout(10):
+            while refused < 11:
+                for tab in tabs:
+                    with contextlib.suppress(TimeoutError):
+                        frame = await tab.next_frame(0.05, skip=("ping", "presence", "typing"))
+                        assert (frame["type"], frame["code"]) == ("error", "rate_limited")
+                        refused += 1
+        await reader.send({"type": "ping"})  # a barrier: the notices came before its pong
+        notices = 0
+        while (frame := await reader.next_frame(skip=("ping", "presence")))["type"] != "pong":
+            notices += frame["type"] == "typing"
+        assert notices == 4
+
+
+async def test_rejoining_a_joined_room_costs_a_join() -> None:
+    """A join of a room the connection is already in (an answer with the room's presence) is
+    counted against the join quota like any join."""
+    async with run_server(make_settings(user_joins_per_s=0.01, user_join_burst=3)) as live:
+        async with ChatClient.connect(live.ws_url("u")) as client:
+            answers = []
+            for _ in range(5):
+                await client.send({"type": "join", "room": "r"})
+                frame = await client.next_frame()
+                answers.append(frame["type"] if frame["type"] == "joined" else frame["code"])
+            assert answers == ["joined"] * 3 + ["rate_limited"] * 2
+
+
 # -- fuzzing ------------------------------------------------------------------------------
 
 
