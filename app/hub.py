@@ -26,6 +26,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from app.broker import Broker, History
+from app.budget import OutboxBudget
 from app.connection import Connection
 from app.errors import BrokerUnavailable, CloseCode, ErrorCode
 from app.metrics import Metrics
@@ -55,7 +56,12 @@ class Hub:
     """Rooms → local connections, users → local connections, and every open connection."""
 
     def __init__(
-        self, broker: Broker, max_connections: int, metrics: Metrics, pacing: Pacing
+        self,
+        broker: Broker,
+        max_connections: int,
+        metrics: Metrics,
+        pacing: Pacing,
+        outbox_budget_bytes: int = 2**62,
     ) -> None:
         self._broker = broker
         self._metrics = metrics
@@ -70,6 +76,8 @@ class Hub:
         self.pages = HistoryPages(broker, pacing.page)
         self.connections: set[Connection] = set()
         self.draining = False
+        # Every outbox of this worker counts here (app.budget); over it, the slowest are cut.
+        self.outbox_budget = OutboxBudget(outbox_budget_bytes, self._cut_slowest_consumers)
 
     # -- delivery (called by the broker; never awaits) ---------------------------------------
 
@@ -166,6 +174,23 @@ class Hub:
         for conn in list(self._users.get(user, ())):
             if conn.opened_at < opened_before:
                 conn.close(CloseCode.FORBIDDEN, reason)
+
+    def _cut_slowest_consumers(self) -> None:
+        """Close (4008) the connections with the most queued, until the worker's outboxes are
+        back under nine tenths of their budget."""
+        budget = self.outbox_budget
+        target = budget.limit * 9 // 10
+        cut = 0
+        for conn in sorted(self.connections, key=lambda c: c.queued_bytes, reverse=True):
+            if budget.used <= target or not conn.queued_bytes:
+                break
+            conn.close(CloseCode.SLOW_CONSUMER, "slow consumer: the server's memory is full")
+            cut += 1
+        logger.warning(
+            "outbox budget exceeded: closed the %d slowest consumers",
+            cut,
+            extra={"queued_bytes": budget.used, "budget_bytes": budget.limit},
+        )
 
     def local_users(self) -> list[str]:
         """Users with a connection on this worker."""

@@ -46,7 +46,13 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         broker = create_broker(settings)
-        hub = Hub(broker, settings.max_connections, metrics, Pacing.of(settings))
+        hub = Hub(
+            broker,
+            settings.max_connections,
+            metrics,
+            Pacing.of(settings),
+            settings.worker_outbox_max_bytes,
+        )
         quotas = create_quotas(settings)
         authenticator = Authenticator(settings) if settings.auth_mode == "jwt" else None
         origins = OriginPolicy(settings.allowed_origins)

@@ -9,20 +9,28 @@ gets fewer, larger frames instead of falling behind.
 from __future__ import annotations
 
 from collections import deque
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from app.budget import OutboxBudget
 
 
 class Outbox:
-    """FIFO of encoded frames with a byte bound. Order in is order out."""
+    """FIFO of encoded frames with a byte bound. Order in is order out. With a ``budget``, the
+    bytes it holds are also counted in the worker's :class:`~app.budget.OutboxBudget`."""
 
-    __slots__ = ("_bytes", "_coalesce_max_bytes", "_frames", "_max_bytes")
+    __slots__ = ("_budget", "_bytes", "_coalesce_max_bytes", "_frames", "_max_bytes")
 
-    def __init__(self, max_bytes: int, coalesce_max_bytes: int) -> None:
+    def __init__(
+        self, max_bytes: int, coalesce_max_bytes: int, budget: OutboxBudget | None = None
+    ) -> None:
         # Made on a put into an empty outbox and dropped when it empties again: a deque costs
         # ~760 bytes, times every idle connection.
         self._frames: deque[tuple[str, int]] | None = None
         self._bytes = 0
         self._max_bytes = max_bytes
         self._coalesce_max_bytes = coalesce_max_bytes
+        self._budget = budget
 
     def put(self, frame: str, nbytes: int) -> bool:
         """Queue ``frame`` (``nbytes`` long in UTF-8). False, and nothing queued, if it would
@@ -33,6 +41,8 @@ class Outbox:
             self._frames = deque()
         self._frames.append((frame, nbytes))
         self._bytes += nbytes
+        if self._budget is not None:
+            self._budget.added(nbytes)
         return True
 
     def take(self) -> str:
@@ -54,9 +64,13 @@ class Outbox:
             size += 1 + nbytes
         if not frames:
             self._frames = None  # an idle connection holds no deque
+        if self._budget is not None:
+            self._budget.removed(size - len(batch) + 1)  # the joining newlines are not queued
         return batch
 
     def clear(self) -> None:
+        if self._budget is not None:
+            self._budget.removed(self._bytes)
         self._frames = None
         self._bytes = 0
 

@@ -255,7 +255,7 @@ async def serve(ws: WebSocket, state: ChatState) -> None:
     conn = Connection(
         ws,
         "",
-        Outbox(settings.outbox_max_bytes, settings.coalesce_max_bytes),
+        Outbox(settings.outbox_max_bytes, settings.coalesce_max_bytes, hub.outbox_budget),
         RateLimiter(
             settings.rate_limit_frames_per_s,
             settings.rate_limit_burst,

@@ -135,6 +135,14 @@ class Settings(BaseSettings):
         description="Bytes of undelivered frames a connection may have queued; above it the "
         "connection is closed with 4008 (slow consumer).",
     )
+    worker_outbox_max_bytes: int = Field(
+        128 * 2**20,
+        ge=1_024,
+        description="Bytes of undelivered frames all of a worker's connections may have queued "
+        "together; above it the connections with the most queued are closed with 4008 until "
+        "it is back under nine tenths (a worker's memory stays bounded however many slow "
+        "readers it has).",
+    )
     coalesce_max_bytes: int = Field(
         65_536,
         ge=1_024,

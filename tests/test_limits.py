@@ -19,6 +19,7 @@ from tests.helpers import (
     run_server,
     wait_until,
 )
+from tests.test_direct_writes import RawReader
 
 BAD_FRAMES: list[tuple[str, str, str]] = [
     # (id, raw text frame, expected error code)
@@ -219,3 +220,42 @@ async def test_slow_consumer_closed_others_keep_up() -> None:
                 assert all(conn.user != "slow" for conn in live.state.hub.members("r"))
         finally:
             slow.close()
+
+
+async def test_slow_readers_cannot_take_a_workers_memory() -> None:
+    """Readers that stop reading fill their outboxes, but all of a worker's outboxes together
+    stay within CHAT_WORKER_OUTBOX_MAX_BYTES: past it the slowest are closed (4008), and a
+    reader that keeps up gets every message and stays connected."""
+    settings = make_settings(
+        outbox_max_bytes=4 * 2**20, worker_outbox_max_bytes=6 * 2**20, max_text_chars=16_000
+    )
+    async with run_server(settings) as live:
+        budget = live.state.hub.outbox_budget
+        slow = [await RawReader.open(live.port) for _ in range(4)]
+        try:
+            for reader in slow:
+                await reader.send({"type": "join", "room": "r"})
+            async with (
+                ChatClient.connect(live.ws_url("fast")) as fast,
+                ChatClient.connect(live.ws_url("pub")) as pub,
+            ):
+                await fast.join("r")
+                await pub.join("r")
+                await wait_until(lambda: len(live.state.hub.members("r")) == 6)
+                peak, text = 0, "x" * 15_990
+                for n in range(600):  # 9.6 MB to each reader: more than the kernel buffers
+                    await pub.say("r", f"{n}:{text}")
+                    assert (await pub.expect("message"))["text"].startswith(f"{n}:")
+                    assert (await fast.expect("message"))["text"].startswith(f"{n}:")
+                    peak = max(peak, budget.used)
+                assert peak <= budget.limit + 2**20  # over it for one fan-out at most
+                still_open = [c for c in live.state.hub.connections if c.close_code is None]
+                assert len(still_open) < 6  # slow readers were cut...
+                assert await fast.is_responsive()  # ...not the one that keeps up
+            for reader in slow:
+                reader.sock.close()
+            await wait_until(lambda: not live.state.hub.connections, 10)
+            assert budget.used == 0  # every outbox gave its bytes back
+        finally:
+            for reader in slow:
+                reader.sock.close()
