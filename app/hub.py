@@ -23,6 +23,7 @@ import logging
 import math
 import time
 from collections import Counter
+from collections.abc import Container
 from dataclasses import dataclass, field
 
 from app.broker import Broker, History
@@ -390,6 +391,11 @@ class Hub:
     @property
     def room_count(self) -> int:
         return len(self._rooms)
+
+    @property
+    def rooms_here(self) -> Container[str]:
+        """Rooms with a connection of this worker in them."""
+        return self._rooms.keys()
 
     @property
     def behind_count(self) -> int:

@@ -35,7 +35,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-Rate = Literal["message", "join", "typing"]
+Rate = Literal["message", "join", "typing", "new_room"]
 
 
 class Refusal(enum.Enum):
@@ -90,6 +90,7 @@ def _rates(settings: Settings) -> dict[str, tuple[float, int]]:
         "message": (settings.user_messages_per_s, settings.user_message_burst),
         "join": (settings.user_joins_per_s, settings.user_join_burst),
         "typing": (settings.user_typing_per_s, settings.user_typing_burst),
+        "new_room": (settings.user_new_rooms_per_s, settings.user_new_room_burst),
         "ip": (settings.ip_connections_per_s, settings.ip_connection_burst),
     }
 

@@ -120,12 +120,23 @@ class Session:
             raise FrameError(ErrorCode.FORBIDDEN, f"your token does not allow room {frame.room!r}")
         if not await self._state.quotas.allow("join", conn.user):  # rejoins cost the same
             raise FrameError(ErrorCode.RATE_LIMITED, "too many joins, slow down")
+        creates = not rejoin and not await self._room_exists(frame.room)
+        if creates and not await self._state.quotas.allow("new_room", conn.user):
+            raise FrameError(ErrorCode.RATE_LIMITED, "too many new rooms, slow down")
         if rejoin and frame.since is None:
             presence = await self._presence(frame.room)
             conn.offer(joined_frame(frame.room, None, presence.count, presence.users))
             return
         try:
             await self._hub.join(conn, frame.room, frame.since)
+        except BrokerUnavailable:
+            raise FrameError(ErrorCode.BROKER_UNAVAILABLE, "cannot join now, try again") from None
+
+    async def _room_exists(self, room: str) -> bool:
+        if room in self._hub.rooms_here:
+            return True  # someone here is in it: no round trip
+        try:
+            return await self._broker.room_exists(room)
         except BrokerUnavailable:
             raise FrameError(ErrorCode.BROKER_UNAVAILABLE, "cannot join now, try again") from None
 

@@ -322,6 +322,16 @@ class Settings(BaseSettings):
         description="Joins a user may make in a burst, rejoins of a joined room included "
         "(error `rate_limited`).",
     )
+    user_new_rooms_per_s: float = Field(
+        0.05,
+        gt=0,
+        description="Rooms a user may bring into being per second (refill), by joining a room "
+        "without a history: each keeps keys in Redis for `CHAT_HISTORY_TTL_S`, so one user "
+        "cannot fill Redis with ever-new rooms (error `rate_limited`).",
+    )
+    user_new_room_burst: int = Field(
+        20, ge=1, description="Rooms a user may bring into being in a burst."
+    )
     user_typing_per_s: float = Field(
         1.0,
         gt=0,

@@ -112,6 +112,8 @@ APP_ENV = {
     "CHAT_USER_MESSAGE_BURST": "100000",
     "CHAT_USER_JOINS_PER_S": "100000",
     "CHAT_USER_JOIN_BURST": "100000",
+    "CHAT_USER_NEW_ROOMS_PER_S": "100000",
+    "CHAT_USER_NEW_ROOM_BURST": "100000",
 }
 
 SEND_INTERVAL_S = (0.5, 1.0)  # between a client's new sends (uniform)

@@ -39,6 +39,8 @@ def make_settings(**overrides: object) -> Settings:
         "user_message_burst": 100_000,
         "user_joins_per_s": 100_000.0,
         "user_join_burst": 100_000,
+        "user_new_rooms_per_s": 100_000.0,
+        "user_new_room_burst": 100_000,
         "user_typing_per_s": 100_000.0,
         "user_typing_burst": 100_000,
     }

@@ -178,6 +178,11 @@ class Broker(Protocol):
         was published in between."""
         ...
 
+    async def room_exists(self, room: str) -> bool:
+        """Whether ``room`` has a history (a join or a message made it, and it has not expired):
+        a join of a room that does not is a room created, which users have a quota of."""
+        ...
+
     async def history_before(self, room: str, before: int | None, limit: int) -> list[bytes]:
         """Up to ``limit`` stored frames of ``room`` with ids below ``before``, oldest first."""
         ...

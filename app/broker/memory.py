@@ -190,6 +190,10 @@ class MemoryBroker:
         self._running()
         return self._log(room).last
 
+    async def room_exists(self, room: str) -> bool:
+        self._running()
+        return room in self._logs
+
     async def history_before(self, room: str, before: int | None, limit: int) -> list[bytes]:
         self._running()
         log = self._logs.get(room)

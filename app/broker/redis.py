@@ -397,6 +397,9 @@ class RedisBroker:
         ttl_ms = int(self._settings.history_ttl_s * 1000)
         return int(await self._call(lambda: self._scripts["LAST_ID"](keys=keys, args=[ttl_ms])))
 
+    async def room_exists(self, room: str) -> bool:
+        return bool(await self._call(lambda: self._redis.exists(self._room_key(room, "meta"))))
+
     async def history_before(self, room: str, before: int | None, limit: int) -> list[bytes]:
         upper = "+" if before is None else f"({before}-0"
         entries = await self._call(
