@@ -1,20 +1,24 @@
 """Deployment files, validated offline: Dockerfile (hadolint), docker-compose.yml (the compose
 specification), k8s/ (kustomize build, then every object against the Kubernetes 1.33 schemas,
-strictly), host tuning files — and the values that must agree across them and the app."""
+strictly), host tuning files — the values that
+must agree across them and the app, and that they are secure by default (docs/security.md,
+"Attacks and what stops them")."""
 
 from __future__ import annotations
 
 import asyncio
+import os
 import re
 import shutil
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
-from app.settings import Settings
+from app.settings import Settings, SettingsError, load_settings
 from tests.processes import ROOT
 
 KUBERNETES_VERSION = "1.33.0"
@@ -22,15 +26,34 @@ DEFAULTS = Settings.model_construct()  # the defaults, unvalidated (jwt needs a 
 VENV_BIN = Path(sys.executable).parent
 
 
-async def _run(*command: str, cwd: Path = ROOT) -> str:
-    """Run ``command``; fail the test with its output unless it exits 0."""
+async def _run_status(
+    *command: str, cwd: Path = ROOT, env: Mapping[str, str] | None = None
+) -> tuple[int, str, str]:
+    """Run ``command`` (in ``env``, when given): its exit status, stdout and stderr."""
     proc = await asyncio.create_subprocess_exec(
-        *command, cwd=cwd, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+        *command, cwd=cwd, env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
     )
     async with asyncio.timeout(120):
         out, err = await proc.communicate()
-    assert proc.returncode == 0, f"{' '.join(command)}:\n{out.decode()}\n{err.decode()}"
-    return out.decode()
+    assert proc.returncode is not None
+    return proc.returncode, out.decode(), err.decode()
+
+
+async def _run(*command: str, cwd: Path = ROOT) -> str:
+    """Run ``command``; fail the test with its output unless it exits 0."""
+    code, out, err = await _run_status(*command, cwd=cwd)
+    assert code == 0, f"{' '.join(command)}:\n{out}\n{err}"
+    return out
+
+
+def _settings_from(env: Mapping[str, str], monkeypatch: pytest.MonkeyPatch) -> Settings:
+    """What the app makes of exactly ``env`` (the process's own CHAT_* variables removed)."""
+    for key in list(os.environ):
+        if key.startswith("CHAT_"):
+            monkeypatch.delenv(key)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    return load_settings()
 
 
 # -- Dockerfile ---------------------------------------------------------------------------
@@ -62,6 +85,14 @@ def test_dockerfile_runs_the_production_command_as_a_user() -> None:
     assert "CHAT_PORT=8000" in env and "CHAT_METRICS_PORT=9100" in env
     assert docker["EXPOSE"] == ["8000 9100"]
     assert docker["HEALTHCHECK"][0].endswith('CMD ["python", "-m", "app.healthcheck"]')
+    # The image keeps the app's secure defaults: it sets no auth mode (jwt, the default, then
+    # needs a key from the deployment), no secret and no trusted proxies.
+    for instruction in ("ENV", "ARG"):
+        for line in docker.get(instruction, []):
+            for variable in (
+                "CHAT_AUTH_MODE", "CHAT_JWT_", "CHAT_ADMIN_TOKEN", "CHAT_TRUSTED_PROXIES",
+            ):  # fmt: skip
+                assert variable not in line, f"{instruction} {line}"
     # Everything the image copies is let through .dockerignore.
     ignore = (ROOT / ".dockerignore").read_text().split()
     for copy in docker["COPY"]:
@@ -76,6 +107,46 @@ def test_dockerfile_runs_the_production_command_as_a_user() -> None:
 def _compose() -> dict[str, Any]:
     loaded: dict[str, Any] = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
     return loaded
+
+
+class ComposeRefuses(Exception):
+    """A ``${VAR:?message}`` whose variable is unset or empty: compose refuses the file."""
+
+
+# Compose's interpolation (https://docs.docker.com/compose/how-tos/environment-variables/
+# variable-interpolation/): $$, $VAR, ${VAR}, ${VAR:-default}, ${VAR-default}, ${VAR:?error},
+# ${VAR?error}, ${VAR:+replacement}, ${VAR+replacement}.
+_COMPOSE_VARIABLE = re.compile(
+    r"\$(?:(?P<dollar>\$)|\{(?P<name>[A-Za-z_]\w*)(?:(?P<op>:?[-?+])(?P<arg>[^}]*))?\}"
+    r"|(?P<bare>[A-Za-z_]\w*))"
+)
+
+
+def _interpolate(value: Any, env: Mapping[str, str]) -> Any:
+    """``value`` (a loaded compose file or any part of it) as compose sees it with ``env``."""
+    if isinstance(value, dict):
+        return {key: _interpolate(item, env) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_interpolate(item, env) for item in value]
+    if not isinstance(value, str):
+        return value
+
+    def one(match: re.Match[str]) -> str:
+        if match["dollar"]:
+            return "$"
+        name = match["name"] or match["bare"]
+        op, arg = match["op"], match["arg"] or ""
+        present = name in env
+        usable = present if op in ("-", "?", "+") else bool(env.get(name))
+        if op in ("?", ":?") and not usable:
+            raise ComposeRefuses(f"{name}: {arg}")
+        if op in ("+", ":+"):
+            return arg if usable else ""
+        if op in ("-", ":-") and not usable:
+            return arg
+        return env.get(name, "")
+
+    return _COMPOSE_VARIABLE.sub(one, value)
 
 
 async def test_compose_file_follows_the_compose_specification() -> None:
@@ -112,6 +183,53 @@ def test_compose_stack_is_wired_together() -> None:
         "names": ["app"], "type": "A", "port": 9100, "refresh_interval": "15s",
     }  # fmt: skip
     assert "server app:8000 " in (ROOT / "nginx/nginx.conf").read_text()
+
+
+def test_compose_takes_its_secrets_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """jwt by default, its key from the environment (or .env) and never from the file: without
+    one the app refuses to start, naming the variable; guest only when asked for. Grafana has
+    no default admin password (compose refuses to start without one) and, like Prometheus, is
+    published on loopback only."""
+    secret = "5f" * 32
+    env = {"CHAT_JWT_SECRET": secret, "GRAFANA_ADMIN_PASSWORD": "g" * 32}
+    with pytest.raises(ComposeRefuses, match="GRAFANA_ADMIN_PASSWORD"):
+        _interpolate(_compose(), {"CHAT_JWT_SECRET": secret})
+    with pytest.raises(ComposeRefuses, match="GRAFANA_ADMIN_PASSWORD"):
+        _interpolate(_compose(), {"CHAT_JWT_SECRET": secret, "GRAFANA_ADMIN_PASSWORD": ""})
+
+    services = _interpolate(_compose(), env)["services"]
+    app_env = services["app"]["environment"]
+    settings = _settings_from(app_env, monkeypatch)
+    assert settings.auth_mode == "jwt" and settings.jwt_secret is not None
+    assert settings.jwt_secret.get_secret_value() == secret
+    assert settings.admin_token is None  # no CHAT_ADMIN_TOKEN: the moderation API is off
+
+    no_secret = _interpolate(_compose(), {"GRAFANA_ADMIN_PASSWORD": "g" * 32})["services"]
+    assert no_secret["app"]["environment"]["CHAT_AUTH_MODE"] == "jwt"
+    with pytest.raises(SettingsError, match="CHAT_JWT_SECRET"):
+        _settings_from(no_secret["app"]["environment"], monkeypatch)
+    demo = _interpolate(_compose(), env | {"CHAT_AUTH_MODE": "guest"})["services"]
+    assert demo["app"]["environment"]["CHAT_AUTH_MODE"] == "guest"
+    # No secret has a default in the file: each comes from the environment or is empty.
+    raw = (ROOT / "docker-compose.yml").read_text()
+    for match in _COMPOSE_VARIABLE.finditer(raw):
+        if re.search("SECRET|TOKEN|PASSWORD", match["name"] or match["bare"] or ""):
+            assert match["op"] in (None, ":-", ":?") and (
+                match["op"] == ":?" or not match["arg"]
+            ), match[0]
+
+    grafana = services["grafana"]["environment"]
+    assert grafana["GF_SECURITY_ADMIN_PASSWORD"] == env["GRAFANA_ADMIN_PASSWORD"]
+    assert (
+        "${GRAFANA_ADMIN_PASSWORD:?"
+        in _compose()["services"]["grafana"]["environment"]["GF_SECURITY_ADMIN_PASSWORD"]
+    )
+    if grafana.get("GF_AUTH_ANONYMOUS_ENABLED") == "true":
+        assert grafana["GF_AUTH_ANONYMOUS_ORG_ROLE"] == "Viewer"  # read-only
+    # Published ports: the chat (nginx) on every address, the monitoring on loopback only.
+    for name, service in services.items():
+        for port in service.get("ports", []):
+            assert name == "nginx" or port.startswith("127.0.0.1:"), f"{name}: {port}"
 
 
 # -- Kubernetes ---------------------------------------------------------------------------
