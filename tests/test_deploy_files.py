@@ -1,25 +1,35 @@
 """Deployment files, validated offline: Dockerfile (hadolint), docker-compose.yml (the compose
 specification), k8s/ (kustomize build, then every object against the Kubernetes 1.33 schemas,
-strictly), host tuning files — the values that
+strictly, and every pod against Pod Security "restricted"), host tuning files — the values that
 must agree across them and the app, and that they are secure by default (docs/security.md,
 "Attacks and what stops them")."""
 
 from __future__ import annotations
 
 import asyncio
+import base64
+import contextlib
+import ipaddress
 import os
 import re
 import shutil
 import sys
-from collections.abc import Mapping
+import tempfile
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
+from fastapi.routing import APIRoute
+from redis.asyncio import Redis
+from redis.exceptions import AuthenticationError, ResponseError
 
+from app import admin, page
+from app.main import create_app
 from app.settings import Settings, SettingsError, load_settings
-from tests.processes import ROOT
+from tests.helpers import free_port
+from tests.processes import ROOT, wait_for_port
 
 KUBERNETES_VERSION = "1.33.0"
 DEFAULTS = Settings.model_construct()  # the defaults, unvalidated (jwt needs a key)
@@ -241,12 +251,51 @@ def _kubectl() -> str:
     return binary
 
 
-async def _build(directory: str) -> list[dict[str, Any]]:
-    output = await _run(_kubectl(), "kustomize", str(ROOT / "k8s" / directory))
+# What ops put in k8s/base/secrets.env (gitignored), for the tests.
+TEST_SECRETS = {
+    "CHAT_JWT_SECRET": "5f" * 32,
+    "CHAT_ADMIN_TOKEN": "ad" * 32,
+    "CHAT_REDIS_URL": "redis://:external-redis-password@redis.example.internal:6379/0",
+    "REDIS_PASSWORD": "0123456789abcdef0123456789abcdef",
+}
+SECRETS_EXAMPLE = ROOT / "k8s/base/secrets.env.example"
+# Every kustomization that must run under Pod Security "restricted"; node-tuning is opt-in.
+RESTRICTED_DIRECTORIES = ["", "base", "monitoring"]
+ALL_DIRECTORIES = [*RESTRICTED_DIRECTORIES, "node-tuning"]
+
+
+def _secrets_env(values: Mapping[str, str]) -> str:
+    """secrets.env.example with the keys of ``values`` filled in."""
+    lines = []
+    for line in SECRETS_EXAMPLE.read_text().splitlines():
+        key, sep, _ = line.partition("=")
+        if sep and not line.startswith("#") and key in values:
+            line = f"{key}={values[key]}"
+        lines.append(line)
+    return "\n".join(lines) + "\n"
+
+
+@contextlib.contextmanager
+def _k8s_tree(secrets: Mapping[str, str] | None) -> Iterator[Path]:
+    """A copy of k8s/ with base/secrets.env made from ``secrets`` (without one when None): the
+    test never depends on, nor sees, a secrets.env of the working tree."""
+    with tempfile.TemporaryDirectory(prefix="hubbub-k8s-") as tmp:
+        tree = Path(tmp) / "k8s"
+        shutil.copytree(ROOT / "k8s", tree, ignore=shutil.ignore_patterns("secrets.env"))
+        if secrets is not None:
+            (tree / "base/secrets.env").write_text(_secrets_env(secrets))
+        yield tree
+
+
+async def _build(
+    directory: str, secrets: Mapping[str, str] | None = TEST_SECRETS
+) -> list[dict[str, Any]]:
+    with _k8s_tree(secrets) as tree:
+        output = await _run(_kubectl(), "kustomize", str(tree / directory))
     return [doc for doc in yaml.safe_load_all(output) if doc]
 
 
-@pytest.mark.parametrize("directory", ["", "base", "monitoring"])
+@pytest.mark.parametrize("directory", ALL_DIRECTORIES)
 async def test_kustomize_output_is_valid_kubernetes(directory: str, tmp_path: Path) -> None:
     objects = await _build(directory)
     # kubernetes-validate has no schema for CRDs (the ServiceMonitor): checked below instead.
@@ -263,6 +312,40 @@ async def test_kustomize_output_is_valid_kubernetes(directory: str, tmp_path: Pa
 def _one(objects: list[dict[str, Any]], kind: str, name: str = "hubbub") -> dict[str, Any]:
     (found,) = [o for o in objects if o["kind"] == kind and o["metadata"]["name"] == name]
     return found
+
+
+def _data(objects: list[dict[str, Any]], kind: str, name: str) -> dict[str, str]:
+    """A ConfigMap's or Secret's data, decoded."""
+    found = _one(objects, kind, name)
+    data: dict[str, str] = found.get("data", {})
+    if kind == "ConfigMap":
+        return dict(data)
+    string_data: dict[str, str] = found.get("stringData", {})
+    return {k: base64.b64decode(v).decode() for k, v in data.items()} | string_data
+
+
+def _container_env(objects: list[dict[str, Any]], container: dict[str, Any]) -> dict[str, str]:
+    """The environment Kubernetes gives ``container``: its envFrom sources in order, then its
+    env entries (taking precedence), with $(VAR) references to earlier variables expanded."""
+    env: dict[str, str] = {}
+    for source in container.get("envFrom", []):
+        if "configMapRef" in source:
+            env |= _data(objects, "ConfigMap", source["configMapRef"]["name"])
+        else:
+            env |= _data(objects, "Secret", source["secretRef"]["name"])
+    for entry in container.get("env", []):
+        if "value" in entry:
+            value = re.sub(r"\$\((\w+)\)", lambda m: env.get(m[1], m[0]), entry["value"])
+        else:
+            ref = entry["valueFrom"]
+            kind, key = ("Secret", "secretKeyRef") if "secretKeyRef" in ref else (
+                "ConfigMap", "configMapKeyRef",
+            )  # fmt: skip
+            data = _data(objects, kind, ref[key]["name"])
+            assert ref[key]["key"] in data, f"{entry['name']}: no {ref[key]} in the {kind}"
+            value = data[ref[key]["key"]]
+        env[entry["name"]] = value
+    return env
 
 
 async def test_kubernetes_objects_agree_with_each_other_and_the_app() -> None:
@@ -282,18 +365,6 @@ async def test_kubernetes_objects_agree_with_each_other_and_the_app() -> None:
     drain = float(config["CHAT_DRAIN_WINDOW_S"])
     assert spec["terminationGracePeriodSeconds"] > pre_stop + drain + DEFAULTS.close_timeout_s
     assert deployment["spec"]["strategy"]["rollingUpdate"]["maxUnavailable"] == 0
-    # The sysctl init container, and the safe sysctls in the pod's security context.
-    (init,) = spec["initContainers"]
-    assert init["securityContext"]["privileged"] is True
-    script = " ".join(init["command"])
-    for key in (
-        "net.core.somaxconn",
-        "net.ipv4.ip_local_port_range",
-        "net.ipv4.tcp_max_syn_backlog",
-    ):
-        assert f"sysctl -w {key}=" in script
-    safe = {s["name"] for s in spec["securityContext"]["sysctls"]}
-    assert "net.ipv4.ip_local_port_range" in safe
     # Non-root, read-only root, a writable /tmp for gunicorn's metrics files.
     assert container["securityContext"]["readOnlyRootFilesystem"] is True
     assert spec["securityContext"]["runAsUser"] == 10001
@@ -322,8 +393,8 @@ async def test_kubernetes_objects_agree_with_each_other_and_the_app() -> None:
     heartbeat = float(config["CHAT_HEARTBEAT_INTERVAL_S"])
     for key in ("proxy-read-timeout", "proxy-send-timeout"):
         assert int(annotations[f"nginx.ingress.kubernetes.io/{key}"]) > 2 * heartbeat
-    backend = ingress["spec"]["rules"][0]["http"]["paths"][0]["backend"]["service"]
-    assert backend == {"name": "hubbub", "port": {"name": "http"}}  # never the metrics port
+    for path in ingress["spec"]["rules"][0]["http"]["paths"]:  # never the metrics port
+        assert path["backend"]["service"] == {"name": "hubbub", "port": {"name": "http"}}
 
     monitor = _one(objects, "ServiceMonitor")
     assert (
@@ -333,12 +404,405 @@ async def test_kubernetes_objects_agree_with_each_other_and_the_app() -> None:
     # job="hubbub" (what the alerts and the dashboard select) comes from this label.
     assert service["metadata"]["labels"][monitor["spec"]["jobLabel"]] == "hubbub"
 
-    secret = _one(objects, "Secret", "hubbub-secrets")
+    # The app's settings: the ConfigMap and the Secret made from secrets.env.
+    env = _container_env(objects, container)
+    assert env["CHAT_REDIS_URL"] == TEST_SECRETS["CHAT_REDIS_URL"]
+    assert env["CHAT_JWT_SECRET"] == TEST_SECRETS["CHAT_JWT_SECRET"]
+    # With the bundled Redis (k8s/), the URL names its Service, with the password.
     dev = await _build("")
     redis_service = _one(dev, "Service", "hubbub-redis")
-    assert secret["stringData"]["CHAT_REDIS_URL"] == (
-        f"redis://{redis_service['metadata']['name']}:{redis_service['spec']['ports'][0]['port']}/0"
+    (dev_container,) = _one(dev, "Deployment")["spec"]["template"]["spec"]["containers"]
+    assert _container_env(dev, dev_container)["CHAT_REDIS_URL"] == (
+        f"redis://:{TEST_SECRETS['REDIS_PASSWORD']}@{redis_service['metadata']['name']}:"
+        f"{redis_service['spec']['ports'][0]['port']}/0"
     )
+
+
+# Pod Security Standards, "restricted" profile (https://kubernetes.io/docs/concepts/security/
+# pod-security-standards/): what Pod Security Admission enforces on a namespace labelled
+# pod-security.kubernetes.io/enforce=restricted, as of Kubernetes 1.33 (baseline's controls
+# included). Each pod template is checked the way PSA checks the pod it makes.
+SAFE_SYSCTLS = frozenset({
+    "kernel.shm_rmid_forced", "net.ipv4.ip_local_port_range", "net.ipv4.ip_local_reserved_ports",
+    "net.ipv4.ip_unprivileged_port_start", "net.ipv4.tcp_syncookies", "net.ipv4.ping_group_range",
+    "net.ipv4.tcp_keepalive_time", "net.ipv4.tcp_fin_timeout", "net.ipv4.tcp_keepalive_intvl",
+    "net.ipv4.tcp_keepalive_probes",
+})  # fmt: skip
+RESTRICTED_VOLUMES = frozenset({
+    "configMap", "csi", "downwardAPI", "emptyDir", "ephemeral", "persistentVolumeClaim",
+    "projected", "secret",
+})  # fmt: skip
+SELINUX_TYPES = frozenset({"", "container_t", "container_init_t", "container_kvm_t",
+                           "container_engine_t"})  # fmt: skip
+
+
+def _restricted_violations(spec: dict[str, Any]) -> list[str]:
+    """Every way the pod ``spec`` breaks Pod Security "restricted"; empty when it passes."""
+    problems: list[str] = []
+    pod = spec.get("securityContext") or {}
+    for key in ("hostNetwork", "hostPID", "hostIPC"):
+        if spec.get(key):
+            problems.append(f"{key}: true")
+    for volume in spec.get("volumes", []):
+        if not set(volume) - {"name"} <= RESTRICTED_VOLUMES:
+            problems.append(f"volume {volume['name']}: {sorted(set(volume) - {'name'})}")
+    for sysctl in pod.get("sysctls", []):
+        if sysctl["name"] not in SAFE_SYSCTLS:
+            problems.append(f"sysctl {sysctl['name']} is not a safe one")
+    if pod.get("runAsUser") == 0:
+        problems.append("pod runAsUser: 0")
+    if (pod.get("seccompProfile") or {}).get("type", "RuntimeDefault") not in (
+        "RuntimeDefault", "Localhost",
+    ):  # fmt: skip
+        problems.append(f"pod seccompProfile {pod['seccompProfile']}")
+    containers = [
+        (kind, container)
+        for kind in ("initContainers", "containers", "ephemeralContainers")
+        for container in spec.get(kind, [])
+    ]
+    for kind, container in containers:
+        where = f"{kind}[{container['name']}]"
+        context = container.get("securityContext") or {}
+        for level in (pod, context):
+            if (level.get("windowsOptions") or {}).get("hostProcess"):
+                problems.append(f"{where}: hostProcess")
+            selinux = level.get("seLinuxOptions") or {}
+            if selinux.get("type", "") not in SELINUX_TYPES or {"user", "role"} & set(selinux):
+                problems.append(f"{where}: seLinuxOptions {selinux}")
+            if (level.get("appArmorProfile") or {}).get("type") == "Unconfined":
+                problems.append(f"{where}: AppArmor unconfined")
+        if context.get("privileged"):
+            problems.append(f"{where}: privileged")
+        if context.get("allowPrivilegeEscalation") is not False:
+            problems.append(f"{where}: allowPrivilegeEscalation is not false")
+        if context.get("runAsNonRoot", pod.get("runAsNonRoot")) is not True:
+            problems.append(f"{where}: runAsNonRoot is not true")
+        if context.get("runAsUser") == 0:
+            problems.append(f"{where}: runAsUser: 0")
+        seccomp = context.get("seccompProfile") or pod.get("seccompProfile") or {}
+        if seccomp.get("type") not in ("RuntimeDefault", "Localhost"):
+            problems.append(f"{where}: seccompProfile is not RuntimeDefault or Localhost")
+        capabilities = context.get("capabilities") or {}
+        if "ALL" not in (capabilities.get("drop") or []):
+            problems.append(f"{where}: capabilities do not drop ALL")
+        if set(capabilities.get("add") or []) - {"NET_BIND_SERVICE"}:
+            problems.append(f"{where}: adds capabilities {capabilities['add']}")
+        if context.get("procMount", "Default") != "Default":
+            problems.append(f"{where}: procMount {context['procMount']}")
+        for port in container.get("ports", []):
+            if port.get("hostPort"):
+                problems.append(f"{where}: hostPort {port['hostPort']}")
+    return problems
+
+
+def _pod_templates(objects: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Every pod spec the objects make, by kind/name."""
+    found = {}
+    for obj in objects:
+        name = f"{obj['kind']}/{obj['metadata']['name']}"
+        spec = obj.get("spec", {})
+        if obj["kind"] == "Pod":
+            found[name] = spec
+        elif obj["kind"] == "CronJob":
+            found[name] = spec["jobTemplate"]["spec"]["template"]["spec"]
+        elif "template" in spec:
+            found[name] = spec["template"]["spec"]
+    return found
+
+
+@pytest.mark.parametrize("directory", RESTRICTED_DIRECTORIES)
+async def test_kubernetes_runs_under_pod_security_restricted(directory: str) -> None:
+    """The Namespace enforces Pod Security "restricted" (and audits and warns with it), and
+    every pod the kustomization makes passes it: non-root, no privilege escalation, all
+    capabilities dropped, seccomp RuntimeDefault, no privileged container, no host namespaces,
+    paths or ports, only safe sysctls (none at all, in fact). Roots are read-only too."""
+    objects = await _build(directory)
+    (namespace,) = [o for o in objects if o["kind"] == "Namespace"]
+    labels = namespace["metadata"].get("labels", {})
+    for mode in ("enforce", "audit", "warn"):
+        assert labels.get(f"pod-security.kubernetes.io/{mode}") == "restricted", mode
+    assert labels.get("pod-security.kubernetes.io/enforce-version", "latest") == "latest"
+    pods = _pod_templates(objects)
+    assert "Deployment/hubbub" in pods
+    assert ("Deployment/hubbub-redis" in pods) == (directory == "")
+    for name, spec in pods.items():
+        assert _restricted_violations(spec) == [], name
+        assert "sysctls" not in (spec.get("securityContext") or {}), name
+        assert spec.get("automountServiceAccountToken") is False, name
+        for container in spec.get("initContainers", []) + spec["containers"]:
+            assert container["securityContext"]["readOnlyRootFilesystem"] is True, name
+
+
+async def test_node_tuning_is_an_opt_in_overlay() -> None:
+    """k8s/node-tuning is k8s/base plus the kernel tuning (a privileged init container for the
+    unsafe sysctls, the safe ones in the pod), and the Namespace's enforce level relaxed to
+    privileged, which that needs (audit and warn stay restricted): nothing else differs. The
+    restricted check above would refuse it."""
+    base, tuned = await _build("base"), await _build("node-tuning")
+    (namespace,) = [o for o in tuned if o["kind"] == "Namespace"]
+    labels = namespace["metadata"]["labels"]
+    assert labels["pod-security.kubernetes.io/enforce"] == "privileged"
+    assert labels["pod-security.kubernetes.io/audit"] == "restricted"
+    assert labels["pod-security.kubernetes.io/warn"] == "restricted"
+    spec = _one(tuned, "Deployment")["spec"]["template"]["spec"]
+    (init,) = spec["initContainers"]
+    assert init["securityContext"]["privileged"] is True
+    script = " ".join(init["command"])
+    for key in ("net.core.somaxconn", "net.ipv4.tcp_max_syn_backlog"):
+        assert f"sysctl -w {key}=65535" in script
+    assert {s["name"] for s in spec["securityContext"]["sysctls"]} <= SAFE_SYSCTLS
+    violations = _restricted_violations(spec)
+    assert "initContainers[sysctl-tuning]: privileged" in violations
+    assert not [v for v in violations if v.startswith("containers[")]  # the app stays restricted
+    # Nothing else differs from k8s/base.
+    del namespace["metadata"]["labels"]["pod-security.kubernetes.io/enforce"]
+    del spec["initContainers"], spec["securityContext"]["sysctls"]
+    for obj in base:
+        if obj["kind"] == "Namespace":
+            del obj["metadata"]["labels"]["pod-security.kubernetes.io/enforce"]
+
+    def identity(obj: dict[str, Any]) -> tuple[str, str]:
+        return obj["kind"], obj["metadata"]["name"]
+
+    assert sorted(tuned, key=identity) == sorted(base, key=identity)
+
+
+DRYRUN = ROOT.parent / "shared/tools/k8s-dryrun.sh"
+DRYRUN_BIN = Path(os.environ.get("K8S_DRYRUN_CACHE", Path.home() / ".cache/k8s-dryrun")) / "bin"
+# A stand-in for the Prometheus Operator's ServiceMonitor CRD (any content), so that the rest
+# of k8s/monitoring can be dry-run.
+SERVICEMONITOR_CRD = {
+    "apiVersion": "apiextensions.k8s.io/v1",
+    "kind": "CustomResourceDefinition",
+    "metadata": {"name": "servicemonitors.monitoring.coreos.com"},
+    "spec": {
+        "group": "monitoring.coreos.com",
+        "names": {"kind": "ServiceMonitor", "listKind": "ServiceMonitorList",
+                  "plural": "servicemonitors", "singular": "servicemonitor"},
+        "scope": "Namespaced",
+        "versions": [{
+            "name": "v1", "served": True, "storage": True,
+            "schema": {"openAPIV3Schema": {
+                "type": "object", "x-kubernetes-preserve-unknown-fields": True,
+            }},
+        }],
+    },
+}  # fmt: skip
+
+
+@pytest.mark.skipif(
+    not (
+        DRYRUN.exists()
+        and shutil.which("etcd")
+        and (DRYRUN_BIN / "kube-apiserver").exists()
+        and (DRYRUN_BIN / "kubectl").exists()
+    ),
+    reason="shared/tools/k8s-dryrun.sh has not built its kube-apiserver on this machine "
+    "(run it once: ~5 min); the restricted check above stands in for it",
+)
+async def test_kubernetes_server_side_dry_run_under_pod_security_restricted(
+    tmp_path: Path,
+) -> None:
+    """A real kube-apiserver (shared/tools/k8s-dryrun.sh, on loopback) accepts every object of
+    k8s/, k8s/base and k8s/monitoring and a pod made from each pod template, in a namespace
+    enforcing Pod Security "restricted", with no PodSecurity warning."""
+    crd = tmp_path / "servicemonitor-crd.yaml"
+    crd.write_text(yaml.safe_dump(SERVICEMONITOR_CRD))
+    with _k8s_tree(TEST_SECRETS) as tree:
+        code, out, err = await _run_status(
+            "bash", str(DRYRUN), "--psa", "restricted", "--crd", str(crd),
+            *(str(tree / d) for d in RESTRICTED_DIRECTORIES),
+            env=os.environ | {"PYTHON": sys.executable},
+        )  # fmt: skip
+    assert code == 0, f"{out}\n{err}"
+    assert "every object accepted under PSA restricted" in out
+    assert "PodSecurity" not in out + err
+
+
+def _ingress_backend(ingress: dict[str, Any], path: str) -> dict[str, Any] | None:
+    """The backend the Ingress sends a request for ``path`` to (None: the controller's 404),
+    by the Ingress rules: Exact matches the whole path, Prefix whole path elements; the
+    longest matching path wins, Exact before Prefix."""
+    best: tuple[int, bool] | None = None
+    backend = None
+    for rule in ingress["spec"]["rules"]:
+        for entry in rule["http"]["paths"]:
+            kind, rule_path = entry["pathType"], entry["path"]
+            assert kind in ("Exact", "Prefix"), (
+                f"{rule_path}: {kind} matches as the controller likes"
+            )
+            prefix = rule_path.rstrip("/")
+            if kind == "Exact":
+                matches = path == rule_path
+            else:
+                matches = path == prefix or path.startswith(prefix + "/")
+            rank = (len(rule_path), kind == "Exact")
+            if matches and (best is None or rank > best):
+                best, backend = rank, entry["backend"]
+    return backend if best is not None else ingress["spec"].get("defaultBackend")
+
+
+async def test_ingress_routes_only_what_clients_use() -> None:
+    """The Ingress routes the chat page, its static files, the socket and room history (what
+    app/static/ uses), to the http port; never the moderation API, the metrics, the probes
+    or the API schema. Every route of the app is one or the other: a new route fails here
+    until the Ingress is decided for it."""
+    ingress = _one(await _build(""), "Ingress")
+    annotations = ingress["metadata"].get("annotations", {})
+    assert not [key for key in annotations if "snippet" in key or "use-regex" in key]
+    assert "defaultBackend" not in ingress["spec"]
+    app = create_app(DEFAULTS)
+    client_paths = {"/", "/rooms/{room}/messages"}
+    internal_paths = {"/healthz", "/readyz", app.openapi_url, app.docs_url, app.redoc_url}
+    app_paths = set(app.openapi()["paths"])
+    app_paths |= {route.path for route in page.router.routes if isinstance(route, APIRoute)}
+    assert app_paths - client_paths - internal_paths == set(), "route the Ingress ignores"
+    assert admin.router.prefix == "/admin"
+
+    routed = ["/", "/ws", "/rooms/lobby/messages", "/rooms/team-1/messages"]
+    routed += [f"/static/{f.name}" for f in (ROOT / "app/static").iterdir()]
+    static = (ROOT / "app/static/index.html").read_text()
+    assert set(re.findall(r'(?:href|src)="(/[^"]*)"', static)) <= set(routed)
+    client = (ROOT / "app/static/hubbub.js").read_text()
+    assert "/ws`" in client and "`/rooms/${encodeURIComponent(room)}/messages`" in client
+    for path in routed:
+        backend = _ingress_backend(ingress, path)
+        assert backend == {"service": {"name": "hubbub", "port": {"name": "http"}}}, path
+    refused = [
+        "/admin", "/admin/", "/admin/users/troll/kick", "/admin/users/troll/ban",
+        DEFAULTS.metrics_path, "/metrics", "/healthz", "/readyz", "/openapi.json", "/redoc",
+        "/docs", "/index.html", "/wsx", "/ws/x", "/staticx", "/rooms-x",
+    ]  # fmt: skip
+    for path in refused:
+        assert _ingress_backend(ingress, path) is None, path
+
+
+async def test_kubernetes_secrets_come_from_outside_the_repository(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The Secret is generated from k8s/base/secrets.env, which is gitignored and shipped only
+    as secrets.env.example with empty values: `kubectl kustomize` (so `apply -k`) fails without
+    it, and with the example copied as is the app refuses to start (jwt without a key). With
+    real values the app runs jwt with them."""
+    for directory in ALL_DIRECTORIES:
+        with _k8s_tree(None) as tree:
+            code, out, err = await _run_status(_kubectl(), "kustomize", str(tree / directory))
+        assert code != 0 and "secrets.env" in err, (directory, out, err)
+    ignored, _, _ = await _run_status("git", "check-ignore", "-q", "k8s/base/secrets.env")
+    assert ignored == 0, "k8s/base/secrets.env is not gitignored"
+    for manifest in (ROOT / "k8s").rglob("*.yaml"):
+        for doc in yaml.safe_load_all(manifest.read_text()):
+            assert not (doc and doc.get("kind") == "Secret"), f"{manifest}: a Secret in the repo"
+
+    example = dict(
+        line.split("=", 1)
+        for line in SECRETS_EXAMPLE.read_text().splitlines()
+        if line and not line.startswith("#")
+    )
+    assert example == dict.fromkeys(TEST_SECRETS, "")  # every key documented, none usable
+    for secrets, works in ((example, False), (TEST_SECRETS, True)):
+        objects = await _build("base", secrets)
+        (container,) = _one(objects, "Deployment")["spec"]["template"]["spec"]["containers"]
+        env = _container_env(objects, container)
+        assert env.get("CHAT_AUTH_MODE") == "jwt"
+        if works:
+            settings = _settings_from(env, monkeypatch)
+            assert settings.jwt_secret is not None and settings.admin_token is not None
+            assert settings.jwt_secret.get_secret_value() == TEST_SECRETS["CHAT_JWT_SECRET"]
+            assert settings.admin_token.get_secret_value() == TEST_SECRETS["CHAT_ADMIN_TOKEN"]
+        else:
+            with pytest.raises(SettingsError, match="CHAT_JWT_SECRET"):
+                _settings_from(env, monkeypatch)
+
+
+async def _start_bundled_redis(
+    container: dict[str, Any], password: str, directory: Path
+) -> tuple[asyncio.subprocess.Process, int]:
+    """The bundled Redis's container command, run here on a free loopback port."""
+    port = free_port()
+    local = ["--port", str(port), "--bind", "127.0.0.1", "--dir", str(directory),
+             "--save", "", "--appendonly", "no", "--logfile", ""]  # fmt: skip
+    proc = await asyncio.create_subprocess_exec(
+        *container["command"], *container["args"], *local,
+        env={"PATH": os.environ["PATH"], "REDIS_PASSWORD": password},
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+    )  # fmt: skip
+    return proc, port
+
+
+async def test_bundled_redis_requires_the_password_the_app_uses(tmp_path: Path) -> None:
+    """k8s/redis.yaml's Redis, its command run for real: it requires REDIS_PASSWORD from the
+    Secret (refusing to start without a usable one), its readiness probe authenticates, and
+    the app's CHAT_REDIS_URL carries that password."""
+    assert shutil.which("redis-server"), "redis-server is missing: `make test` installs it"
+    objects = await _build("")
+    (redis_pod,) = [s for n, s in _pod_templates(objects).items() if n.endswith("hubbub-redis")]
+    (container,) = redis_pod["containers"]
+    env = _container_env(objects, container)
+    password = TEST_SECRETS["REDIS_PASSWORD"]
+    assert env["REDIS_PASSWORD"] == password and env["REDISCLI_AUTH"] == password
+    (app_container,) = _one(objects, "Deployment")["spec"]["template"]["spec"]["containers"]
+    app_url = _container_env(objects, app_container)["CHAT_REDIS_URL"]
+    assert app_url.startswith(f"redis://:{password}@hubbub-redis:")
+
+    for bad in ("", "short", "has@an/unsafe:char-" + "x" * 16):
+        proc, _ = await _start_bundled_redis(container, bad, tmp_path)
+        async with asyncio.timeout(10):
+            out, _ = await proc.communicate()
+        assert proc.returncode != 0 and b"REDIS_PASSWORD" in out, (bad, out)
+
+    proc, port = await _start_bundled_redis(container, password, tmp_path)
+    try:
+        await wait_for_port(port, proc, "the bundled Redis's command")
+        anonymous = Redis(port=port, socket_timeout=2)
+        with pytest.raises((AuthenticationError, ResponseError), match=r"(?i)auth"):
+            await anonymous.ping()
+        await anonymous.aclose()
+        local_url = app_url.replace("@hubbub-redis:6379", f"@127.0.0.1:{port}")
+        as_app = Redis.from_url(local_url, socket_timeout=2)
+        assert await as_app.ping() is True
+        await as_app.aclose()
+        probe = container["readinessProbe"]["exec"]["command"]
+        probe = [part.replace("redis-cli", f"redis-cli -p {port}") for part in probe]
+        for auth, ready in ((password, True), ("wrong-password", False)):
+            result = await _run_status(
+                *probe, env={"PATH": os.environ["PATH"], "REDISCLI_AUTH": auth}
+            )
+            assert (result[0] == 0) == ready, (auth, result)
+    finally:
+        if proc.returncode is None:
+            proc.terminate()
+            async with asyncio.timeout(10):
+                await proc.wait()
+
+
+def _trusted_networks(value: str) -> list[ipaddress.IPv4Network | ipaddress.IPv6Network]:
+    assert value.strip() and "*" not in value, f"CHAT_TRUSTED_PROXIES={value!r}"
+    return [ipaddress.ip_network(part.strip()) for part in value.split(",")]
+
+
+async def test_no_shipped_file_trusts_every_proxy() -> None:
+    """X-Forwarded-For is believed only from the proxy: in compose from nginx's fixed address
+    on a fixed subnet; in Kubernetes from private ranges (where the ingress controller's pods
+    live), never "*" (any client could name any address) and never a public network."""
+    compose = _compose()
+    (subnet,) = compose["networks"]["default"]["ipam"]["config"]
+    nginx_address = compose["services"]["nginx"]["networks"]["default"]["ipv4_address"]
+    assert ipaddress.ip_address(nginx_address) in ipaddress.ip_network(subnet["subnet"])
+    trusted = _trusted_networks(compose["services"]["app"]["environment"]["CHAT_TRUSTED_PROXIES"])
+    assert trusted == [ipaddress.ip_network(f"{nginx_address}/32")]
+    for directory in ALL_DIRECTORIES:
+        config = _data(await _build(directory), "ConfigMap", "hubbub-config")
+        for network in _trusted_networks(config["CHAT_TRUSTED_PROXIES"]):
+            assert network.is_private and network.prefixlen >= 8, (directory, network)
+    # Nothing that ships sets it to "*" (the app's default is loopback only).
+    shipped = [ROOT / "Dockerfile", ROOT / "docker-compose.yml", *(ROOT / "k8s").rglob("*"),
+               *(ROOT / "deploy").rglob("*"), *(ROOT / "scripts").rglob("*")]  # fmt: skip
+    for path in shipped:
+        if path.is_file() and path.suffix not in (".json", ".png"):
+            text = path.read_text()
+            assert not re.search(r"TRUSTED_PROXIES\W{0,4}\*", text), path
+            assert not re.search(r"forwarded.allow.ips\W{0,4}\*", text, re.IGNORECASE), path
 
 
 # -- nginx and hosts ----------------------------------------------------------------------
