@@ -208,6 +208,16 @@ class Metrics:
             "Latest canary's trip through the broker's pub/sub, per worker.",
             "liveall",
         )
+        self.redis_memory_used = gauge(
+            "hubbub_redis_memory_used_bytes",
+            "Redis' used_memory, as a worker last read it (every CHAT_PRESENCE_TTL_S / 3).",
+            "liveall",
+        )
+        self.redis_memory_max = gauge(
+            "hubbub_redis_memory_max_bytes",
+            "Redis' maxmemory (0: no limit), as a worker last read it.",
+            "liveall",
+        )
         self.publish_latency = Histogram(
             "hubbub_broker_publish_duration_seconds",
             "Duration of one publish to the broker (sampled).",
@@ -323,6 +333,8 @@ class Metrics:
         self.broker_connected.set(1 if broker.ready else 0)
         self.ready.set(1 if broker.ready and not hub.draining else 0)
         self.pubsub_lag.set(stats.pubsub_lag_s)
+        self.redis_memory_used.set(stats.memory_used_bytes)
+        self.redis_memory_max.set(stats.memory_max_bytes)
         deaf = stats.deaf_reconnects - self._broker_deaf
         errors = stats.reconnects - self._broker_reconnects - deaf
         if deaf > 0:

@@ -71,11 +71,15 @@ class History:
 @dataclass(frozen=True, slots=True)
 class BrokerStats:
     """Health counters for the metrics: subscription losses since start (``deaf_reconnects``
-    of them found by the canary, not by an error) and the latest pub/sub round trip."""
+    of them found by the canary, not by an error), the latest pub/sub round trip, and the
+    backend's memory."""
 
     reconnects: int = 0
     deaf_reconnects: int = 0
     pubsub_lag_s: float = 0.0
+    # The backend's memory, as last read (Redis INFO): used, and its maxmemory (0: none).
+    memory_used_bytes: int = 0
+    memory_max_bytes: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -111,6 +111,7 @@ class RedisBroker:
         self._pubsub_lag_s = 0.0
         self._reconnects = 0
         self._deaf_reconnects = 0
+        self._memory_used = self._memory_max = 0
         self._announcer = PresenceAnnouncer(
             self._publish_presence,
             self._count,
@@ -145,7 +146,13 @@ class RedisBroker:
 
     @property
     def stats(self) -> BrokerStats:
-        return BrokerStats(self._reconnects, self._deaf_reconnects, self._pubsub_lag_s)
+        return BrokerStats(
+            self._reconnects,
+            self._deaf_reconnects,
+            self._pubsub_lag_s,
+            self._memory_used,
+            self._memory_max,
+        )
 
     async def start(self, handler: BrokerHandler) -> None:
         """Start listening; returns at once. ``ready`` turns true once subscribed."""
@@ -487,7 +494,8 @@ class RedisBroker:
         return RoomPresence(count, sorted(cast(bytes, u).decode() for u in users))
 
     async def _presence_upkeep(self) -> None:
-        """Refresh this worker's entries and sweep out users of dead workers, every ttl/3."""
+        """Refresh this worker's entries, sweep out users of dead workers and read Redis'
+        memory, every ttl/3."""
         while not self._stopping:
             await asyncio.sleep(self._settings.presence_ttl_s / 3)
             if not self._ready:
@@ -495,8 +503,16 @@ class RedisBroker:
             try:
                 await self._refresh_presence()
                 await self._sweep_presence()
+                await self._read_memory()
             except (*_ERRORS, BrokerUnavailable) as exc:
                 logger.warning("presence upkeep failed: %r", exc)
+
+    async def _read_memory(self) -> None:
+        """Redis' memory and its limit, for the metrics (a full Redis with `noeviction`
+        refuses every publish: SREs must see it coming)."""
+        info = await self._redis.info("memory")
+        self._memory_used = int(info.get("used_memory", 0))
+        self._memory_max = int(info.get("maxmemory", 0))
 
     async def _refresh_presence(self) -> None:
         now = int(time.time() * 1000)

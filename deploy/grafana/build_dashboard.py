@@ -312,6 +312,16 @@ def build() -> dict[str, Any]:
         "short",
     )
     d.graph(
+        "Redis memory",
+        "Redis' used memory and its maxmemory (0: none): with noeviction a full Redis refuses "
+        "every send.",
+        [
+            _q(f"max(hubbub_redis_memory_used_bytes{{{SEL}}})", "used"),
+            _q(f"max(hubbub_redis_memory_max_bytes{{{SEL}}})", "maxmemory"),
+        ],
+        "bytes",
+    )
+    d.graph(
         "Pub/sub lag",
         "Canary round trip through Redis, per worker.",
         [_q(f"hubbub_broker_pubsub_lag_seconds{{{SEL}}}", "{{instance}} pid {{pid}}")],
