@@ -1,7 +1,10 @@
 """Gunicorn configuration for Hubbub (production).
 
-    CHAT_REDIS_URL=redis://HOST:6379/0 .venv/bin/gunicorn -c deploy/gunicorn.conf.py \\
-        --bind HOST:PORT --workers N
+    CHAT_JWT_SECRET=... CHAT_REDIS_URL=redis://HOST:6379/0 \\
+        .venv/bin/gunicorn -c deploy/gunicorn.conf.py --bind HOST:PORT --workers N
+
+Users authenticate with JWTs (``CHAT_AUTH_MODE=jwt``, the default): without a key the workers
+refuse to start.
 
 Every ``CHAT_*`` setting applies (docs/configuration.md). Workers: ``CHAT_WORKERS``, else one per
 CPU the process may run on.
