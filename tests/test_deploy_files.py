@@ -37,13 +37,13 @@ VENV_BIN = Path(sys.executable).parent
 
 
 async def _run_status(
-    *command: str, cwd: Path = ROOT, env: Mapping[str, str] | None = None
+    *command: str, cwd: Path = ROOT, env: Mapping[str, str] | None = None, timeout: float = 120
 ) -> tuple[int, str, str]:
     """Run ``command`` (in ``env``, when given): its exit status, stdout and stderr."""
     proc = await asyncio.create_subprocess_exec(
         *command, cwd=cwd, env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
     )
-    async with asyncio.timeout(120):
+    async with asyncio.timeout(timeout):
         out, err = await proc.communicate()
     assert proc.returncode is not None
     return proc.returncode, out.decode(), err.decode()
@@ -600,6 +600,7 @@ SERVICEMONITOR_CRD = {
     reason="shared/tools/k8s-dryrun.sh has not built its kube-apiserver on this machine "
     "(run it once: ~5 min); the restricted check above stands in for it",
 )
+@pytest.mark.timeout(300)  # etcd and kube-apiserver start in ~3 s, up to 2 min when busy
 async def test_kubernetes_server_side_dry_run_under_pod_security_restricted(
     tmp_path: Path,
 ) -> None:
@@ -612,7 +613,7 @@ async def test_kubernetes_server_side_dry_run_under_pod_security_restricted(
         code, out, err = await _run_status(
             "bash", str(DRYRUN), "--psa", "restricted", "--crd", str(crd),
             *(str(tree / d) for d in RESTRICTED_DIRECTORIES),
-            env=os.environ | {"PYTHON": sys.executable},
+            env=os.environ | {"PYTHON": sys.executable}, timeout=280,
         )  # fmt: skip
     assert code == 0, f"{out}\n{err}"
     assert "every object accepted under PSA restricted" in out
