@@ -59,7 +59,9 @@ async def room_messages(
     In ``jwt`` mode it takes the same token as the socket (``Authorization: Bearer``; 401
     without a valid one) and honours its rooms claim (403)."""
     state = _state(request)
-    _authorize_room(state, request, room)
+    reader = _authorize_room(state, request, room)
+    if not await state.quotas.allow("history", reader):
+        raise HTTPException(429, "too many history reads, slow down", headers={"Retry-After": "1"})
     limit = min(limit, state.settings.history_page_max)
     try:
         frames = await state.broker.history_before(room, before, limit)
@@ -69,11 +71,12 @@ async def room_messages(
     return Response(body + b",".join(frames) + b"]}", media_type="application/json")
 
 
-def _authorize_room(state: ChatState, request: Request, room: str) -> None:
-    """Raise 401/403 unless the request may read ``room`` (only in ``jwt`` mode)."""
+def _authorize_room(state: ChatState, request: Request, room: str) -> str:
+    """Raise 401/403 unless the request may read ``room`` (only in ``jwt`` mode); return who
+    reads, for the quota: the user, or (without tokens) the client address."""
     authenticator = state.authenticator
     if authenticator is None:
-        return
+        return f"address:{request.client.host if request.client else '-'}"
     scheme, _, token = request.headers.get("authorization", "").partition(" ")
     challenge = {"WWW-Authenticate": "Bearer"}
     if scheme.lower() != "bearer" or not token:
@@ -84,6 +87,7 @@ def _authorize_room(state: ChatState, request: Request, room: str) -> None:
         raise HTTPException(401, str(exc)[:120], headers=challenge) from None
     if not identity.may_use(room):
         raise HTTPException(403, f"your token does not allow room {room!r}")
+    return identity.user
 
 
 @router.get("/healthz")

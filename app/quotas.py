@@ -35,7 +35,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-Rate = Literal["message", "join", "typing", "new_room"]
+Rate = Literal["message", "join", "typing", "new_room", "history"]
 
 
 class Refusal(enum.Enum):
@@ -91,6 +91,7 @@ def _rates(settings: Settings) -> dict[str, tuple[float, int]]:
         "join": (settings.user_joins_per_s, settings.user_join_burst),
         "typing": (settings.user_typing_per_s, settings.user_typing_burst),
         "new_room": (settings.user_new_rooms_per_s, settings.user_new_room_burst),
+        "history": (settings.history_reads_per_s, settings.history_read_burst),
         "ip": (settings.ip_connections_per_s, settings.ip_connection_burst),
     }
 

@@ -332,6 +332,15 @@ class Settings(BaseSettings):
     user_new_room_burst: int = Field(
         20, ge=1, description="Rooms a user may bring into being in a burst."
     )
+    history_reads_per_s: float = Field(
+        5.0,
+        gt=0,
+        description="`GET /rooms/{room}/messages` per second per user (`jwt` mode) or per client "
+        "address (other modes), across every server (refill); beyond: HTTP 429.",
+    )
+    history_read_burst: int = Field(
+        30, ge=1, description="History reads a user (or address) may make in a burst."
+    )
     user_typing_per_s: float = Field(
         1.0,
         gt=0,

@@ -41,6 +41,8 @@ def make_settings(**overrides: object) -> Settings:
         "user_join_burst": 100_000,
         "user_new_rooms_per_s": 100_000.0,
         "user_new_room_burst": 100_000,
+        "history_reads_per_s": 100_000.0,
+        "history_read_burst": 100_000,
         "user_typing_per_s": 100_000.0,
         "user_typing_burst": 100_000,
     }

@@ -203,6 +203,20 @@ async def test_history_needs_the_sockets_token_and_its_rooms_claim() -> None:
             assert [m["text"] for m in allowed.json()["messages"]] == ["for the team only"]
 
 
+async def test_history_reads_are_rate_limited_per_user() -> None:
+    """History reads count against the reader's quota (here its token's user): past the
+    burst, 429 with Retry-After; another user is not affected."""
+    async with jwt_server(history_reads_per_s=0.01, history_read_burst=3) as server:
+        url = f"{server.http_url}/rooms/r/messages"
+        async with httpx.AsyncClient() as http:
+            ada = {"Authorization": f"Bearer {token('ada')}"}
+            codes = [(await http.get(url, headers=ada)).status_code for _ in range(5)]
+            assert codes == [200] * 3 + [429] * 2
+            assert (await http.get(url, headers=ada)).headers["retry-after"] == "1"
+            bob = {"Authorization": f"Bearer {token('bob')}"}
+            assert (await http.get(url, headers=bob)).status_code == 200
+
+
 @pytest.mark.parametrize(
     ("case", "settings", "claims"),
     [
