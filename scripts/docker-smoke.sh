@@ -10,7 +10,10 @@
 #   3. builds, once, a local base image (Debian bookworm minbase + python3 3.11, python3-venv,
 #      ca-certificates and this host's extra CAs, PIP_CERT set): no registry is needed;
 #   4. docker build --build-arg BASE_IMAGE=<that base> -t hubbub:smoke .
-#   5. runs it with --network host against a throwaway redis-server, CHAT_WORKERS=2;
+#   5. runs it with --network host against a throwaway redis-server, CHAT_WORKERS=2, in the
+#      image's default auth mode (jwt): first without a key, where it must refuse to start and
+#      name CHAT_JWT_SECRET, then with a throwaway HS256 key (the clients send tokens signed
+#      with it);
 #   6. waits for the HEALTHCHECK to say healthy and checks every process runs as uid 10001;
 #   7. does a WebSocket chat round trip (hello, join, send -> message + ack, fan-out to a second
 #      client), checks /metrics on the metrics port (hubbub_connections counts a held socket)
@@ -36,6 +39,7 @@ DOCKERD_PID=""
 REDIS_PID=""
 HOLD_PID=""
 CONTAINER=""
+NOKEY_CONTAINER=""
 ROOTFS=""
 declare -a TIMINGS=()
 
@@ -92,9 +96,9 @@ cleanup() {
         timeout 20 docker logs --tail 200 "$CONTAINER" >&2 2>&1
         log "container state: $(timeout 10 docker inspect -f '{{json .State}}' "$CONTAINER" 2>&1)"
     fi
-    if [[ -n $CONTAINER ]]; then
-        timeout 60 docker rm -f "$CONTAINER" >/dev/null 2>&1
-    fi
+    for c in "$CONTAINER" "$NOKEY_CONTAINER"; do
+        [[ -n $c ]] && timeout 60 docker rm -f "$c" >/dev/null 2>&1
+    done
     stop_pid "$HOLD_PID" "smoke client" 5
     stop_pid "$REDIS_PID" redis-server 10
     if [[ -n $DOCKERD_PID ]]; then
@@ -288,12 +292,25 @@ for ((i = 0; ; i++)); do
     ((i < 50)) || die "redis-server not answering after 10 s"
     sleep 0.2
 done
+RUN_ENV=(-e CHAT_HOST=127.0.0.1 -e CHAT_PORT="$CHAT_PORT"
+    -e CHAT_METRICS_HOST=127.0.0.1 -e CHAT_METRICS_PORT="$METRICS_PORT"
+    -e CHAT_REDIS_URL="redis://127.0.0.1:$REDIS_PORT/0" -e CHAT_WORKERS="$WORKERS")
+# The image sets no auth mode: the app's default, jwt, needs a key and refuses to start
+# without one, saying which variable is missing.
+nokey_rc=0
+NOKEY_CONTAINER="hubbub-smoke-nokey-$$"
+nokey=$(timeout 60 docker run --rm --name "$NOKEY_CONTAINER" --label "$LABEL" --network host \
+    "${RUN_ENV[@]}" "$IMAGE" 2>&1) || nokey_rc=$?
+((nokey_rc != 0 && nokey_rc != 124)) || die "without CHAT_JWT_SECRET: exit $nokey_rc, not a refusal"
+grep -q CHAT_JWT_SECRET <<<"$nokey" || die "without CHAT_JWT_SECRET, the refusal does not name it: $nokey"
+record "refused without key" "$t" "exit $nokey_rc, names CHAT_JWT_SECRET"
+# A throwaway HS256 key, passed through the environment (not on a command line).
+t=$(now_ms)
+HUBBUB_SMOKE_JWT_SECRET=$("$CLIENT_PY" -c 'import secrets; print(secrets.token_hex(32))')
+export HUBBUB_SMOKE_JWT_SECRET
 CONTAINER="hubbub-smoke-$$" # set first: a container created but not started is removed too
-cid=$(timeout 60 docker run -d --name "$CONTAINER" --label "$LABEL" --network host \
-    -e CHAT_HOST=127.0.0.1 -e CHAT_PORT="$CHAT_PORT" \
-    -e CHAT_METRICS_HOST=127.0.0.1 -e CHAT_METRICS_PORT="$METRICS_PORT" \
-    -e CHAT_REDIS_URL="redis://127.0.0.1:$REDIS_PORT/0" -e CHAT_WORKERS="$WORKERS" \
-    "$IMAGE")
+cid=$(CHAT_JWT_SECRET=$HUBBUB_SMOKE_JWT_SECRET timeout 60 docker run -d --name "$CONTAINER" \
+    --label "$LABEL" --network host "${RUN_ENV[@]}" -e CHAT_JWT_SECRET "$IMAGE")
 log "container ${cid:0:12} ($CONTAINER): chat 127.0.0.1:$CHAT_PORT, metrics :$METRICS_PORT, redis :$REDIS_PORT"
 health=""
 for ((i = 0; ; i++)); do
@@ -319,16 +336,27 @@ fi
 
 # -- chat round trip, metrics -----------------------------------------------------------------
 cat >"$WORK/smoke_client.py" <<'PY'
-"""WebSocket client for scripts/docker-smoke.sh: `roundtrip PORT` or `hold PORT READY_FILE`."""
+"""WebSocket client for scripts/docker-smoke.sh: `roundtrip PORT` or `hold PORT READY_FILE`.
+Users are tokens signed with $HUBBUB_SMOKE_JWT_SECRET (the server runs in jwt mode)."""
 
 import asyncio
 import json
+import os
 import sys
+import time
 
+import jwt
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
 
 SKIP = {"ping", "pong", "presence", "typing"}
+
+
+def url(port, user):
+    now = int(time.time())
+    claims = {"sub": user, "iat": now, "exp": now + 600}
+    token = jwt.encode(claims, os.environ["HUBBUB_SMOKE_JWT_SECRET"], algorithm="HS256")
+    return f"ws://127.0.0.1:{port}/ws?token={token}"
 
 
 class Peer:
@@ -360,8 +388,10 @@ class Peer:
 
 
 async def roundtrip(port):
-    url = f"ws://127.0.0.1:{port}/ws?name="
-    async with connect(url + "a", open_timeout=5) as wa, connect(url + "b", open_timeout=5) as wb:
+    async with (
+        connect(url(port, "a"), open_timeout=5) as wa,
+        connect(url(port, "b"), open_timeout=5) as wb,
+    ):
         a, b = Peer(wa, "a"), Peer(wb, "b")
         hello_a = await a.expect("hello")
         hello_b = await b.expect("hello")
@@ -376,6 +406,8 @@ async def roundtrip(port):
                 sys.exit(f"a: expected the message and its ack, got {f}")
             got[f["type"]] = f
         msg, ack = got["message"], got["ack"]
+        if hello_a["user"] != "a":
+            sys.exit(f"a: hello says user {hello_a['user']!r}, not the token's sub 'a'")
         want = {"room": "smoke", "text": "hi", "user": hello_a["user"]}
         if any(msg.get(k) != v for k, v in want.items()):
             sys.exit(f"a: message {msg} is not {want}")
@@ -386,7 +418,7 @@ async def roundtrip(port):
 
 
 async def hold(port, ready_file):
-    async with connect(f"ws://127.0.0.1:{port}/ws?name=held", open_timeout=5) as ws:
+    async with connect(url(port, "held"), open_timeout=5) as ws:
         await Peer(ws, "held").expect("hello")
         with open(ready_file, "w") as f:
             f.write("ready\n")
