@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -19,6 +20,7 @@ from tests.helpers import (
     run_server,
     wait_until,
 )
+from tests.processes import AppProcess
 from tests.test_direct_writes import RawReader
 
 BAD_FRAMES: list[tuple[str, str, str]] = [
@@ -259,3 +261,53 @@ async def test_slow_readers_cannot_take_a_workers_memory() -> None:
         finally:
             for reader in slow:
                 reader.sock.close()
+
+
+def _memory_bytes(pid: int, field: str) -> int:
+    """``VmRSS`` (resident now) or ``VmHWM`` (the peak) of a process, in bytes."""
+    status = Path(f"/proc/{pid}/status").read_text()
+    line = next(line for line in status.splitlines() if line.startswith(f"{field}:"))
+    return int(line.split()[1]) * 1024
+
+
+async def test_a_slow_reader_attack_leaves_a_workers_memory_bounded() -> None:
+    """Ten readers that never read, each in a room of its own (so each is sent frames of its
+    own, not shared ones), each allowed 16 MiB of outbox, while 9.6 MB goes to each (about
+    5 MB of it beyond what the kernel buffers): the server's peak memory grows by about its
+    worker budget (16 MiB here; measured 18.5 MiB), not by what the outboxes alone allow
+    (measured 67 MiB with the budget out of the way)."""
+    app = AppProcess(
+        {
+            "CHAT_OUTBOX_MAX_BYTES": str(16 * 2**20),
+            "CHAT_WORKER_OUTBOX_MAX_BYTES": str(16 * 2**20),
+            "CHAT_MAX_TEXT_CHARS": "16000",
+            "CHAT_LOG_LEVEL": "warning",
+            "CHAT_RATE_LIMIT_FRAMES_PER_S": "100000",
+            "CHAT_RATE_LIMIT_BURST": "100000",
+            "CHAT_HISTORY_SIZE": "10",  # the embedded broker keeps history in the process
+        }
+    )
+    await app.start()
+    readers: list[RawReader] = []
+    try:
+        assert app.proc is not None
+        rooms = [f"r{n}" for n in range(10)]
+        async with ChatClient.connect(app.ws_url("pub")) as pub:
+            for room in rooms:
+                await pub.join(room)
+            readers = [await RawReader.open(app.port) for _ in rooms]
+            for reader, room in zip(readers, rooms, strict=True):
+                await reader.send({"type": "join", "room": room})
+            await asyncio.sleep(0.5)  # the joins are in
+            before = _memory_bytes(app.proc.pid, "VmRSS")
+            for n in range(600):
+                for room in rooms:
+                    await pub.say(room, f"{n}:{room}:" + "x" * 15_980)
+                await pub.messages(len(rooms), timeout=10)
+            grown = _memory_bytes(app.proc.pid, "VmHWM") - before
+            assert grown < 40 * 2**20, f"grew by {grown / 2**20:.0f} MiB"
+            assert await pub.is_responsive()
+    finally:
+        for reader in readers:
+            reader.sock.close()
+        await app.stop()
