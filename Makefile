@@ -16,7 +16,7 @@ export UV_SYSTEM_CERTS := 1
 # Debian packages the test suite drives for real (binary:package).
 DEB_TEST_DEPS := redis-server:redis-server promtool:prometheus nginx:nginx kubectl:kubernetes-client chromium:chromium
 
-.PHONY: help install run test bench chaos lint typecheck check deb-deps docs-config dashboard clean
+.PHONY: help install run test bench chaos k8s-check lint typecheck check deb-deps docs-config dashboard clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -47,6 +47,14 @@ test: $(STAMP) deb-deps  ## install everything the tests need, then run the whol
 
 bench: $(STAMP) deb-deps  ## every load-test scenario vs the baseline (~14 min); rewrites docs/benchmarks.md
 	$(VENV)/bin/python -m loadtest.bench
+
+k8s-check: $(STAMP) deb-deps  ## server-side dry run of k8s/ on a real kube-apiserver under Pod Security restricted
+	@# The first run builds etcd + kube-apiserver (~5 min, ../shared/tools/k8s-dryrun.sh);
+	@# an empty tree is enough to make it build.
+	mkdir -p .tools/k8s-empty && printf 'resources: []\n' > .tools/k8s-empty/kustomization.yaml
+	PYTHON=$(VENV)/bin/python bash ../shared/tools/k8s-dryrun.sh .tools/k8s-empty >/dev/null
+	HUBBUB_REQUIRE_K8S_DRYRUN=1 $(VENV)/bin/python -m pytest -p no:cacheprovider -q \
+	  tests/test_deploy_files.py -k server_side_dry_run
 
 chaos: $(STAMP) deb-deps  ## clients chat through Redis and worker faults (~4 min); fails on a silent loss
 	$(VENV)/bin/python -m loadtest.chaos
