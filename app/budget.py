@@ -14,8 +14,9 @@ from collections.abc import Callable
 
 
 class OutboxBudget:
-    """Bytes queued in a worker's outboxes, against ``limit``. ``over`` is called (soon, once
-    per crossing) when a put takes ``used`` above ``limit``; it must bring it back down."""
+    """Bytes queued in a worker's outboxes (``used``, kept by the outboxes), against
+    ``limit``. ``over`` is called (soon, once per crossing) after a put took ``used`` above
+    ``limit``; it must bring it back down."""
 
     __slots__ = ("_over", "_shedding", "limit", "used")
 
@@ -25,14 +26,12 @@ class OutboxBudget:
         self._over = over
         self._shedding = False
 
-    def added(self, nbytes: int) -> None:
-        self.used += nbytes
-        if self.used > self.limit and not self._shedding:
+    def exceeded(self) -> None:
+        """Called by an outbox whose put took ``used`` above ``limit`` (outboxes update
+        ``used`` themselves: a put is per recipient, a method call there would cost)."""
+        if not self._shedding:
             self._shedding = True
             asyncio.get_running_loop().call_soon(self._shed)
-
-    def removed(self, nbytes: int) -> None:
-        self.used -= nbytes
 
     def _shed(self) -> None:
         self._shedding = False

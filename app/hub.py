@@ -32,7 +32,7 @@ from app.connection import Connection
 from app.errors import BrokerUnavailable, CloseCode, ErrorCode
 from app.metrics import Metrics
 from app.protocol import error_frame, joined_frame, message_id_of
-from app.replay import HistoryPages, Pacing, Replay
+from app.replay import HistoryPages, Pacing, Replay, retrieve_exception
 
 logger = logging.getLogger(__name__)
 
@@ -72,8 +72,7 @@ class Hub:
         self._users: dict[str, set[Connection]] = {}
         self._present: Counter[tuple[str, str]] = Counter()
         self._linked = asyncio.Event()
-        self._linked.set()  # until the broker says otherwise: joins check broker.ready
-        self._lost_links = False  # a link was lost since the last resubscription
+        self._linked.set()  # clear from link_lost to resubscribed (joins check broker.ready)
         self.pages = HistoryPages(broker, pacing.page)
         self.connections: set[Connection] = set()
         self.draining = False
@@ -114,10 +113,9 @@ class Hub:
     def link_lost(self) -> None:
         """The broker's subscription ended: every member of every room falls behind, from the
         newest message its room delivered, until the broker is back (see :mod:`app.replay`)."""
-        if self._lost_links and not self._linked.is_set():
-            return
+        if not self._linked.is_set():
+            return  # already behind since this outage began
         self._linked.clear()
-        self._lost_links = True
         behind = 0
         for room, state in self._rooms.items():
             for replay in state.behind.values():
@@ -139,10 +137,9 @@ class Hub:
         """The broker is subscribed again: replays fetch what was missed. Direct messages have
         no history: every connection with direct messages routed here is told (``resync``
         with ``to``) that some sent meanwhile may be missing."""
+        if self._linked.is_set():
+            return  # the first subscription: nothing was lost
         self._linked.set()
-        if not self._lost_links:
-            return
-        self._lost_links = False
         notice = "direct messages sent while this server was disconnected may be missing"
         for user, conns in self._users.items():
             error = error_frame(ErrorCode.RESYNC, notice, {"to": user})
@@ -282,7 +279,7 @@ class Hub:
         if state is None:
             state = self._rooms[room] = _Room()
             state.subscribed = asyncio.ensure_future(self._broker.subscribe_room(room))
-            state.subscribed.add_done_callback(_retrieve)
+            state.subscribed.add_done_callback(retrieve_exception)
         subscribed = state.subscribed
         assert subscribed is not None
         previous = self._take_out(state, conn)
@@ -406,8 +403,3 @@ class Hub:
             for state in self._rooms.values()
             for replay in state.behind.values()
         )
-
-
-def _retrieve(future: asyncio.Future[None]) -> None:
-    if not future.cancelled():
-        future.exception()  # raised to the joins that awaited it

@@ -41,8 +41,11 @@ class Outbox:
             self._frames = deque()
         self._frames.append((frame, nbytes))
         self._bytes += nbytes
-        if self._budget is not None:
-            self._budget.added(nbytes)
+        budget = self._budget
+        if budget is not None:
+            budget.used += nbytes
+            if budget.used > budget.limit:
+                budget.exceeded()
         return True
 
     def take(self) -> str:
@@ -54,6 +57,7 @@ class Outbox:
         """What :meth:`take` would join, unjoined."""
         frames = self._frames
         assert frames is not None
+        queued = self._bytes
         frame, nbytes = frames.popleft()
         self._bytes -= nbytes
         batch, size = [frame], nbytes
@@ -65,12 +69,12 @@ class Outbox:
         if not frames:
             self._frames = None  # an idle connection holds no deque
         if self._budget is not None:
-            self._budget.removed(size - len(batch) + 1)  # the joining newlines are not queued
+            self._budget.used -= queued - self._bytes
         return batch
 
     def clear(self) -> None:
         if self._budget is not None:
-            self._budget.removed(self._bytes)
+            self._budget.used -= self._bytes
         self._frames = None
         self._bytes = 0
 

@@ -30,7 +30,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from app.broker import Broker, History
 from app.errors import BrokerUnavailable
@@ -110,15 +110,17 @@ class HistoryPages:
         fetching = self._fetching.get(key)
         if fetching is None:
             fetching = asyncio.ensure_future(self._broker.history_since(room, since, self._page))
-            fetching.add_done_callback(_retrieve)
+            fetching.add_done_callback(retrieve_exception)
             self._fetching[key] = fetching
             asyncio.get_running_loop().call_soon(self._fetching.pop, key, None)
         return await asyncio.shield(fetching)
 
 
-def _retrieve(future: asyncio.Future[History]) -> None:
+def retrieve_exception(future: asyncio.Future[Any]) -> None:
+    """A done callback for a future shared by awaiters that may all be gone (cancelled) by
+    the time it fails: its exception is then retrieved here, not logged as never retrieved."""
     if not future.cancelled():
-        future.exception()  # every sharer was cancelled: nobody else will look at it
+        future.exception()
 
 
 class Replay:
