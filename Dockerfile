@@ -39,7 +39,7 @@ EXPOSE 8000 9100
 # Liveness of the event loop (GET /healthz on CHAT_PORT); readiness (/readyz) is the
 # orchestrator's or the proxy's job.
 HEALTHCHECK --interval=10s --timeout=3s --start-period=15s --retries=3 \
-    CMD ["python", "-m", "app.healthcheck"]
+    CMD ["python", "-m", "app.ops.healthcheck"]
 # SIGTERM drains: readiness fails, sockets get 1012 over CHAT_DRAIN_WINDOW_S, then exit.
 STOPSIGNAL SIGTERM
 CMD ["gunicorn", "-c", "deploy/gunicorn.conf.py"]

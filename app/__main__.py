@@ -8,8 +8,8 @@ import sys
 
 import uvicorn
 
-from app.logs import logging_config
 from app.main import create_app
+from app.ops.logs import logging_config
 from app.server import DrainingServer, uvicorn_options
 from app.settings import SettingsError, load_settings
 

@@ -10,7 +10,7 @@ from fastapi import APIRouter, HTTPException, Path, Query, Request, Response, We
 from fastapi.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from app.auth import AuthError
+from app.access.auth import AuthError
 from app.errors import BrokerUnavailable
 from app.protocol import ROOM_PATTERN
 from app.session import serve

@@ -1,11 +1,11 @@
 """Connection: one client WebSocket as the rest of the server sees it.
 
-It owns the socket's outbound side: a bounded :class:`~app.outbox.Outbox`, written by the
-worker's :class:`~app.flusher.Flusher` at the end of the loop iteration in which frames were
-offered, straight to the transport when it can (:mod:`app.direct`). A write that the socket
-takes at once (nearly all) needs no task; only a write that must wait for a paused transport
-gets one, until the outbox is empty (an idle connection has no task of its own). The inbound
-side, and so the socket's lifetime, belongs to :mod:`app.session`.
+It owns the socket's outbound side: a bounded :class:`~app.transport.outbox.Outbox`, written by
+the worker's :class:`~app.transport.flusher.Flusher` at the end of the loop iteration in which
+frames were offered, straight to the transport when it can (:mod:`app.transport.uvicorn_seam`).
+A write that the socket takes at once (nearly all) needs no task; only a write that must wait
+for a paused transport gets one, until the outbox is empty (an idle connection has no task of
+its own). The inbound side, and so the socket's lifetime, belongs to :mod:`app.session`.
 """
 
 from __future__ import annotations
@@ -17,15 +17,14 @@ from typing import Final
 
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
-from app.abort import abort
-from app.auth import Identity
-from app.direct import DirectSocket
-from app.eager import start_eagerly
+from app.access.auth import Identity
+from app.access.ratelimit import RateLimiter
 from app.errors import CloseCode, close_reason
-from app.flusher import Flusher
-from app.metrics import Metrics
-from app.outbox import Outbox
-from app.ratelimit import RateLimiter
+from app.ops.metrics import Metrics
+from app.transport.eager import start_eagerly
+from app.transport.flusher import Flusher
+from app.transport.outbox import Outbox
+from app.transport.uvicorn_seam import DirectSocket, abort
 
 logger = logging.getLogger(__name__)
 
@@ -128,12 +127,12 @@ class Connection:
             self._flusher.schedule(self)
 
     def flush(self) -> None:
-        """Write what is queued (called by the :class:`~app.flusher.Flusher`), unless a
+        """Write what is queued (called by the :class:`~app.transport.flusher.Flusher`), unless a
         writer task is already at it or the connection is closing.
 
-        Frames go straight to the transport (:mod:`app.direct`) while it takes them; what is
-        left goes through ASGI, in a task if the transport is paused. One write at a time:
-        while that task runs, later flushes leave the outbox to it, so order is kept."""
+        Frames go straight to the transport (:mod:`app.transport.uvicorn_seam`) while it takes
+        them; what is left goes through ASGI, in a task if the transport is paused. One write at
+        a time: while that task runs, later flushes leave the outbox to it, so order is kept."""
         self._flush_due = False
         outbox = self._outbox
         if self._writer is not None or not outbox or self.close_code is not None:

@@ -27,12 +27,12 @@ from collections.abc import Container
 from dataclasses import dataclass, field
 
 from app.broker import Broker, History
-from app.budget import OutboxBudget
 from app.connection import Connection
 from app.errors import BrokerUnavailable, CloseCode, ErrorCode
-from app.metrics import Metrics
+from app.ops.metrics import HubSnapshot, Metrics
 from app.protocol import error_frame, joined_frame, message_id_of
 from app.replay import HistoryPages, Pacing, Replay, retrieve_exception
+from app.transport.budget import OutboxBudget
 
 logger = logging.getLogger(__name__)
 
@@ -76,7 +76,8 @@ class Hub:
         self.pages = HistoryPages(broker, pacing.page)
         self.connections: set[Connection] = set()
         self.draining = False
-        # Every outbox of this worker counts here (app.budget); over it, the slowest are cut.
+        # Every outbox of this worker counts here (app.transport.budget); over it, the slowest
+        # are cut.
         self.outbox_budget = OutboxBudget(outbox_budget_bytes, self._cut_slowest_consumers)
 
     # -- delivery (called by the broker; never awaits) ---------------------------------------
@@ -402,4 +403,18 @@ class Hub:
             replay.skip_to is None
             for state in self._rooms.values()
             for replay in state.behind.values()
+        )
+
+    def snapshot(self) -> HubSnapshot:
+        """The gauges' view of this Hub (read once a second by the metrics)."""
+        conns = self.connections
+        queued = [conn.queued_bytes for conn in conns]
+        return HubSnapshot(
+            connections=len(conns),
+            queued_bytes=sum(queued),
+            max_queued_bytes=max(queued, default=0),
+            rooms=len(self._rooms),
+            memberships=sum(len(conn.rooms) for conn in conns),
+            memberships_behind=self.behind_count,
+            draining=self.draining,
         )

@@ -15,26 +15,43 @@ from fastapi import FastAPI
 from prometheus_fastapi_instrumentator import Instrumentator
 
 from app import __version__
-from app.abort import AbortableWebSockets
+from app.access.auth import Authenticator
+from app.access.origin import OriginPolicy
+from app.access.pending import PendingAuth
+from app.access.quotas import create_quotas, keep_counts
+from app.access.token_expiry import run_token_expiry
 from app.admin import router as admin_router
 from app.api import ChatSocket, router
-from app.auth import Authenticator
 from app.broker import create_broker
-from app.collector import CollectorTuning
 from app.heartbeat import run_heartbeat
 from app.hub import Hub
-from app.metrics import Metrics, run_metrics_sync
-from app.metrics_endpoint import MetricsEndpoint
-from app.origin import OriginPolicy
+from app.ops.gc_tuning import CollectorTuning
+from app.ops.metrics import Metrics, run_metrics_sync
+from app.ops.metrics_endpoint import MetricsEndpoint
 from app.page import mount_page
-from app.pending import PendingAuth
-from app.quotas import create_quotas, keep_counts
+from app.redisio import redis_seam
 from app.replay import Pacing
 from app.settings import Settings, load_settings
 from app.state import ChatState
-from app.token_expiry import run_token_expiry
+from app.transport import uvicorn_seam
 
 logger = logging.getLogger(__name__)
+
+
+def _report_fast_paths(metrics: Metrics, redis: bool) -> None:
+    """Log once, and export, whether each fast path that relies on a dependency's internals
+    works with the installed versions (app.transport.uvicorn_seam, app.redisio.redis_seam)."""
+    paths = uvicorn_seam.fast_paths() | (redis_seam.fast_paths() if redis else {})
+    unchecked = uvicorn_seam.unchecked_versions() | redis_seam.unchecked_versions()
+    for path, live in paths.items():
+        metrics.fast_path_live.labels(path).set(1 if live else 0)
+    off = sorted(path for path, live in paths.items() if not live)
+    logger.log(
+        logging.WARNING if off or unchecked else logging.INFO,
+        "fast paths: %s",
+        "all live" if not off else "off: " + ", ".join(off),
+        extra={"unchecked_versions": unchecked} if unchecked else None,
+    )
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
@@ -67,7 +84,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                 run_heartbeat(hub, settings.heartbeat_interval_s, settings.heartbeat_timeout_s),
                 name="heartbeat",
             ),
-            asyncio.create_task(run_metrics_sync(metrics, hub, broker), name="metrics-sync"),
+            asyncio.create_task(
+                run_metrics_sync(metrics, hub.snapshot, broker), name="metrics-sync"
+            ),
             asyncio.create_task(
                 keep_counts(quotas, hub, settings.presence_ttl_s / 3), name="quota-upkeep"
             ),
@@ -78,7 +97,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                     run_token_expiry(hub, settings.token_refresh_before_s), name="token-expiry"
                 )
             )
-        # What is built by now lives as long as the worker: see app.collector.
+        # What is built by now lives as long as the worker: see app.ops.gc_tuning.
         collector = CollectorTuning(metrics.gc_pauses_since_sync)
         collector.start()
         if settings.auth_mode == "names":
@@ -86,6 +105,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                 "CHAT_AUTH_MODE=names: every connection is whoever its ?name= says, so anyone "
                 "can be anyone. For tests and load generators only: use jwt (or guest)."
             )
+        _report_fast_paths(metrics, redis=settings.redis_url is not None)
         logger.info(
             "hubbub ready",
             extra={
@@ -110,7 +130,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                 except Exception:
                     logger.exception("shutdown: %s failed", step.__qualname__)
             collector.stop()
-            metrics.sync(hub, broker)  # the last counts, before the worker's files go quiet
+            metrics.sync(
+                hub.snapshot(), broker
+            )  # the last counts, before the worker's files go quiet
 
     app = FastAPI(title="Hubbub", version=__version__, lifespan=lifespan, docs_url=None)
     app.include_router(router)
@@ -126,5 +148,4 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         path=settings.metrics_path,
         port=settings.metrics_port,
     )
-    app.add_middleware(AbortableWebSockets)  # outermost: it must see uvicorn's own send
     return app

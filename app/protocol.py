@@ -2,7 +2,7 @@
 
 Client frames are single JSON objects in text frames, told apart by ``type``. A server text
 frame holds one JSON object, or several separated by ``\\n`` when the writer coalesces queued
-frames (see :mod:`app.outbox`). ``docs/protocol.md`` documents every frame.
+frames (see :mod:`app.transport.outbox`). ``docs/protocol.md`` documents every frame.
 
 :func:`parse_client_frame` never raises anything but :class:`~app.errors.FrameError`, whatever
 the input: a property-based test holds it to that.

@@ -15,6 +15,7 @@ import uvicorn
 from app.drain import drain
 from app.settings import Settings
 from app.state import ChatState
+from app.transport.uvicorn_seam import WS_PROTOCOL, defer_signal
 
 
 def uvicorn_options(settings: Settings) -> dict[str, Any]:
@@ -22,8 +23,9 @@ def uvicorn_options(settings: Settings) -> dict[str, Any]:
     return {
         "loop": "uvloop",
         "http": "httptools",
-        # The sans-I/O implementation: the fastest here, and it leaves pings to our heartbeat.
-        "ws": "websockets-sansio",
+        # uvicorn's sans-I/O implementation (the fastest here, and it leaves pings to our
+        # heartbeat), exposing its transport for direct writes and aborts.
+        "ws": WS_PROTOCOL,
         "ws_max_size": settings.max_frame_bytes,
         "ws_per_message_deflate": settings.ws_per_message_deflate,
         "ws_ping_interval": None,
@@ -33,7 +35,7 @@ def uvicorn_options(settings: Settings) -> dict[str, Any]:
         # The client address from X-Forwarded-For, when the peer is a trusted proxy.
         "proxy_headers": True,
         "forwarded_allow_ips": settings.trusted_proxies,
-        "access_log": False,  # one line per request is the proxy's job; app.logs has the events
+        "access_log": False,  # one line per request is the proxy's job; app.ops.logs has the events
         # Past the drain, uvicorn closes what is left with 1012 and waits this long for tasks.
         "timeout_graceful_shutdown": settings.close_timeout_s + 1,
     }
@@ -62,7 +64,7 @@ class DrainingServer(uvicorn.Server):
             and self._loop is not None
             and isinstance(state, ChatState)
         ):
-            self._captured_signals.append(sig)  # re-raised after shutdown, as uvicorn does
+            defer_signal(self, sig)  # re-raised after shutdown, as uvicorn does
             self._loop.call_soon_threadsafe(self._start_drain, state)
             return
         super().handle_exit(sig, frame)

@@ -18,11 +18,11 @@ import time
 
 from starlette.websockets import WebSocket
 
-from app.admission import Refused, admit, admit_address, identify
-from app.auth import AuthError, Identity
+from app.access.admission import Refused, admit, admit_address, identify
+from app.access.auth import AuthError, Identity
+from app.access.ratelimit import RateLimiter, Verdict
 from app.broker import RoomPresence
 from app.connection import Connection
-from app.direct import DirectSocket
 from app.errors import (
     BrokerUnavailable,
     CloseCode,
@@ -31,8 +31,7 @@ from app.errors import (
     QuotaExceeded,
     close_reason,
 )
-from app.metrics import Metrics
-from app.outbox import Outbox
+from app.ops.metrics import Metrics
 from app.protocol import (
     PONG_FRAME,
     Auth,
@@ -50,9 +49,10 @@ from app.protocol import (
     parse_client_frame,
     typing_frame,
 )
-from app.ratelimit import RateLimiter, Verdict
 from app.settings import Settings
 from app.state import ChatState
+from app.transport.outbox import Outbox
+from app.transport.uvicorn_seam import FALLBACK_NO_PROTOCOL, DirectSocket
 
 logger = logging.getLogger(__name__)
 _NODE = secrets.token_hex(4)  # this worker process, opaque to clients (see _process_name)
@@ -250,8 +250,9 @@ async def serve(ws: WebSocket, state: ChatState) -> None:
     """Run one WebSocket from upgrade to close (the ``/ws`` endpoint).
 
     A foreign ``Origin`` gets HTTP 403 before any socket exists. Then, on the accepted socket:
-    draining (1012), server full (1013), identity (:func:`app.admission.identify`: 4001, 1008)
-    and quotas (:func:`app.admission.admit`: 4003, 4029) may refuse it with a documented code.
+    draining (1012), server full (1013), identity (:func:`app.access.admission.identify`: 4001,
+    1008) and quotas (:func:`app.access.admission.admit`: 4003, 4029) may refuse it with a
+    documented code.
     Logs one line when the connection opens and one when it ends (with its close code and who
     closed), and counts both in the metrics.
     """
@@ -293,7 +294,7 @@ async def serve(ws: WebSocket, state: ChatState) -> None:
     admitted = False
     try:
         await ws.accept()
-        conn.write_directly(DirectSocket.of(ws))
+        conn.write_directly(_direct_socket(ws, metrics))
         metrics.opened.inc()
         # The address pays for the socket now, not once it has authenticated: sockets that
         # never do cannot be opened for free.
@@ -363,6 +364,29 @@ async def serve(ws: WebSocket, state: ChatState) -> None:
                 logger.warning("could not release the connection slot", exc_info=True)
         await hub.remove(conn)
         conn.discard()
+
+
+def _direct_socket(ws: WebSocket, metrics: Metrics) -> DirectSocket | None:
+    """How ``ws`` is written to: directly, or (None) through ASGI, which is counted by reason
+    and, when it is a defect (the server is not ours), logged and flagged on the fast-path
+    gauge."""
+    direct = DirectSocket.of(ws)
+    if isinstance(direct, DirectSocket):
+        return direct
+    metrics.transport_fallbacks.labels(direct).inc()
+    if direct == FALLBACK_NO_PROTOCOL:
+        metrics.fast_path_live.labels("direct_writes").set(0)
+        metrics.fast_path_live.labels("abort").set(0)
+        if direct not in _FALLBACKS_LOGGED:
+            _FALLBACKS_LOGGED.add(direct)
+            logger.warning(
+                "connections are written through ASGI: the server does not expose its "
+                "transport (run it with app.server.uvicorn_options)"
+            )
+    return None
+
+
+_FALLBACKS_LOGGED: set[str] = set()
 
 
 async def _refuse(ws: WebSocket, metrics: Metrics, code: CloseCode, reason: str) -> None:

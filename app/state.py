@@ -4,16 +4,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from app.auth import Authenticator
+from app.access.auth import Authenticator
+from app.access.lockout import FAILURE_WINDOW_S, MAX_FAILURES, FailedLogins
+from app.access.origin import OriginPolicy
+from app.access.pending import PendingAuth
+from app.access.quotas import Quotas
 from app.broker import Broker
-from app.flusher import Flusher
 from app.hub import Hub
-from app.lockout import FAILURE_WINDOW_S, MAX_FAILURES, FailedLogins
-from app.metrics import Metrics
-from app.origin import OriginPolicy
-from app.pending import PendingAuth
-from app.quotas import Quotas
+from app.ops.metrics import Metrics
 from app.settings import Settings
+from app.transport.flusher import Flusher
 
 
 @dataclass(slots=True)

@@ -6,17 +6,16 @@
 from __future__ import annotations
 
 import os
-import sys
 from typing import Any
 
-from gunicorn.arbiter import Arbiter
-from uvicorn_worker import UvicornWorker
+import uvicorn
 
 from app.server import DrainingServer, uvicorn_options
 from app.settings import load_settings
+from app.transport.uvicorn_seam import ServerClassWorker
 
 
-class HubbubWorker(UvicornWorker):
+class HubbubWorker(ServerClassWorker):
     """A :class:`uvicorn_worker.UvicornWorker` configured from ``CHAT_*`` settings, that drains
     on SIGTERM and stops when its master is gone.
 
@@ -37,11 +36,6 @@ class HubbubWorker(UvicornWorker):
             self._server.should_exit = True
         self.notify()
 
-    async def _serve(self) -> None:
-        # As UvicornWorker._serve, with the draining server.
-        self.config.app = self.wsgi
-        server = self._server = DrainingServer(config=self.config)
-        self._install_sigquit_handler()
-        await server.serve(sockets=self.sockets)
-        if not server.started:
-            sys.exit(Arbiter.WORKER_BOOT_ERROR)
+    def make_server(self, config: uvicorn.Config) -> uvicorn.Server:
+        server = self._server = DrainingServer(config)
+        return server

@@ -24,10 +24,10 @@ import sys
 import tempfile
 from typing import Any
 
-from app.logs import logging_config
+from app.ops.logs import logging_config
 from app.settings import SettingsError, load_settings
 
-# Not imported from app.metrics: prometheus_client must not be imported in the master before
+# Not imported from app.ops.metrics: prometheus_client must not be imported in the master before
 # this is set, or the forked workers would inherit it in single-process mode.
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 

@@ -323,7 +323,7 @@ for ((i = 0; ; i++)); do
     ((i < 120)) || die "not healthy after 60 s (health: $health)"
     sleep 0.5
 done
-record "healthy" "$t" "HEALTHCHECK python -m app.healthcheck"
+record "healthy" "$t" "HEALTHCHECK python -m app.ops.healthcheck"
 
 # Every process of the container (gunicorn master + workers) runs as uid 10001.
 procs=$(timeout 10 docker top "$CONTAINER" -eo uid,pid,args)

@@ -75,11 +75,12 @@ class LiveServer:
 
 
 @contextlib.asynccontextmanager
-async def run_server(settings: Settings) -> AsyncIterator[LiveServer]:
-    """A real uvicorn server, configured like production, serving in this event loop."""
+async def run_server(settings: Settings, **overrides: Any) -> AsyncIterator[LiveServer]:
+    """A real uvicorn server, configured like production (but for ``overrides`` of its
+    uvicorn options), serving in this event loop."""
     app = create_app(settings)
     port = free_port()
-    options = uvicorn_options(settings) | {"loop": "none", "log_level": "warning"}
+    options = uvicorn_options(settings) | {"loop": "none", "log_level": "warning"} | overrides
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, **options))
     task = asyncio.create_task(server.serve())
     async with asyncio.timeout(10):

@@ -14,7 +14,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from app.broker.autopipeline import AutoPipeline
+from app.redisio.autopipeline import AutoPipeline
 from tests.helpers import wait_until
 from tests.processes import RedisServer
 

@@ -94,7 +94,7 @@ def test_dockerfile_runs_the_production_command_as_a_user() -> None:
     env = docker["ENV"][-1]
     assert "CHAT_PORT=8000" in env and "CHAT_METRICS_PORT=9100" in env
     assert docker["EXPOSE"] == ["8000 9100"]
-    assert docker["HEALTHCHECK"][0].endswith('CMD ["python", "-m", "app.healthcheck"]')
+    assert docker["HEALTHCHECK"][0].endswith('CMD ["python", "-m", "app.ops.healthcheck"]')
     # The image keeps the app's secure defaults: it sets no auth mode (jwt, the default, then
     # needs a key from the deployment), no secret and no trusted proxies.
     for instruction in ("ENV", "ARG"):

@@ -1,5 +1,5 @@
-"""Direct writes (app.direct): frames written straight to the transport, the ASGI path taking
-over while a transport is paused, and compressed sockets left to ASGI."""
+"""Direct writes (app.transport.uvicorn_seam): frames written straight to the transport, the
+ASGI path taking over while a transport is paused, and compressed sockets left to ASGI."""
 
 from __future__ import annotations
 
@@ -8,11 +8,18 @@ import socket
 import zlib
 
 import orjson
+import pytest
 from websockets.frames import Frame, Opcode
 
-from app.direct import FrameCache
+from app.transport.frames import FrameCache
+from app.transport.uvicorn_seam import (
+    FALLBACK_DEFLATE,
+    FALLBACK_NO_PROTOCOL,
+    FALLBACK_UNSUPPORTED,
+)
 from tests.helpers import (
     ChatClient,
+    LiveServer,
     client_frame,
     make_settings,
     raw_upgrade,
@@ -134,5 +141,64 @@ async def test_compressed_sockets_are_written_through_asgi() -> None:
                 while (message := await next_message())["type"] != "message":
                     pass  # presence
                 assert message["text"] == "hello " * 50
+        finally:
+            reader.sock.close()
+
+
+def _fallbacks(live: LiveServer, reason: str) -> float:
+    registry = live.state.metrics.registry
+    return registry.get_sample_value("hubbub_transport_fallbacks_total", {"reason": reason}) or 0
+
+
+def _fast_path(live: LiveServer, path: str) -> float | None:
+    registry = live.state.metrics.registry
+    return registry.get_sample_value("hubbub_fast_path_live", {"path": path})
+
+
+async def _chat_once(live: LiveServer) -> None:
+    async with (
+        ChatClient.connect(live.ws_url("alice")) as alice,
+        ChatClient.connect(live.ws_url("bob")) as bob,
+    ):
+        await alice.join("r")
+        await bob.join("r")
+        await alice.say("r", "hi")
+        assert (await bob.expect("message"))["text"] == "hi"
+
+
+@pytest.mark.parametrize("log_level", ["trace", "warning"])
+async def test_connections_keep_the_fast_paths_whatever_wraps_send(log_level: str) -> None:
+    """At uvicorn's TRACE level a middleware wraps the ASGI ``send`` (which used to turn
+    direct writes and aborts off with only a warning): every connection still writes
+    directly, and the worker reports its fast paths live."""
+    async with run_server(make_settings(), log_level=log_level) as live:
+        await _chat_once(live)
+        assert _fast_path(live, "direct_writes") == 1
+        assert _fast_path(live, "abort") == 1
+        for reason in (FALLBACK_NO_PROTOCOL, FALLBACK_DEFLATE, FALLBACK_UNSUPPORTED):
+            assert _fallbacks(live, reason) == 0, reason
+
+
+async def test_a_server_without_our_protocol_is_counted_and_flagged() -> None:
+    """Served by uvicorn's own sans-I/O protocol (not app.server.uvicorn_options), sockets
+    still work through ASGI, and the fallback is counted and flagged, never silent."""
+    async with run_server(make_settings(), ws="websockets-sansio") as live:
+        await _chat_once(live)
+        assert _fallbacks(live, FALLBACK_NO_PROTOCOL) == 2
+        assert _fast_path(live, "direct_writes") == 0
+        assert _fast_path(live, "abort") == 0
+
+
+async def test_compressed_sockets_are_counted_as_expected_fallbacks() -> None:
+    """permessage-deflate is a fallback by design: counted under its own reason, and the
+    fast path stays reported live."""
+    settings = make_settings(ws_per_message_deflate=True)
+    async with run_server(settings) as live:
+        reader = await RawReader.open(
+            live.port, b"Sec-WebSocket-Extensions: permessage-deflate\r\n"
+        )
+        try:
+            await wait_until(lambda: _fallbacks(live, FALLBACK_DEFLATE) == 1)
+            assert _fast_path(live, "direct_writes") == 1
         finally:
             reader.sock.close()

@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from app.eager import start_eagerly
+from app.transport.eager import start_eagerly
 
 
 async def test_a_coroutine_that_never_waits_finishes_inline() -> None:

@@ -14,7 +14,7 @@ import sys
 
 import pytest
 
-from app.guest import display_name, guest_user
+from app.access.guest import display_name, guest_user
 from tests.helpers import ChatClient, make_settings, run_server
 from tests.processes import ROOT, AppProcess
 from tests.test_security import refused_with

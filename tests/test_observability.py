@@ -15,7 +15,7 @@ import httpx2 as httpx
 import jsonschema
 import yaml
 
-from app.metrics import Metrics
+from app.ops.metrics import Metrics
 from tests.helpers import ChatClient, free_port
 from tests.processes import ROOT, AppProcess, PrometheusServer, RedisServer
 from tests.prom import run_promtool, scrape_until

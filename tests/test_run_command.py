@@ -16,8 +16,8 @@ import orjson
 import pytest
 from fastapi.testclient import TestClient
 
-from app.collector import GC_THRESHOLDS
 from app.main import create_app
+from app.ops.gc_tuning import GC_THRESHOLDS
 from tests.helpers import ChatClient, free_port, make_settings
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -95,7 +95,7 @@ def test_in_process_client() -> None:
 async def _healthcheck(port: int) -> int:
     env = {**os.environ, "CHAT_HOST": "0.0.0.0", "CHAT_PORT": str(port), "CHAT_AUTH_MODE": "guest"}
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "app.healthcheck", cwd=ROOT, env=env,
+        sys.executable, "-m", "app.ops.healthcheck", cwd=ROOT, env=env,
         stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
     )  # fmt: skip
     async with asyncio.timeout(15):
@@ -103,7 +103,7 @@ async def _healthcheck(port: int) -> int:
 
 
 async def test_docker_healthcheck_command(served: str) -> None:
-    """The image's HEALTHCHECK (``python -m app.healthcheck``) passes against a live server
+    """The image's HEALTHCHECK (``python -m app.ops.healthcheck``) passes against a live server
     (asking 127.0.0.1 when the server binds 0.0.0.0) and fails where nothing listens."""
     assert await _healthcheck(int(served.rsplit(":", 1)[1])) == 0
     assert await _healthcheck(free_port()) == 1

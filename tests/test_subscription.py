@@ -10,7 +10,7 @@ import pytest
 from redis.asyncio import Redis
 from redis.exceptions import ConnectionError as RedisConnectionError
 
-from app.broker.subscription import Subscription
+from app.redisio.subscription import Subscription
 from tests.helpers import wait_until
 from tests.processes import RedisServer
 

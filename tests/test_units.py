@@ -7,12 +7,12 @@ import asyncio
 import orjson
 import pytest
 
+from app.access.ratelimit import RateLimiter, Verdict
 from app.broker import History
+from app.broker.dedup import RecentIds
 from app.broker.memory import MemoryBroker
-from app.dedup import RecentIds
 from app.errors import BrokerUnavailable
-from app.outbox import Outbox
-from app.ratelimit import RateLimiter, Verdict
+from app.transport.outbox import Outbox
 from tests.helpers import make_settings
 
 

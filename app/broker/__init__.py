@@ -41,7 +41,7 @@ class BrokerHandler(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class QuotaBucket:
-    """A shared token bucket in Redis (see :mod:`app.quotas`) that a publish takes one token
+    """A shared token bucket in Redis (see :mod:`app.access.quotas`) that a publish takes one token
     from, in the same script: one round trip per message instead of two."""
 
     key: str
@@ -144,7 +144,7 @@ class Broker(Protocol):
         """Number, store and deliver a message. With ``quota``, first take a token from it,
         atomically with the rest, and raise :class:`~app.errors.QuotaExceeded` when there is
         none (nothing is published). Only the Redis broker takes a quota (only
-        :class:`~app.quotas.RedisQuotas` hands them out)."""
+        :class:`~app.access.quotas.RedisQuotas` hands them out)."""
         ...
 
     async def publish_direct(

@@ -7,10 +7,10 @@ from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from app.announcer import PresenceAnnouncer
 from app.broker import BrokerHandler, BrokerStats, History, Published, QuotaBucket, RoomPresence
-from app.dedup import RecentIds
+from app.broker.dedup import RecentIds
 from app.errors import BrokerUnavailable
+from app.presence.announcer import PresenceAnnouncer
 from app.protocol import encode_direct, encode_message
 from app.settings import Settings
 

@@ -30,7 +30,6 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 
-from app.announcer import PresenceAnnouncer
 from app.broker import (
     BrokerHandler,
     BrokerStats,
@@ -40,10 +39,11 @@ from app.broker import (
     RoomPresence,
 )
 from app.broker import redis_scripts as scripts
-from app.broker.autopipeline import AutoPipeline
-from app.broker.hiredis_packing import pack_with_hiredis
-from app.broker.subscription import Subscription
 from app.errors import BrokerUnavailable, QuotaExceeded
+from app.presence.announcer import PresenceAnnouncer
+from app.redisio.autopipeline import AutoPipeline
+from app.redisio.redis_seam import pack_with_hiredis
+from app.redisio.subscription import Subscription
 from app.settings import Settings
 
 logger = logging.getLogger(__name__)

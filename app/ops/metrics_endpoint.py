@@ -14,7 +14,7 @@ from collections.abc import Callable
 from starlette.responses import PlainTextResponse, Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from app.metrics import CONTENT_TYPE
+from app.ops.metrics import CONTENT_TYPE
 
 
 class MetricsEndpoint:

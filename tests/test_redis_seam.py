@@ -8,7 +8,7 @@ from redis.asyncio import Redis
 from redis.asyncio.connection import Connection, UnixDomainSocketConnection
 from redis.exceptions import DataError
 
-from app.broker.hiredis_packing import pack_with_hiredis
+from app.redisio.redis_seam import pack_with_hiredis
 from tests.processes import RedisServer
 
 

@@ -2,7 +2,7 @@
 
 redis-py's ``PubSub.get_message`` costs, per message, a few coroutines, a timeout context and a
 dict; a busy worker receives every message of every room it serves through it. Here the
-connection (opened by redis-py, see :mod:`app.broker.handover`) feeds hiredis directly from
+connection (opened by redis-py, see :mod:`app.redisio.redis_seam`) feeds hiredis directly from
 ``data_received``, and each push goes to the handler in the same callback.
 """
 
@@ -18,7 +18,7 @@ from redis.asyncio import Redis
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 
-from app.broker.handover import hand_over
+from app.redisio.redis_seam import hand_over
 
 logger = logging.getLogger(__name__)
 

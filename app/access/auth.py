@@ -1,4 +1,4 @@
-"""Who a connection is: a verified JWT (jwt mode), a guest (:mod:`app.guest`), or ``?name=``
+"""Who a connection is: a verified JWT (jwt mode), a guest (:mod:`app.access.guest`), or ``?name=``
 (names mode).
 
 Tokens are verified with PyJWT against exactly one key source from the settings — an HS256

@@ -1,4 +1,4 @@
-"""``python -m app.healthcheck``: exit 0 when this host's Hubbub answers ``/healthz``, else 1.
+"""``python -m app.ops.healthcheck``: exit 0 when this host's Hubbub answers ``/healthz``, else 1.
 
 The Docker ``HEALTHCHECK`` runs it (slim images have no curl). It reads ``CHAT_PORT`` like the
 server does, and asks 127.0.0.1 when the server binds every address.

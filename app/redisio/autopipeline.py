@@ -4,7 +4,7 @@ Redis in one write, on one connection, and their replies are read as they stream
 With many sockets sending at once, a worker makes many small script calls per iteration (a
 rate-limit token, a publish). Centrifugo's Redis engine batches the same way (rueidis
 auto-pipelining). redis-py opens and sets up the connection, then hands it over
-(:mod:`app.broker.handover`) to a protocol that parses replies with hiredis straight from
+(:mod:`app.redisio.redis_seam`) to a protocol that parses replies with hiredis straight from
 ``data_received``. redis-py's own pipeline costs, per command, a timeout context, a parse
 coroutine and a response callback, and per batch a task, a pool checkout and a retry wrapper:
 in the Redis rtt benchmark that was a fifth of a worker's CPU, for work hiredis does in C.
@@ -26,7 +26,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from app.broker.handover import hand_over
+from app.redisio.redis_seam import hand_over
 
 logger = logging.getLogger(__name__)
 

@@ -3,8 +3,8 @@
 whatever ``?name=`` says) and the cross-server quotas (bans, connections per user, new
 connections per address).
 
-The Origin check comes before (it needs no socket: :mod:`app.origin`); everything here runs on
-an accepted socket, so a refusal is a close code the client can act on.
+The Origin check comes before (it needs no socket: :mod:`app.access.origin`); everything here
+runs on an accepted socket, so a refusal is a close code the client can act on.
 """
 
 from __future__ import annotations
@@ -17,12 +17,12 @@ from dataclasses import dataclass
 
 from starlette.websockets import WebSocket
 
-from app.auth import AuthError, Identity
+from app.access.auth import AuthError, Identity
+from app.access.guest import GuestError, identify_guest
+from app.access.quotas import Refusal
 from app.connection import Connection
 from app.errors import CloseCode, FrameError
-from app.guest import GuestError, identify_guest
 from app.protocol import USER_PATTERN, Auth, parse_client_frame
-from app.quotas import Refusal
 from app.state import ChatState
 
 logger = logging.getLogger(__name__)

@@ -22,6 +22,8 @@ import os
 import resource
 import time
 from collections import Counter as Tally
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final
 
 from prometheus_client import (
@@ -39,7 +41,6 @@ from app.errors import CloseCode, ErrorCode
 
 if TYPE_CHECKING:
     from app.broker import Broker
-    from app.hub import Hub
 
 MULTIPROC_ENV: Final = "PROMETHEUS_MULTIPROC_DIR"
 CONTENT_TYPE: Final = CONTENT_TYPE_PLAIN_0_0_4  # the text format every Prometheus reads
@@ -84,6 +85,20 @@ def exposition(registry: CollectorRegistry) -> bytes:
     merged = CollectorRegistry()
     MultiProcessCollector(merged)  # type: ignore[no-untyped-call]  # untyped upstream
     return generate_latest(merged)
+
+
+@dataclass(frozen=True, slots=True)
+class HubSnapshot:
+    """What the worker's Hub holds, as the gauges show it (the Hub makes it: see
+    :meth:`app.hub.Hub.snapshot`)."""
+
+    connections: int
+    queued_bytes: int
+    max_queued_bytes: int
+    rooms: int
+    memberships: int
+    memberships_behind: int
+    draining: bool
 
 
 class Metrics:
@@ -245,6 +260,20 @@ class Metrics:
         self.memory = gauge(
             "hubbub_worker_resident_memory_bytes", "Resident memory of this worker.", "liveall"
         )
+        self.fast_path_live = gauge(
+            "hubbub_fast_path_live",
+            "1 when a fast path that relies on a dependency's internals works with the installed "
+            "version (app/transport/uvicorn_seam.py, app/redisio/redis_seam.py), else 0; set at "
+            "start, and to 0 when a connection had to fall back.",
+            "livemin",
+            ("path",),
+        )
+        self.transport_fallbacks = counter(
+            "hubbub_transport_fallbacks_total",
+            "Connections written through ASGI instead of directly, by reason "
+            "(permessage_deflate: expected when compression is on; no_protocol: a defect).",
+            ("reason",),
+        )
         self.gc_pauses = Histogram(
             "hubbub_gc_pause_seconds",
             "Pauses of Python's cyclic garbage collector (the worker serves nobody meanwhile), "
@@ -261,7 +290,7 @@ class Metrics:
         self.frames_sent_since_sync = 0
         self.published_since_sync = 0
         self.frames_received_since_sync: Tally[str] = Tally()
-        # (generation, seconds) of each collection, appended by app.collector.CollectorTuning.
+        # (generation, seconds) of each collection, appended by app.ops.gc_tuning.CollectorTuning.
         self.gc_pauses_since_sync: list[tuple[int, float]] = []
         self._broker_reconnects = 0
         self._broker_deaf = 0
@@ -299,7 +328,7 @@ class Metrics:
 
     # -- once a second ----------------------------------------------------------------------
 
-    def sync(self, hub: Hub, broker: Broker) -> None:
+    def sync(self, hub: HubSnapshot, broker: Broker) -> None:
         """Publish the hot-path counters and sample the gauges."""
         if self.delivered_since_sync:
             self.delivered.inc(self.delivered_since_sync)
@@ -319,14 +348,12 @@ class Metrics:
         for generation, seconds in pauses:
             self.gc_pauses.labels(str(generation)).observe(seconds)
 
-        conns = hub.connections
-        self.connections.set(len(conns))
-        queued = [conn.queued_bytes for conn in conns]
-        self.outbox_bytes.set(sum(queued))
-        self.outbox_max_bytes.set(max(queued, default=0))
-        self.rooms.set(hub.room_count)
-        self.memberships.set(sum(len(conn.rooms) for conn in conns))
-        self.memberships_behind.set(hub.behind_count)
+        self.connections.set(hub.connections)
+        self.outbox_bytes.set(hub.queued_bytes)
+        self.outbox_max_bytes.set(hub.max_queued_bytes)
+        self.rooms.set(hub.rooms)
+        self.memberships.set(hub.memberships)
+        self.memberships_behind.set(hub.memberships_behind)
         self.draining.set(1 if hub.draining else 0)
 
         stats = broker.stats
@@ -360,8 +387,11 @@ def _resident_bytes() -> int:
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 
 
-async def run_metrics_sync(metrics: Metrics, hub: Hub, broker: Broker) -> None:
-    """Call :meth:`Metrics.sync` every :data:`SYNC_INTERVAL_S` until cancelled."""
+async def run_metrics_sync(
+    metrics: Metrics, snapshot: Callable[[], HubSnapshot], broker: Broker
+) -> None:
+    """Call :meth:`Metrics.sync` with a fresh ``snapshot()`` every :data:`SYNC_INTERVAL_S`
+    until cancelled."""
     while True:
-        metrics.sync(hub, broker)
+        metrics.sync(snapshot(), broker)
         await asyncio.sleep(SYNC_INTERVAL_S)

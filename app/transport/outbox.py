@@ -12,12 +12,12 @@ from collections import deque
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from app.budget import OutboxBudget
+    from app.transport.budget import OutboxBudget
 
 
 class Outbox:
     """FIFO of encoded frames with a byte bound. Order in is order out. With a ``budget``, the
-    bytes it holds are also counted in the worker's :class:`~app.budget.OutboxBudget`."""
+    bytes it holds are also counted in the worker's :class:`~app.transport.budget.OutboxBudget`."""
 
     __slots__ = ("_budget", "_bytes", "_coalesce_max_bytes", "_frames", "_max_bytes")
 

@@ -12,7 +12,7 @@ worker serves nobody. So, while the app serves, :class:`CollectorTuning`:
   older generations, so full collections come rarely;
 - records every collection's pause for ``hubbub_gc_pause_seconds`` (by generation), so that a
   burst of late messages can be matched with a pause. The pause goes into a plain list that
-  :meth:`app.metrics.Metrics.sync` publishes: prometheus_client guards its values with a lock
+  :meth:`app.ops.metrics.Metrics.sync` publishes: prometheus_client guards its values with a lock
   that is not reentrant (one for all values, in multiprocess mode), and a collection can start
   while this very thread holds it, so observing from inside the collection could deadlock.
 

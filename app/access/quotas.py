@@ -25,9 +25,9 @@ from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 
 from app.broker import QuotaBucket
-from app.broker.autopipeline import AutoPipeline
-from app.broker.hiredis_packing import pack_with_hiredis
 from app.broker.redis_scripts import NOW, TOKEN_BUCKET
+from app.redisio.autopipeline import AutoPipeline
+from app.redisio.redis_seam import pack_with_hiredis
 from app.settings import Settings
 
 if TYPE_CHECKING:

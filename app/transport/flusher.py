@@ -3,11 +3,11 @@ connection at once, without a task per write.
 
 A fan-out offers one frame to a thousand connections; each asks the Flusher to write it. The
 Flusher runs one callback at the end of the current iteration (so frames offered together in
-that iteration leave coalesced, see :mod:`app.outbox`) and starts each connection's write
-eagerly (:func:`app.eager.start_eagerly`): a socket that takes the frame at once — nearly all —
-costs no task; one whose transport is paused gets a task that waits for it, and only that
-connection waits. A frame written to many sockets in one flush is encoded once
-(:class:`app.direct.FrameCache`).
+that iteration leave coalesced, see :mod:`app.transport.outbox`) and starts each connection's
+write eagerly (:func:`app.transport.eager.start_eagerly`): a socket that takes the frame at once
+— nearly all — costs no task; one whose transport is paused gets a task that waits for it, and
+only that connection waits. A frame written to many sockets in one flush is encoded once
+(:class:`app.transport.frames.FrameCache`).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import asyncio
 import logging
 from typing import Protocol
 
-from app.direct import FrameCache
+from app.transport.frames import FrameCache
 
 logger = logging.getLogger(__name__)
 

@@ -1,0 +1,101 @@
+"""The seam to redis-py's internals: the only module that reaches below its public API.
+
+What it relies on, and why:
+
+- **Handover** (:func:`hand_over`). redis-py knows how to reach a Redis: TCP, TLS or a Unix
+  socket, ``AUTH`` with a user name or not, ``SELECT``, ``CLIENT SETNAME``, the timeouts of the
+  URL. Our hot paths (:mod:`app.redisio.autopipeline` and :mod:`app.redisio.subscription`) only
+  need to write commands packed by hiredis and parse replies with hiredis as they arrive,
+  without redis-py's per-command coroutines and timeouts. So redis-py opens the connection
+  (``ConnectionPool.make_connection``, ``Connection.connect``), and a protocol of ours takes its
+  transport over (``Connection._writer``, ``_reader``).
+- **Packing with hiredis** (:func:`pack_with_hiredis`). redis-py packs commands with hiredis
+  in its sync client but not in its asyncio one (redis/redis-py#4176): there, every argument
+  of every command goes through a pure-Python encoder, which was a sixth of a worker's CPU in
+  the Redis rtt benchmark. This swaps a client's connection class for a subclass whose
+  ``pack_command`` uses the sync client's hiredis serializer; the bytes on the wire are the
+  same.
+
+:data:`CHECKED_AGAINST` is the version this was checked against (``pyproject.toml`` bounds
+redis to it); :func:`fast_paths` says whether each works with what is installed, which every
+worker logs and exports (``hubbub_fast_path_live``) at start.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.metadata
+from typing import Any, Final
+
+from redis.asyncio import Redis
+from redis.asyncio.connection import AbstractConnection, Connection, ConnectionPool
+from redis.connection import HiredisRespSerializer
+from redis.utils import HIREDIS_AVAILABLE
+
+CHECKED_AGAINST: Final = {"redis": "8.1."}
+
+
+async def hand_over(redis: Redis, protocol: asyncio.BaseProtocol) -> asyncio.StreamWriter:
+    """Open a connection the way ``redis``'s pool would, then make ``protocol`` its owner.
+
+    From then on ``protocol`` gets every byte that arrives and the connection's loss; redis-py
+    forgets the connection. The caller keeps the returned writer for as long as it uses the
+    transport (``writer.transport``; a StreamWriter closes its transport when collected) and
+    closes the transport when done.
+    """
+    pool = redis.connection_pool
+    connection = pool.make_connection()  # type: ignore[no-untyped-call]
+    await connection.connect()
+    writer: asyncio.StreamWriter | None = connection._writer
+    if writer is None:  # pragma: no cover - redis-py sets it on connect
+        raise ConnectionError("redis-py did not open a stream")
+    connection._reader = connection._writer = None  # redis-py must not close it later
+    writer.transport.set_protocol(protocol)
+    return writer
+
+
+_SERIALIZER = HiredisRespSerializer()
+
+
+class _HiredisPacking(AbstractConnection):
+    """Packs each command in one C call instead of one Python call per argument."""
+
+    def pack_command(self, *args: Any) -> list[bytes]:
+        packed: list[bytes] = _SERIALIZER.pack(*args)
+        return packed
+
+
+def pack_with_hiredis(client: Redis) -> Redis:
+    """Make ``client``'s new connections pack commands with hiredis (a no-op without it).
+
+    Call it before the client opens its first connection. It keeps the connection class the
+    URL chose (TCP, TLS or Unix socket) and only replaces how commands are packed.
+    """
+    pool = client.connection_pool
+    base = pool.connection_class
+    if HIREDIS_AVAILABLE and not issubclass(base, _HiredisPacking):
+        pool.connection_class = type(f"Hiredis{base.__name__}", (_HiredisPacking, base), {})
+    return client
+
+
+def unchecked_versions() -> dict[str, str]:
+    """Installed distributions whose version this module was not checked against."""
+    found = {}
+    for name, prefix in CHECKED_AGAINST.items():
+        version = importlib.metadata.version(name)
+        if not version.startswith(prefix):
+            found[name] = version
+    return found
+
+
+def fast_paths() -> dict[str, bool]:
+    """Whether each fast path works with the installed redis-py (the internals it uses exist);
+    a path that does not raises or falls back where it is used."""
+    connect = Connection._connect.__code__.co_names
+    return {
+        "redis_handover": callable(getattr(ConnectionPool, "make_connection", None))
+        and "_writer" in connect
+        and "_reader" in connect,
+        "hiredis_packing": HIREDIS_AVAILABLE
+        and callable(getattr(AbstractConnection, "pack_command", None)),
+    }

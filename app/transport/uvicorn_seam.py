@@ -1,0 +1,182 @@
+"""The seam to uvicorn's, uvicorn-worker's and websockets' internals: the only module that
+reaches below their public APIs.
+
+What it relies on, and why:
+
+- **Direct writes.** A fan-out writes the same message to every socket of a room. Through
+  ASGI, each write encodes the text, builds a frame in websockets' sans-I/O protocol and
+  passes Starlette's and uvicorn's layers before the write system call. Frames from a server
+  are not masked, so a room message is the same bytes on every socket
+  (:class:`~app.transport.frames.FrameCache` encodes them once per flush) and
+  :class:`DirectSocket` hands them to the transport. That needs the server's protocol object
+  for the socket (``writable``, ``close_sent``, ``disconnected``, ``conn.state``,
+  ``conn.extensions``, ``transport``): :class:`HubbubWebSocketProtocol`, uvicorn's
+  ``websockets-sansio`` protocol, puts itself in the ASGI scope before the app runs, so no
+  middleware that wraps ``send`` (uvicorn's own message logger at TRACE level, say) can hide
+  it. Only sockets without a negotiated extension (permessage-deflate compresses per socket)
+  are written this way, and only while open with their transport not paused; otherwise
+  frames go through ASGI, which waits for a paused transport.
+- **Abort.** A peer that stopped reading never takes our close frame, and a plain transport
+  close waits for the write buffer to drain: :func:`abort` drops the TCP connection
+  (``transport.abort()``), which ASGI has no message for.
+- **Draining.** uvicorn re-raises the signals it handled after shutdown
+  (``Server._captured_signals``, :func:`defer_signal`); uvicorn-worker builds its server in
+  ``UvicornWorker._serve``, which :class:`ServerClassWorker` overrides to build ours.
+
+:data:`CHECKED_AGAINST` lists the versions this was checked against; ``pyproject.toml`` bounds
+the dependencies to them. At start each worker logs and exports (``hubbub_fast_path_live``)
+whether each fast path is live (:func:`fast_paths`); a connection that cannot use the one it
+should is counted and logged (``hubbub_transport_fallbacks_total``) by :mod:`app.session`,
+never silently: tests/test_direct_writes.py fails if one does.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import logging
+import sys
+from typing import Any, Final
+
+import uvicorn
+from starlette.websockets import WebSocket
+from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
+from uvicorn_worker import UvicornWorker
+from websockets.protocol import State
+
+logger = logging.getLogger(__name__)
+
+# Distribution -> the version (prefix) whose internals this module was checked against.
+CHECKED_AGAINST: Final = {"uvicorn": "0.54.", "websockets": "17.", "uvicorn-worker": "0.4."}
+# Where the protocol object sits in a WebSocket scope (set by HubbubWebSocketProtocol).
+PROTOCOL_KEY: Final = "hubbub.protocol"
+# The import string uvicorn's ``ws`` option takes (see app.server.uvicorn_options).
+WS_PROTOCOL: Final = "app.transport.uvicorn_seam:HubbubWebSocketProtocol"
+# Why a connection writes through ASGI instead (the label of hubbub_transport_fallbacks_total).
+FALLBACK_DEFLATE: Final = "permessage_deflate"  # expected: compression is per socket
+FALLBACK_NO_PROTOCOL: Final = "no_protocol"  # not served by HubbubWebSocketProtocol: a defect
+FALLBACK_UNSUPPORTED: Final = "unsupported_version"  # the internals are not there (fast_paths)
+
+_OPEN: Final = State.OPEN
+
+
+class HubbubWebSocketProtocol(WebSocketsSansIOProtocol):
+    """uvicorn's ``websockets-sansio`` protocol, which leaves itself in each socket's scope
+    (under :data:`PROTOCOL_KEY`) for :class:`DirectSocket` and :func:`abort`."""
+
+    async def run_asgi(self) -> None:
+        scope: dict[str, Any] = self.scope  # type: ignore[assignment]
+        scope[PROTOCOL_KEY] = self
+        await super().run_asgi()
+
+
+def _protocol_of(ws: WebSocket) -> WebSocketsSansIOProtocol | None:
+    protocol = ws.scope.get(PROTOCOL_KEY)
+    return protocol if isinstance(protocol, WebSocketsSansIOProtocol) else None
+
+
+class DirectSocket:
+    """The transport under one accepted WebSocket, for writing whole pre-encoded frames."""
+
+    __slots__ = ("_protocol",)
+
+    def __init__(self, protocol: WebSocketsSansIOProtocol) -> None:
+        self._protocol = protocol
+
+    @classmethod
+    def of(cls, ws: WebSocket) -> DirectSocket | str:
+        """For an accepted ``ws``: a DirectSocket, or why frames must go through ASGI
+        (:data:`FALLBACK_DEFLATE`, :data:`FALLBACK_NO_PROTOCOL`)."""
+        if not _LIVE["direct_writes"]:
+            return FALLBACK_UNSUPPORTED
+        protocol = _protocol_of(ws)
+        if protocol is None:
+            return FALLBACK_NO_PROTOCOL
+        if protocol.conn.extensions:
+            return FALLBACK_DEFLATE
+        return cls(protocol)
+
+    def writable(self) -> bool:
+        """True if a frame written now goes out: open, not closing, transport not paused."""
+        protocol = self._protocol
+        return (
+            protocol.writable.is_set()
+            and not protocol.close_sent
+            and not protocol.disconnected
+            and protocol.conn.state is _OPEN
+            and not protocol.transport.is_closing()  # uvloop refuses writes to a closed one
+        )
+
+    def write(self, frame: bytes) -> None:
+        """Queue ``frame`` (a whole encoded frame) on the transport; check :meth:`writable`
+        first."""
+        self._protocol.transport.write(frame)
+
+
+def abort(ws: WebSocket) -> bool:
+    """Drop the TCP connection under ``ws`` at once (no closing handshake); False when the
+    server exposes no transport (not served by :class:`HubbubWebSocketProtocol`)."""
+    protocol = _protocol_of(ws) if _LIVE["abort"] else None
+    if protocol is None:
+        logger.warning("cannot abort a stuck WebSocket: the server exposes no transport")
+        return False
+    protocol.transport.abort()
+    return True
+
+
+def defer_signal(server: uvicorn.Server, sig: int) -> None:
+    """Have ``server`` re-raise ``sig`` after it shuts down, as it does for the signals it
+    handles itself (a draining server handles the first SIGTERM on its own)."""
+    server._captured_signals.append(sig)
+
+
+class ServerClassWorker(UvicornWorker):  # type: ignore[misc]  # untyped upstream
+    """A :class:`uvicorn_worker.UvicornWorker` that serves with :meth:`make_server`."""
+
+    def make_server(self, config: uvicorn.Config) -> uvicorn.Server:
+        return uvicorn.Server(config)
+
+    async def _serve(self) -> None:
+        # As UvicornWorker._serve (uvicorn-worker 0.4), with make_server.
+        self.config.app = self.wsgi
+        server = self.make_server(self.config)
+        self._install_sigquit_handler()
+        await server.serve(sockets=self.sockets)
+        if not server.started:
+            from gunicorn.arbiter import Arbiter
+
+            sys.exit(Arbiter.WORKER_BOOT_ERROR)
+
+
+def unchecked_versions() -> dict[str, str]:
+    """Installed distributions whose version this module was not checked against."""
+    found = {}
+    for name, prefix in CHECKED_AGAINST.items():
+        version = importlib.metadata.version(name)
+        if not version.startswith(prefix):
+            found[name] = version
+    return found
+
+
+def fast_paths() -> dict[str, bool]:
+    """Whether each fast path can work with what is installed: the internals it uses exist.
+
+    Per connection, :meth:`DirectSocket.of` and :func:`abort` still decide (and say why not).
+    """
+    protocol = WebSocketsSansIOProtocol
+    # The attributes a protocol sets in __init__ (and the scope in handle_connect).
+    made = protocol.__init__.__code__.co_names + protocol.handle_connect.__code__.co_names
+    writes = all(
+        name in made for name in ("writable", "close_sent", "disconnected", "conn", "scope")
+    )
+    serve = getattr(UvicornWorker, "_serve", None)
+    return {
+        "direct_writes": writes and "transport" in protocol.connection_made.__code__.co_names,
+        "abort": "transport" in protocol.connection_made.__code__.co_names,
+        "drain_signal": "_captured_signals" in uvicorn.Server.__init__.__code__.co_names,
+        "worker_server": serve is not None
+        and "_install_sigquit_handler" in serve.__code__.co_names
+        and callable(getattr(UvicornWorker, "_install_sigquit_handler", None)),
+    }
+
+
+_LIVE: Final = fast_paths()
