@@ -64,11 +64,12 @@ async def room_messages(
         raise HTTPException(429, "too many history reads, slow down", headers={"Retry-After": "1"})
     limit = min(limit, state.settings.history_page_max)
     try:
-        frames = await state.broker.history_before(room, before, limit)
+        messages = await state.broker.history_before(room, before, limit)
     except BrokerUnavailable:
         raise HTTPException(503, "history unavailable: the broker is not connected") from None
     body = b'{"room":' + orjson.dumps(room) + b',"messages":['
-    return Response(body + b",".join(frames) + b"]}", media_type="application/json")
+    frames = b",".join(message.payload for message in messages)
+    return Response(body + frames + b"]}", media_type="application/json")
 
 
 def _authorize_room(state: ChatState, request: Request, room: str) -> str:

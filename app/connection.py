@@ -143,7 +143,7 @@ class Connection:
             while outbox and direct.writable():
                 texts = outbox.take_frames()
                 direct.write(encode(texts))
-                wrote(texts[0])
+                wrote()
             if self._drain_waiters is not None:
                 self._wake_drain_waiters()
             if not outbox:
@@ -156,7 +156,7 @@ class Connection:
             while outbox:
                 text = outbox.take()
                 await ws.send_text(text)
-                metrics.wrote(text)
+                metrics.wrote()
                 if self._drain_waiters is not None:
                     self._wake_drain_waiters()
         except _GONE:

@@ -86,4 +86,5 @@ class BrokerUnavailable(Exception):
 
 
 class QuotaExceeded(Exception):
-    """A publish was refused: the sender's :class:`~app.broker.QuotaBucket` had no token."""
+    """A publish was refused: the sender had no message token left
+    (``CHAT_USER_MESSAGES_PER_S``)."""

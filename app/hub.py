@@ -5,7 +5,8 @@ socket: delivering a message is a loop of :meth:`Connection.offer
 <app.connection.Connection.offer>` calls, each a bounded append. It subscribes the broker to a
 room when the room's first local member joins and unsubscribes when the last one leaves (and
 likewise to a user's direct messages), so a worker hears only what its clients need. It tells
-the broker of presence changes per (room, user), however many tabs the user has here.
+presence (:mod:`app.presence`) of changes per (room, user), however many tabs the user has
+here.
 
 Delivery: in each room a connection is either a live member, given every message the room
 hears from the broker, or behind, with a :class:`~app.replay.Replay` that brings it up to date
@@ -30,7 +31,8 @@ from app.broker import Broker, History
 from app.connection import Connection
 from app.errors import BrokerUnavailable, CloseCode, ErrorCode
 from app.ops.metrics import HubSnapshot, Metrics
-from app.protocol import error_frame, joined_frame, message_id_of
+from app.presence import Presence
+from app.protocol import error_frame, joined_frame
 from app.replay import HistoryPages, Pacing, Replay, retrieve_exception
 from app.transport.budget import OutboxBudget
 
@@ -59,12 +61,14 @@ class Hub:
     def __init__(
         self,
         broker: Broker,
+        presence: Presence,
         max_connections: int,
         metrics: Metrics,
         pacing: Pacing,
         outbox_budget_bytes: int = 2**62,
     ) -> None:
         self._broker = broker
+        self._presence = presence
         self._metrics = metrics
         self._max_connections = max_connections
         self._pacing = pacing
@@ -82,9 +86,10 @@ class Hub:
 
     # -- delivery (called by the broker; never awaits) ---------------------------------------
 
-    def deliver_room(self, room: str, payload: bytes) -> None:
-        """Queue ``payload`` (one encoded frame) on every live member of ``room``, and let
-        each connection still behind in it see the frame (see :meth:`Replay.hear`).
+    def deliver_room(self, room: str, message_id: int | None, payload: bytes) -> None:
+        """Queue ``payload`` (one encoded frame: message ``message_id``, or a frame without
+        an id) on every live member of ``room``, and let each connection still behind in it
+        see the frame (see :meth:`Replay.hear`).
 
         The payload is decoded once for all recipients. Offers never change membership (a slow
         consumer's close happens later, in its own task), so iterating is safe.
@@ -94,15 +99,14 @@ class Hub:
             return
         frame = payload.decode()
         nbytes = len(payload)
-        message_id = message_id_of(frame)
+        members = state.members
+        for conn in members:
+            conn.offer(frame, nbytes)
         if message_id is not None:
             state.heard = message_id
-        members = state.members
-        if members:
-            if message_id is not None:
+            if members:
                 self._metrics.delivered_since_sync += len(members)
-            for conn in members:
-                conn.offer(frame, nbytes)
+                self._metrics.sample_fanout(message_id)  # after the offers: see its contract
         if state.behind:
             caught_up = [
                 replay for replay in state.behind.values() if replay.hear(frame, nbytes, message_id)
@@ -153,14 +157,15 @@ class Hub:
     def linked(self) -> bool:
         return self._linked.is_set()
 
-    def deliver_user(self, user: str, payload: bytes) -> None:
-        """Queue a direct message on every local connection of ``user``."""
+    def deliver_user(self, user: str, message_id: int, payload: bytes) -> None:
+        """Queue direct message ``message_id`` on every local connection of ``user``."""
         conns = self._users.get(user)
         if conns:
             frame, nbytes = payload.decode(), len(payload)
             self._metrics.delivered_since_sync += len(conns)
             for conn in conns:
                 conn.offer(frame, nbytes)
+            self._metrics.sample_fanout(message_id)
 
     def kick(self, user: str, reason: str, issued_at: float | None = None) -> None:
         """Close every local connection of ``user`` with 4003 (moderation); with
@@ -305,8 +310,8 @@ class Hub:
                 self._present[key] += 1
                 counted = True
                 if self._present[key] == 1:
-                    await self._broker.presence_join(room, conn.user)
-            presence = await self._broker.presence(room)
+                    await self._presence.join(room, conn.user)
+            presence = await self._presence.of(room)
         except BaseException:
             if previous is not None:
                 # Still a member: catch up from where it was, by itself.
@@ -321,7 +326,7 @@ class Hub:
                     # Undo a presence entry that may have been made, or it would be refreshed
                     # for a user who is not here.
                     with contextlib.suppress(BrokerUnavailable):
-                        await self._broker.presence_leave(room, conn.user)
+                        await self._presence.leave(room, conn.user)
             await self.leave(conn, room)
             raise
         replay.joined = True
@@ -366,7 +371,7 @@ class Hub:
                 del self._present[key]
                 # When the broker is down, the entry expires by itself (nobody refreshes it).
                 with contextlib.suppress(BrokerUnavailable):
-                    await self._broker.presence_leave(room, conn.user)
+                    await self._presence.leave(room, conn.user)
         if room not in self._rooms:
             await self._broker.unsubscribe_room(room)
 

@@ -29,6 +29,7 @@ from app.ops.gc_tuning import CollectorTuning
 from app.ops.metrics import Metrics, run_metrics_sync
 from app.ops.metrics_endpoint import MetricsEndpoint
 from app.page import mount_page
+from app.presence import create_presence
 from app.redisio import redis_seam
 from app.replay import Pacing
 from app.settings import Settings, load_settings
@@ -63,8 +64,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         broker = create_broker(settings)
+        presence = create_presence(settings, broker)
         hub = Hub(
             broker,
+            presence,
             settings.max_connections,
             metrics,
             Pacing.of(settings),
@@ -75,10 +78,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         origins = OriginPolicy(settings.allowed_origins)
         pending_auth = PendingAuth(settings.max_pending_auth, settings.max_pending_auth_per_address)
         state = ChatState(
-            settings, broker, hub, metrics, quotas, origins, authenticator, pending_auth
+            settings, broker, hub, presence, metrics, quotas, origins, authenticator, pending_auth
         )
         app.state.chat = state
         await broker.start(hub)
+        await presence.start()
         background = [
             asyncio.create_task(
                 run_heartbeat(hub, settings.heartbeat_interval_s, settings.heartbeat_timeout_s),
@@ -124,7 +128,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
             # Each step runs whatever the one before raised (Redis may be down by now).
-            for step in (hub.close, broker.stop, quotas.close):
+            for step in (hub.close, presence.stop, broker.stop, quotas.close):
                 try:
                     await step()
                 except Exception:

@@ -135,18 +135,24 @@ def encode(frame: dict[str, Any]) -> str:
     return orjson.dumps(frame).decode()
 
 
-def encode_message(room: str, message_id: int, user: str, text: str, ts_ms: int) -> bytes:
-    """A ``message`` frame, encoded once per fan-out and forwarded as-is to every recipient."""
-    return orjson.dumps(
-        {"type": "message", "room": room, "id": message_id, "user": user, "text": text, "ts": ts_ms}
-    )
+def message_frame_parts(target: str, name: str, user: str, text: str) -> tuple[bytes, bytes]:
+    """The parts of a ``message`` frame that do not depend on its id and timestamp: the head
+    (up to ``"id":``) and the body (from after the id up to ``"ts":``). ``target`` is
+    ``room`` (a room message, to room ``name``) or ``to`` (a direct message to user ``name``).
+
+    Both brokers build every message frame from these parts with :func:`message_frame`; the
+    Redis PUBLISH script does the same concatenation in Lua, since only Redis knows the id.
+    """
+    head = b'{"type":"message","' + target.encode() + b'":' + orjson.dumps(name) + b',"id":'
+    body = b',"user":' + orjson.dumps(user) + b',"text":' + orjson.dumps(text) + b',"ts":'
+    return head, body
 
 
-def encode_direct(to: str, message_id: int, sender: str, text: str, ts_ms: int) -> bytes:
-    """A direct ``message`` frame: like a room message, with ``to`` instead of ``room``."""
-    return orjson.dumps(
-        {"type": "message", "to": to, "id": message_id, "user": sender, "text": text, "ts": ts_ms}
-    )
+def message_frame(parts: tuple[bytes, bytes], message_id: int, ts_ms: int) -> bytes:
+    """The ``message`` frame, encoded once per fan-out and forwarded as-is to every
+    recipient: ``{"type":"message","room"|"to":…,"id":…,"user":…,"text":…,"ts":…}``."""
+    head, body = parts
+    return b"%s%d%s%d}" % (head, message_id, body, ts_ms)
 
 
 def typing_frame(room: str, user: str) -> bytes:
@@ -233,16 +239,3 @@ def error_frame(code: ErrorCode, message: str, ref: dict[str, Any] | None = None
     if ref:
         frame.update(ref)
     return encode(frame)
-
-
-def message_id_of(frame: str) -> int | None:
-    """The id of a ``message`` frame; None for frames without one (presence, typing).
-
-    Cheap on purpose (it runs once per fan-out): a message frame is ``{"type":"message",`` then
-    ``"room"`` or ``"to"`` — names that cannot contain a quote — then ``"id":N,``, so the first
-    ``,"id":`` is the id field (see :func:`encode_message` and the Redis PUBLISH script).
-    """
-    if not frame.startswith('{"type":"message"'):
-        return None
-    start = frame.index(',"id":') + 6
-    return int(frame[start : frame.index(",", start)])

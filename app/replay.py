@@ -32,9 +32,8 @@ import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
-from app.broker import Broker, History
+from app.broker import Broker, History, Message
 from app.errors import BrokerUnavailable
-from app.protocol import message_id_of
 from app.settings import Settings
 
 if TYPE_CHECKING:
@@ -237,7 +236,7 @@ class Replay:
                     self._release_buffer()
                     host.go_live(self)
                     return
-                if not await self._offer_paced(page.frames):
+                if not await self._offer_paced(page.messages):
                     return  # the connection is closing
                 if page.more or self._buffer is None:
                     page = None
@@ -255,18 +254,17 @@ class Replay:
         finally:
             self._task = None
 
-    async def _offer_paced(self, frames: list[bytes]) -> bool:
+    async def _offer_paced(self, messages: list[Message]) -> bool:
         conn, budget = self.conn, self._pacing.budget
-        for payload in frames:
+        for message_id, payload in messages:
             nbytes = len(payload)
             full = conn.queued_bytes and conn.queued_bytes + nbytes > budget
             if full and not await conn.drained(budget // 2):
                 return False
             if conn.closing:
                 return False
-            frame = payload.decode()
-            conn.offer(frame, nbytes)
-            self.cursor = message_id_of(frame) or self.cursor
+            conn.offer(payload.decode(), nbytes)
+            self.cursor = message_id
         return True
 
     def _release_buffer(self) -> None:

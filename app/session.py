@@ -21,7 +21,6 @@ from starlette.websockets import WebSocket
 from app.access.admission import Refused, admit, admit_address, identify
 from app.access.auth import AuthError, Identity
 from app.access.ratelimit import RateLimiter, Verdict
-from app.broker import RoomPresence
 from app.connection import Connection
 from app.errors import (
     BrokerUnavailable,
@@ -32,6 +31,7 @@ from app.errors import (
     close_reason,
 )
 from app.ops.metrics import Metrics
+from app.presence import RoomPresence
 from app.protocol import (
     PONG_FRAME,
     Auth,
@@ -142,7 +142,7 @@ class Session:
 
     async def _presence(self, room: str) -> RoomPresence:
         try:
-            return await self._broker.presence(room)
+            return await self._state.presence.of(room)
         except BrokerUnavailable:
             raise FrameError(ErrorCode.BROKER_UNAVAILABLE, "cannot join now, try again") from None
 
@@ -195,10 +195,6 @@ class Session:
                 f"text is {len(frame.text)} characters, at most "
                 f"{self._settings.max_text_chars} are allowed",
             )
-        quotas = self._state.quotas
-        quota = quotas.bucket("message", conn.user)  # taken by the publish itself
-        if quota is None and not await quotas.allow("message", conn.user):
-            raise FrameError(ErrorCode.RATE_LIMITED, _TOO_MANY_MESSAGES)
         if not self._broker.ready:
             # Redis may take the publish, but this worker would not hear it: no ack for a
             # message the sender's own rooms here cannot be sure to get.
@@ -209,13 +205,11 @@ class Session:
         started = time.perf_counter()
         try:
             if frame.room is not None:
-                published = await self._broker.publish(
-                    frame.room, conn.user, frame.text, frame.cid, quota
-                )
+                published = await self._broker.publish(frame.room, conn.user, frame.text, frame.cid)
             else:
                 assert frame.to is not None  # the model guarantees room xor to
                 published = await self._broker.publish_direct(
-                    conn.user, frame.to, frame.text, frame.cid, quota
+                    conn.user, frame.to, frame.text, frame.cid
                 )
         except QuotaExceeded:
             raise FrameError(ErrorCode.RATE_LIMITED, _TOO_MANY_MESSAGES) from None

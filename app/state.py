@@ -12,6 +12,7 @@ from app.access.quotas import Quotas
 from app.broker import Broker
 from app.hub import Hub
 from app.ops.metrics import Metrics
+from app.presence import Presence
 from app.settings import Settings
 from app.transport.flusher import Flusher
 
@@ -21,6 +22,7 @@ class ChatState:
     settings: Settings
     broker: Broker
     hub: Hub
+    presence: Presence
     metrics: Metrics
     quotas: Quotas
     origins: OriginPolicy

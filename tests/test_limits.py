@@ -298,7 +298,9 @@ async def test_a_slow_reader_attack_leaves_a_workers_memory_bounded() -> None:
             readers = [await RawReader.open(app.port) for _ in rooms]
             for reader, room in zip(readers, rooms, strict=True):
                 await reader.send({"type": "join", "room": room})
-            await asyncio.sleep(0.5)  # the joins are in
+            for reader in readers:  # the joins are in
+                while b'"type":"joined"' not in (await asyncio.wait_for(reader.frame(), 10))[1]:
+                    pass
             before = _memory_bytes(app.proc.pid, "VmRSS")
             for n in range(600):
                 for room in rooms:

@@ -10,7 +10,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from app.errors import ErrorCode, FrameError
-from app.protocol import Join, Leave, Ping, Pong, Send, encode_message, parse_client_frame
+from app.protocol import (
+    Join,
+    Leave,
+    Ping,
+    Pong,
+    Send,
+    message_frame,
+    message_frame_parts,
+    parse_client_frame,
+)
 
 
 @pytest.mark.parametrize(
@@ -101,7 +110,7 @@ def test_any_input_yields_frame_or_frame_error(raw: str) -> None:
 )
 def test_message_encoding_round_trips(room: str, text: str, mid: int) -> None:
     """A message frame decodes back to exactly what was encoded, whatever the text."""
-    decoded = orjson.loads(encode_message(room, mid, "u", text, 123))
+    decoded = orjson.loads(message_frame(message_frame_parts("room", room, "u", text), mid, 123))
     assert decoded == {
         "type": "message",
         "room": room,

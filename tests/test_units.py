@@ -1,19 +1,17 @@
-"""Outbox, rate limiter, dedup and the memory broker, without sockets."""
+"""Outbox, rate limiter, dedup and the memory broker's clock, without sockets (the broker
+contract is tests/test_broker_contract.py)."""
 
 from __future__ import annotations
 
-import asyncio
-
-import orjson
 import pytest
 
 from app.access.ratelimit import RateLimiter, Verdict
-from app.broker import History
 from app.broker.dedup import RecentIds
 from app.broker.memory import MemoryBroker
 from app.errors import BrokerUnavailable
 from app.transport.outbox import Outbox
 from tests.helpers import make_settings
+from tests.test_broker_contract import Recorder
 
 
 def test_outbox_refuses_past_its_byte_bound() -> None:
@@ -71,81 +69,14 @@ def test_recent_ids_expire_and_are_bounded() -> None:
     assert recent.get("c", now=11.5) == 3
 
 
-class _Recorder:
-    """A BrokerHandler that records what it is given."""
-
-    def __init__(self) -> None:
-        self.rooms: list[tuple[str, bytes]] = []
-        self.users: list[tuple[str, bytes]] = []
-
-    def deliver_room(self, room: str, payload: bytes) -> None:
-        self.rooms.append((room, payload))
-
-    def deliver_user(self, user: str, payload: bytes) -> None:
-        self.users.append((user, payload))
-
-    def link_lost(self) -> None:
-        raise AssertionError("the memory broker never loses its subscriptions")
-
-    def resubscribed(self) -> None:
-        raise AssertionError("the memory broker never loses its subscriptions")
-
-    def kick(self, user: str, reason: str, issued_at: float | None = None) -> None:
-        self.users.append((user, reason.encode()))
-
-
-async def test_memory_broker_ids_order_and_dedup() -> None:
-    """Ids increase across rooms and calls, even with a clock that stands still; a repeated
-    cid returns the first id and is not delivered; unsubscribed rooms are not delivered."""
-    recorder = _Recorder()
-    broker = MemoryBroker(make_settings(dedup_ttl_s=60), clock=lambda: 1000.0)
+async def test_memory_broker_ids_increase_while_the_clock_stands_still() -> None:
+    """Ids increase across rooms and calls even with a clock that stands still, and a broker
+    that is not running refuses publishes."""
+    broker = MemoryBroker(make_settings(), clock=lambda: 1000.0)
     with pytest.raises(BrokerUnavailable):
         await broker.publish("r", "u", "x", None)
-    await broker.start(recorder)
-    await broker.subscribe_room("r")
-    first = await broker.publish("r", "u", "a", "c1")
-    second = await broker.publish("other", "u", "b", None)
-    again = await broker.publish("r", "u", "a", "c1")
-    third = await broker.publish("r", "u", "c", "c1-other-user-same-cid")
-    assert first.id < second.id < third.id
-    assert again.duplicate and again.id == first.id
-    assert [room for room, _ in recorder.rooms] == ["r", "r"]
-    await broker.unsubscribe_room("r")
-    await broker.publish("r", "u", "d", None)
-    assert len(recorder.rooms) == 2
+    await broker.start(Recorder())
+    ids = [(await broker.publish(room, "u", "x", None)).id for room in ("r", "s", "r", "s")]
+    assert ids == sorted(ids) and len(set(ids)) == 4
     await broker.stop()
     assert not broker.ready
-
-
-async def test_memory_broker_history_and_recovery_limits() -> None:
-    """History keeps the newest history_size messages; since older than that, or more missed
-    than recovery_max_messages, is not recovered; a since from the future neither."""
-    broker = MemoryBroker(make_settings(history_size=5, recovery_max_messages=3))
-    await broker.start(_Recorder())
-    ids = [(await broker.publish("r", "u", str(n), None)).id for n in range(8)]
-    recent = await broker.history_since("r", ids[5], 100)
-    assert recent.recovered and [orjson.loads(f)["text"] for f in recent.frames] == ["6", "7"]
-    assert not (await broker.history_since("r", ids[3], 100)).recovered  # 4 missed > 3
-    assert not (await broker.history_since("r", ids[1], 100)).recovered  # trimmed away
-    assert not (await broker.history_since("r", ids[-1] + 1, 100)).recovered
-    assert (await broker.history_since("r", ids[-1], 100)) == History(True, [])
-    page = await broker.history_before("r", ids[7], 2)
-    assert [orjson.loads(f)["text"] for f in page] == ["5", "6"]
-
-
-async def test_big_room_presence_is_throttled() -> None:
-    """Above presence_max_members, joins are announced as counts, at most once per interval,
-    with one trailing update carrying the final count: no N² storm when a room fills up."""
-    recorder = _Recorder()
-    broker = MemoryBroker(make_settings(presence_max_members=3, presence_count_interval_s=0.2))
-    await broker.start(recorder)
-    await broker.subscribe_room("big")
-    for n in range(200):
-        await broker.presence_join("big", f"u{n}")
-    frames = [orjson.loads(p) for _, p in recorder.rooms]
-    assert [f.get("user") for f in frames[:3]] == ["u0", "u1", "u2"]  # small: by name
-    assert len(frames) == 4 and frames[3] == {"type": "presence", "room": "big", "count": 4}
-    await asyncio.sleep(0.35)  # the trailing update
-    assert len(recorder.rooms) == 5
-    assert orjson.loads(recorder.rooms[-1][1]) == {"type": "presence", "room": "big", "count": 200}
-    await broker.stop()

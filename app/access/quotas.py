@@ -1,5 +1,6 @@
-"""Quotas and bans that hold across every worker and pod: connections per user, message and
-join rates per user, connection rate per client address, and bans.
+"""Quotas and bans that hold across every worker and pod: connections per user, join, typing,
+new-room and history-read rates per user (the message rate is the broker's, see
+:meth:`app.broker.Broker.publish`), connection rate per client address, and bans.
 
 :class:`RedisQuotas` keeps them in Redis (one small Lua script per check, Redis' clock, keys
 that expire by themselves: a pod that dies leaves nothing behind for longer than
@@ -24,7 +25,7 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 
-from app.broker import QuotaBucket
+from app.access.buckets import TokenBuckets
 from app.broker.redis_scripts import NOW, TOKEN_BUCKET
 from app.redisio.autopipeline import AutoPipeline
 from app.redisio.redis_seam import pack_with_hiredis
@@ -35,7 +36,8 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-Rate = Literal["message", "join", "typing", "new_room", "history"]
+# The message rate is the broker's: it takes a token inside each publish.
+Rate = Literal["join", "typing", "new_room", "history"]
 
 
 class Refusal(enum.Enum):
@@ -55,8 +57,8 @@ class Ban:
 class Quotas(Protocol):
     """Contract: ``admit`` and ``release`` are called once per connection (a connection
     admitted must be released); ``refresh`` every third of ``CHAT_PRESENCE_TTL_S`` with the
-    worker's open connections; before each send or join, ``allow`` or, for a send, the broker
-    takes from the ``bucket``."""
+    worker's open connections; ``allow`` before each join, typing frame and history read
+    (the broker takes a message token inside each publish)."""
 
     async def admit_address(self, ip: str | None) -> bool:
         """Take a token from ``ip``'s bucket of new connections (at the upgrade, before the
@@ -71,11 +73,6 @@ class Quotas(Protocol):
 
     async def allow(self, rate: Rate, user: str) -> bool: ...
 
-    def bucket(self, rate: Rate, user: str) -> QuotaBucket | None:
-        """The shared bucket of ``rate`` for ``user``, for the broker to take a token from
-        inside its publish (instead of :meth:`allow`); None: call :meth:`allow` first."""
-        ...
-
     async def ban(self, user: str, duration_s: float, reason: str) -> None: ...
 
     async def unban(self, user: str) -> bool: ...
@@ -87,7 +84,6 @@ class Quotas(Protocol):
 
 def _rates(settings: Settings) -> dict[str, tuple[float, int]]:
     return {
-        "message": (settings.user_messages_per_s, settings.user_message_burst),
         "join": (settings.user_joins_per_s, settings.user_join_burst),
         "typing": (settings.user_typing_per_s, settings.user_typing_burst),
         "new_room": (settings.user_new_rooms_per_s, settings.user_new_room_burst),
@@ -210,10 +206,6 @@ class RedisQuotas:
         except _ERRORS:
             return True
 
-    def bucket(self, rate: Rate, user: str) -> QuotaBucket:
-        per_s, burst = self._rates[rate]
-        return QuotaBucket(self._key(rate, user), per_s, burst)
-
     async def ban(self, user: str, duration_s: float, reason: str) -> None:
         await self._redis.set(self._key("ban", user), reason, px=max(1, int(duration_s * 1000)))
 
@@ -238,48 +230,20 @@ class RedisQuotas:
 # -- one process --------------------------------------------------------------------------
 
 
-class _Bucket:
-    __slots__ = ("stamp", "tokens")
-
-    def __init__(self, burst: int, now: float) -> None:
-        self.tokens = float(burst)
-        self.stamp = now
-
-
 class MemoryQuotas:
     """:class:`Quotas` for one process (with the memory broker)."""
 
     def __init__(self, settings: Settings) -> None:
         self._settings = settings
-        self._rates = _rates(settings)
-        self._buckets: dict[tuple[str, str], _Bucket] = {}
+        self._buckets = TokenBuckets(_rates(settings))
         self._conns: dict[str, set[str]] = {}
         self._bans: dict[str, tuple[str, float]] = {}
 
-    def _take(self, kind: str, key: str) -> bool:
-        per_s, burst = self._rates[kind]
-        now = time.monotonic()
-        bucket = self._buckets.get((kind, key))
-        if bucket is None:
-            if len(self._buckets) > 100_000:  # forget the full ones (idle long enough) now and then
-                self._buckets = {
-                    k: b
-                    for k, b in self._buckets.items()
-                    if now - b.stamp < self._rates[k[0]][1] / self._rates[k[0]][0]
-                }
-            bucket = self._buckets[(kind, key)] = _Bucket(burst, now)
-        bucket.tokens = min(burst, bucket.tokens + (now - bucket.stamp) * per_s)
-        bucket.stamp = now
-        if bucket.tokens < 1:
-            return False
-        bucket.tokens -= 1
-        return True
-
     async def admit_address(self, ip: str | None) -> bool:
-        return ip is None or self._take("ip", ip)
+        return ip is None or self._buckets.take("ip", ip)
 
     async def admit(self, user: str, conn_id: str, ip: str | None) -> Refusal | None:
-        if ip is not None and not self._take("ip", ip):
+        if ip is not None and not self._buckets.take("ip", ip):
             return Refusal.IP_RATE
         if await self.ban_of(user) is not None:
             return Refusal.BANNED
@@ -299,11 +263,8 @@ class MemoryQuotas:
     async def refresh(self, conns: Iterable[tuple[str, str]]) -> None:
         return None  # nothing here can outlive its process
 
-    def bucket(self, rate: Rate, user: str) -> None:
-        return None  # buckets live in this process: allow() is all it takes
-
     async def allow(self, rate: Rate, user: str) -> bool:
-        return self._take(rate, user)
+        return self._buckets.take(rate, user)
 
     async def ban(self, user: str, duration_s: float, reason: str) -> None:
         self._bans[user] = (reason, time.monotonic() + duration_s)

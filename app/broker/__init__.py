@@ -9,17 +9,22 @@ The interface is a :class:`typing.Protocol` so mypy checks each implementation s
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 from app.settings import Settings
 
 
 class BrokerHandler(Protocol):
-    """What a broker delivers to (the Hub). Both calls must return at once, never block."""
+    """What a broker delivers to (the Hub). Every call must return at once, never block."""
 
-    def deliver_room(self, room: str, payload: bytes) -> None: ...
+    def deliver_room(self, room: str, message_id: int | None, payload: bytes) -> None:
+        """``payload`` (one encoded frame) for ``room``'s members: a ``message`` numbered
+        ``message_id``, or a frame without an id (None: presence, typing)."""
+        ...
 
-    def deliver_user(self, user: str, payload: bytes) -> None: ...
+    def deliver_user(self, user: str, message_id: int, payload: bytes) -> None:
+        """A direct ``message`` frame numbered ``message_id`` for ``user``'s connections."""
+        ...
 
     def link_lost(self) -> None:
         """The broker's subscription ended (an error, or found deaf): live messages published
@@ -39,32 +44,32 @@ class BrokerHandler(Protocol):
         ...
 
 
-@dataclass(frozen=True, slots=True)
-class QuotaBucket:
-    """A shared token bucket in Redis (see :mod:`app.access.quotas`) that a publish takes one token
-    from, in the same script: one round trip per message instead of two."""
+class Message(NamedTuple):
+    """A stored message: its id and its encoded ``message`` frame
+    (:func:`app.protocol.message_frame`)."""
 
-    key: str
-    per_s: float
-    burst: int
+    id: int
+    payload: bytes
 
 
 @dataclass(frozen=True, slots=True)
 class Published:
-    """What a publish assigned: the message id, and whether it was a retried duplicate."""
+    """What a publish assigned: the message id and its timestamp (ms since the epoch, 0 for a
+    duplicate), and whether it was a retried duplicate."""
 
     id: int
+    ts_ms: int = 0
     duplicate: bool = False
 
 
 @dataclass(frozen=True, slots=True)
 class History:
     """A page of the messages after a client's ``since``, oldest first: ``recovered`` is False
-    when some are gone (or more than the replay limit), and then ``frames`` is empty and the
+    when some are gone (or more than the replay limit), and then ``messages`` is empty and the
     client must resync; ``more`` is True when messages after the page's last one follow."""
 
     recovered: bool
-    frames: list[bytes]
+    messages: list[Message]
     more: bool = False
 
 
@@ -82,22 +87,17 @@ class BrokerStats:
     memory_max_bytes: int = 0
 
 
-@dataclass(frozen=True, slots=True)
-class RoomPresence:
-    """Who is in a room across all workers: ``users`` is None above the member threshold."""
-
-    count: int
-    users: list[str] | None
-
-
 class Broker(Protocol):
-    """Publish/subscribe, history and presence for rooms, shared by every worker of a backend.
+    """Publish/subscribe and history for rooms, shared by every worker of a backend
+    (presence is :mod:`app.presence`).
 
     Contract:
-    - ``publish`` gives each message an id that increases within its room, stores it in the
-      room's bounded history, and delivers the encoded ``message`` frame to every worker
-      subscribed to the room, the publisher's own included, in id order: every subscriber of a
-      room sees the same order. Storing and publishing are one atomic step.
+    - ``publish`` takes a token from the sender's message quota (``CHAT_USER_MESSAGES_PER_S``,
+      shared by every worker), gives the message an id that increases within its room, stores
+      it in the room's bounded history, and delivers the ``message`` frame (built by
+      :func:`app.protocol.message_frame`, the same bytes from every broker) with its id to
+      every worker subscribed to the room, the publisher's own included, in id order: every
+      subscriber of a room sees the same order. All of it is one atomic step.
     - Live delivery is at most once: a message published while a worker is disconnected from
       the backend does not reach it live. The broker says so (``link_lost``, then
       ``resubscribed``), and the Hub recovers what its rooms missed from history.
@@ -106,9 +106,6 @@ class Broker(Protocol):
     - ``subscribe_*``/``unsubscribe_*`` take effect in call order and are remembered: after a
       reconnect the broker resubscribes everything. ``subscribe_room`` returns once messages
       published from then on will be delivered (when the broker is ready).
-    - ``presence_join``/``presence_leave`` are called once per (room, user) transition on this
-      worker; the broker announces a user's first arrival and last departure across all
-      workers with a ``presence`` frame on the room.
     - Calls that need the backend raise :class:`~app.errors.BrokerUnavailable` when it cannot
       be reached.
     """
@@ -133,34 +130,20 @@ class Broker(Protocol):
 
     async def unsubscribe_user(self, user: str) -> None: ...
 
-    async def publish(
-        self,
-        room: str,
-        user: str,
-        text: str,
-        cid: str | int | None,
-        quota: QuotaBucket | None = None,
-    ) -> Published:
-        """Number, store and deliver a message. With ``quota``, first take a token from it,
-        atomically with the rest, and raise :class:`~app.errors.QuotaExceeded` when there is
-        none (nothing is published). Only the Redis broker takes a quota (only
-        :class:`~app.access.quotas.RedisQuotas` hands them out)."""
+    async def publish(self, room: str, user: str, text: str, cid: str | int | None) -> Published:
+        """Number, store and deliver a message. Raises :class:`~app.errors.QuotaExceeded`
+        (nothing is published) when ``user`` has no message token left."""
         ...
 
     async def publish_direct(
-        self,
-        sender: str,
-        to: str,
-        text: str,
-        cid: str | int | None,
-        quota: QuotaBucket | None = None,
+        self, sender: str, to: str, text: str, cid: str | int | None
     ) -> Published:
-        """As :meth:`publish`, to one user (and the sender's other connections)."""
+        """As :meth:`publish`, to one user (and the sender's other connections); not stored."""
         ...
 
     async def broadcast(self, room: str, payload: bytes) -> None:
-        """Deliver ``payload`` (an encoded frame without an id, e.g. ``typing``) to the room's
-        members on every worker: not stored, not numbered, at most once."""
+        """Deliver ``payload`` (an encoded frame without an id: ``typing``, ``presence``) to
+        the room's members on every worker: not stored, not numbered, at most once."""
         ...
 
     async def kick(self, user: str, reason: str) -> None:
@@ -187,15 +170,10 @@ class Broker(Protocol):
         a join of a room that does not is a room created, which users have a quota of."""
         ...
 
-    async def history_before(self, room: str, before: int | None, limit: int) -> list[bytes]:
-        """Up to ``limit`` stored frames of ``room`` with ids below ``before``, oldest first."""
+    async def history_before(self, room: str, before: int | None, limit: int) -> list[Message]:
+        """Up to ``limit`` stored messages of ``room`` with ids below ``before``, oldest
+        first."""
         ...
-
-    async def presence_join(self, room: str, user: str) -> None: ...
-
-    async def presence_leave(self, room: str, user: str) -> None: ...
-
-    async def presence(self, room: str) -> RoomPresence: ...
 
 
 def create_broker(settings: Settings) -> Broker:

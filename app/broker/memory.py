@@ -7,11 +7,11 @@ from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from app.broker import BrokerHandler, BrokerStats, History, Published, QuotaBucket, RoomPresence
+from app.access.buckets import TokenBuckets
+from app.broker import BrokerHandler, BrokerStats, History, Message, Published
 from app.broker.dedup import RecentIds
-from app.errors import BrokerUnavailable
-from app.presence.announcer import PresenceAnnouncer
-from app.protocol import encode_direct, encode_message
+from app.errors import BrokerUnavailable, QuotaExceeded
+from app.protocol import message_frame, message_frame_parts
 from app.settings import Settings
 
 
@@ -24,7 +24,7 @@ class _RoomLog:
     origin: int
     last: int = 0
     trimmed: int = 0
-    frames: deque[tuple[int, bytes]] = field(default_factory=deque)
+    messages: deque[Message] = field(default_factory=deque)
 
     def __post_init__(self) -> None:
         self.last = self.trimmed = self.origin
@@ -46,16 +46,12 @@ class MemoryBroker:
         self._handler: BrokerHandler | None = None
         self._rooms: set[str] = set()
         self._users: set[str] = set()
-        self._present: dict[str, set[str]] = {}
         self._logs: OrderedDict[str, _RoomLog] = OrderedDict()
         self._last_id = 0
         self._recent = RecentIds(settings.dedup_ttl_s, settings.dedup_max_entries)
         self._clock = clock
-        self._announcer = PresenceAnnouncer(
-            self._deliver_presence,
-            self._count,
-            settings.presence_max_members,
-            settings.presence_count_interval_s,
+        self._quota = TokenBuckets(
+            {"message": (settings.user_messages_per_s, settings.user_message_burst)}
         )
 
     @property
@@ -70,7 +66,6 @@ class MemoryBroker:
         self._handler = handler
 
     async def stop(self) -> None:
-        await self._announcer.close()
         self._handler = None
 
     async def subscribe_room(self, room: str) -> None:
@@ -78,7 +73,6 @@ class MemoryBroker:
 
     async def unsubscribe_room(self, room: str) -> None:
         self._rooms.discard(room)
-        self._announcer.forget(room)
 
     async def subscribe_user(self, user: str) -> None:
         self._users.add(user)
@@ -104,46 +98,38 @@ class MemoryBroker:
             self._recent.add(key, message_id, now)
         return message_id, ts_ms, False
 
-    async def publish(
-        self,
-        room: str,
-        user: str,
-        text: str,
-        cid: str | int | None,
-        quota: QuotaBucket | None = None,
-    ) -> Published:
-        _no_quota(quota)
+    def _take_token(self, user: str) -> None:
+        if not self._quota.take("message", user):
+            raise QuotaExceeded(f"message quota of {user}")
+
+    async def publish(self, room: str, user: str, text: str, cid: str | int | None) -> Published:
         handler = self._running()
+        self._take_token(user)
         key = None if cid is None else ("r", room, user, cid)
         self._log(room)  # first: a new log's origin is below the id this message gets
         message_id, ts_ms, duplicate = self._next_id(key)
         if duplicate:
             return Published(message_id, duplicate=True)
-        payload = encode_message(room, message_id, user, text, ts_ms)
+        payload = message_frame(message_frame_parts("room", room, user, text), message_id, ts_ms)
         self._remember(room, message_id, payload)
         if room in self._rooms:
-            handler.deliver_room(room, payload)
-        return Published(message_id)
+            handler.deliver_room(room, message_id, payload)
+        return Published(message_id, ts_ms)
 
     async def publish_direct(
-        self,
-        sender: str,
-        to: str,
-        text: str,
-        cid: str | int | None,
-        quota: QuotaBucket | None = None,
+        self, sender: str, to: str, text: str, cid: str | int | None
     ) -> Published:
-        _no_quota(quota)
         handler = self._running()
+        self._take_token(sender)
         key = None if cid is None else ("u", to, sender, cid)
         message_id, ts_ms, duplicate = self._next_id(key)
         if duplicate:
             return Published(message_id, duplicate=True)
-        payload = encode_direct(to, message_id, sender, text, ts_ms)
+        payload = message_frame(message_frame_parts("to", to, sender, text), message_id, ts_ms)
         for user in {to, sender}:
             if user in self._users:
-                handler.deliver_user(user, payload)
-        return Published(message_id)
+                handler.deliver_user(user, message_id, payload)
+        return Published(message_id, ts_ms)
 
     async def kick(self, user: str, reason: str) -> None:
         self._running().kick(user, reason)
@@ -151,7 +137,7 @@ class MemoryBroker:
     async def broadcast(self, room: str, payload: bytes) -> None:
         handler = self._running()
         if room in self._rooms:
-            handler.deliver_room(room, payload)
+            handler.deliver_room(room, None, payload)
 
     def _log(self, room: str) -> _RoomLog:
         """The room's log, made (with its origin: the newest id handed out so far) if none."""
@@ -172,19 +158,19 @@ class MemoryBroker:
         if size == 0:
             log.trimmed = message_id
             return
-        if len(log.frames) >= size:
-            log.trimmed = log.frames.popleft()[0]
-        log.frames.append((message_id, payload))
+        if len(log.messages) >= size:
+            log.trimmed = log.messages.popleft().id
+        log.messages.append(Message(message_id, payload))
 
     async def history_since(self, room: str, since: int, limit: int) -> History:
         self._running()
         log = self._log(room)
         if since > log.last or since < log.trimmed:
             return History(False, [])
-        frames = [payload for mid, payload in log.frames if mid > since]
-        if len(frames) > self._settings.recovery_max_messages:
+        after = [message for message in log.messages if message.id > since]
+        if len(after) > self._settings.recovery_max_messages:
             return History(False, [])
-        return History(True, frames[:limit], len(frames) > limit)
+        return History(True, after[:limit], len(after) > limit)
 
     async def last_id(self, room: str) -> int:
         self._running()
@@ -194,39 +180,10 @@ class MemoryBroker:
         self._running()
         return room in self._logs
 
-    async def history_before(self, room: str, before: int | None, limit: int) -> list[bytes]:
+    async def history_before(self, room: str, before: int | None, limit: int) -> list[Message]:
         self._running()
         log = self._logs.get(room)
         if log is None:
             return []
-        older = [p for mid, p in log.frames if before is None or mid < before]
+        older = [m for m in log.messages if before is None or m.id < before]
         return older[-limit:] if limit else []
-
-    async def presence_join(self, room: str, user: str) -> None:
-        self._present.setdefault(room, set()).add(user)
-        await self._announcer.announce(room, "join", user)
-
-    async def presence_leave(self, room: str, user: str) -> None:
-        users = self._present.get(room, set())
-        users.discard(user)
-        if not users:
-            self._present.pop(room, None)
-        await self._announcer.announce(room, "leave", user)
-
-    async def _deliver_presence(self, room: str, payload: bytes) -> None:
-        if self._handler is not None and room in self._rooms:
-            self._handler.deliver_room(room, payload)
-
-    async def _count(self, room: str) -> int:
-        return len(self._present.get(room, ()))
-
-    async def presence(self, room: str) -> RoomPresence:
-        users = self._present.get(room, set())
-        if len(users) > self._settings.presence_max_members:
-            return RoomPresence(len(users), None)
-        return RoomPresence(len(users), sorted(users))
-
-
-def _no_quota(quota: QuotaBucket | None) -> None:
-    if quota is not None:  # MemoryQuotas checks its own buckets and hands none out
-        raise TypeError("the memory broker cannot take from a Redis quota bucket")

@@ -30,17 +30,10 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 
-from app.broker import (
-    BrokerHandler,
-    BrokerStats,
-    History,
-    Published,
-    QuotaBucket,
-    RoomPresence,
-)
+from app.broker import BrokerHandler, BrokerStats, History, Message, Published
 from app.broker import redis_scripts as scripts
 from app.errors import BrokerUnavailable, QuotaExceeded
-from app.presence.announcer import PresenceAnnouncer
+from app.protocol import message_frame_parts
 from app.redisio.autopipeline import AutoPipeline
 from app.redisio.redis_seam import pack_with_hiredis
 from app.redisio.subscription import Subscription
@@ -50,6 +43,7 @@ logger = logging.getLogger(__name__)
 T = TypeVar("T")
 
 _ERRORS = (RedisError, OSError, asyncio.TimeoutError)
+_MEMORY_READ_INTERVAL_S = 5.0
 _REFUSED_BY_QUOTA = 2  # the PUBLISH script's second reply, as published (0) or duplicate (1)
 
 
@@ -82,21 +76,12 @@ class RedisBroker:
         )
         self._scripts = {
             name: self._redis.register_script(getattr(scripts, name))
-            for name in (
-                "PUBLISH",
-                "HISTORY_SINCE",
-                "LAST_ID",
-                "PRESENCE_JOIN",
-                "PRESENCE_LEAVE",
-                "PRESENCE_REFRESH",
-                "PRESENCE_SWEEP",
-            )
+            for name in ("PUBLISH", "HISTORY_SINCE", "LAST_ID")
         }
         self._pipeline = AutoPipeline(self._redis)
         self._handler: BrokerHandler | None = None
         self._rooms: set[str] = set()
         self._users: set[str] = set()
-        self._present: dict[str, set[str]] = {}  # room -> users present through this worker
         self._subscription: Subscription | None = None
         self._room_prefix = f"{self._prefix}:r:".encode()
         self._user_prefix = f"{self._prefix}:u:".encode()
@@ -112,12 +97,6 @@ class RedisBroker:
         self._reconnects = 0
         self._deaf_reconnects = 0
         self._memory_used = self._memory_max = 0
-        self._announcer = PresenceAnnouncer(
-            self._publish_presence,
-            self._count,
-            settings.presence_max_members,
-            settings.presence_count_interval_s,
-        )
 
     # -- channels and keys --------------------------------------------------------------------
 
@@ -136,7 +115,10 @@ class RedisBroker:
         return f"{self._prefix}:w:{self.worker_id}"
 
     def _room_key(self, room: str, part: str) -> str:
-        return f"{self._prefix}:{{r:{room}}}:{part}"
+        return scripts.room_key(self._prefix, room, part)
+
+    def _quota_key(self, user: str) -> str:
+        return f"{self._prefix}:q:message:{user}"
 
     # -- lifecycle ----------------------------------------------------------------------------
 
@@ -160,13 +142,12 @@ class RedisBroker:
         self._tasks = [
             asyncio.create_task(self._supervise(), name="redis-listener"),
             asyncio.create_task(self._canary(), name="redis-canary"),
-            asyncio.create_task(self._presence_upkeep(), name="redis-presence"),
+            asyncio.create_task(self._watch_memory(), name="redis-memory"),
         ]
 
     async def stop(self) -> None:
         self._stopping = True
         self._ready = False
-        await self._announcer.close()
         tasks = [*self._tasks, *([self._listener] if self._listener else [])]
         for task in tasks:
             task.cancel()
@@ -178,10 +159,6 @@ class RedisBroker:
                 task.exception()  # retrieved: it was logged (or is moot) already
         if pending:
             logger.warning("redis broker: %d tasks did not stop in time", len(pending))
-        try:
-            await self._withdraw_presence()
-        except (*_ERRORS, BrokerUnavailable) as exc:  # the entries expire by themselves
-            logger.warning("could not withdraw presence on stop: %r", exc)
         await self._pipeline.close()
         await self._redis.aclose()
         await self._sub_redis.aclose()
@@ -238,9 +215,13 @@ class RedisBroker:
         if kind == b"message":
             data: bytes = push[2]
             if channel.startswith(self._room_prefix):
-                handler.deliver_room(channel[len(self._room_prefix) :].decode(), data)
+                # "<id> <frame>" (id 0: a frame without one), see redis_scripts.PUBLISH.
+                head, _, payload = data.partition(b" ")
+                room = channel[len(self._room_prefix) :].decode()
+                handler.deliver_room(room, int(head) or None, payload)
             elif channel.startswith(self._user_prefix):
-                handler.deliver_user(channel[len(self._user_prefix) :].decode(), data)
+                head, _, payload = data.partition(b" ")
+                handler.deliver_user(channel[len(self._user_prefix) :].decode(), int(head), payload)
             elif channel == self._moderation_bytes:
                 order = orjson.loads(data)
                 handler.kick(order["user"], order["reason"])
@@ -306,7 +287,6 @@ class RedisBroker:
 
     async def unsubscribe_room(self, room: str) -> None:
         self._rooms.discard(room)
-        self._announcer.forget(room)
         await self._unsubscribe(self._room_channel(room))
 
     async def subscribe_user(self, user: str) -> None:
@@ -326,46 +306,25 @@ class RedisBroker:
         except _ERRORS as exc:
             raise BrokerUnavailable(f"redis: {exc!r}") from exc
 
-    async def publish(
-        self,
-        room: str,
-        user: str,
-        text: str,
-        cid: str | int | None,
-        quota: QuotaBucket | None = None,
-    ) -> Published:
-        head = b'{"type":"message","room":' + orjson.dumps(room) + b',"id":'
-        body = b',"user":' + orjson.dumps(user) + b',"text":' + orjson.dumps(text) + b',"ts":'
+    async def publish(self, room: str, user: str, text: str, cid: str | int | None) -> Published:
+        head, body = message_frame_parts("room", room, user, text)
         dedup = "" if cid is None else self._room_key(room, f"cid:{user}:{cid!r}")
-        keys = [self._room_key(room, "meta"), self._room_key(room, "log"), dedup]
-        if self._settings.history_size == 0:
-            keys[1] = ""
-        return await self._publish(keys, self._room_channel(room), head, body, "", quota)
+        log = "" if self._settings.history_size == 0 else self._room_key(room, "log")
+        keys = [self._room_key(room, "meta"), log, dedup, self._quota_key(user)]
+        return await self._publish(keys, self._room_channel(room), head, body, "")
 
     async def publish_direct(
-        self,
-        sender: str,
-        to: str,
-        text: str,
-        cid: str | int | None,
-        quota: QuotaBucket | None = None,
+        self, sender: str, to: str, text: str, cid: str | int | None
     ) -> Published:
-        head = b'{"type":"message","to":' + orjson.dumps(to) + b',"id":'
-        body = b',"user":' + orjson.dumps(sender) + b',"text":' + orjson.dumps(text) + b',"ts":'
+        head, body = message_frame_parts("to", to, sender, text)
         tag = f"{self._prefix}:{{u:{to}}}"
         dedup = "" if cid is None else f"{tag}:cid:{sender}:{cid!r}"
         channel, copy = self._user_channel(to), self._user_channel(sender)
-        keys = [f"{tag}:meta", "", dedup]
-        return await self._publish(keys, channel, head, body, copy, quota)
+        keys = [f"{tag}:meta", "", dedup, self._quota_key(sender)]
+        return await self._publish(keys, channel, head, body, copy)
 
     async def _publish(
-        self,
-        keys: list[str],
-        channel: str,
-        head: bytes,
-        body: bytes,
-        copy_channel: str,
-        quota: QuotaBucket | None,
+        self, keys: list[str], channel: str, head: bytes, body: bytes, copy_channel: str
     ) -> Published:
         settings = self._settings
         args: list[Any] = [
@@ -376,28 +335,28 @@ class RedisBroker:
             int(settings.history_ttl_s * 1000),
             int(settings.dedup_ttl_s * 1000),
             copy_channel,
+            settings.user_messages_per_s,
+            settings.user_message_burst,
         ]
-        if quota is None:
-            keys.append("")
-        else:
-            keys.append(quota.key)
-            args += [quota.per_s, quota.burst]
         try:
             reply = await self._pipeline.submit(self._scripts["PUBLISH"], keys, args)
         except _ERRORS as exc:
             raise BrokerUnavailable(f"redis: {exc!r}") from exc
-        message_id, outcome = reply
+        message_id, outcome, ts_ms = reply
         if outcome == _REFUSED_BY_QUOTA:
             raise QuotaExceeded(keys[3])
-        return Published(int(message_id), duplicate=outcome == 1)
+        return Published(int(message_id), int(ts_ms), duplicate=outcome == 1)
 
     async def history_since(self, room: str, since: int, limit: int) -> History:
         keys = [self._room_key(room, "meta"), self._room_key(room, "log")]
         settings = self._settings
         args = [since, limit, settings.recovery_max_messages, int(settings.history_ttl_s * 1000)]
         result = await self._call(lambda: self._scripts["HISTORY_SINCE"](keys=keys, args=args))
-        recovered = bool(result[0])
-        return History(recovered, list(result[2:]) if recovered else [], bool(result[1]))
+        if not result[0]:
+            return History(False, [])
+        pairs = result[2:]  # id, frame, id, frame...
+        messages = [Message(int(pairs[i]), pairs[i + 1]) for i in range(0, len(pairs), 2)]
+        return History(True, messages, bool(result[1]))
 
     async def last_id(self, room: str) -> int:
         keys = [self._room_key(room, "meta"), self._room_key(room, "log")]
@@ -407,45 +366,26 @@ class RedisBroker:
     async def room_exists(self, room: str) -> bool:
         return bool(await self._call(lambda: self._redis.exists(self._room_key(room, "meta"))))
 
-    async def history_before(self, room: str, before: int | None, limit: int) -> list[bytes]:
+    async def history_before(self, room: str, before: int | None, limit: int) -> list[Message]:
         upper = "+" if before is None else f"({before}-0"
-        entries = await self._call(
-            lambda: self._redis.xrevrange(self._room_key(room, "log"), upper, "-", count=limit)
-        )
-        return [cast(bytes, fields[b"f"]) for _, fields in reversed(entries or []) if fields]
+        log = self._room_key(room, "log")
 
-    # -- presence -----------------------------------------------------------------------------
+        async def read() -> list[Any]:
+            async with self._redis.pipeline(transaction=False) as pipe:
+                pipe.xrevrange(log, upper, "-", count=limit)
+                pipe.xrange(log, "-", "+", count=1)
+                pipe.xlen(log)
+                return await pipe.execute()
 
-    def _presence_keys(self, room: str, user: str) -> list[str]:
-        return [self._room_key(room, "present"), self._room_key(room, f"tabs:{user}")]
-
-    async def presence_join(self, room: str, user: str) -> None:
-        self._present.setdefault(room, set()).add(user)
-        now = int(time.time() * 1000)
-        ttl = int(self._settings.presence_ttl_s * 1000)
-        changed = await self._call(
-            lambda: self._scripts["PRESENCE_JOIN"](
-                keys=self._presence_keys(room, user),
-                args=[user, self.worker_id, now, now + ttl, ttl],
-            )
-        )
-        if changed:
-            await self._announcer.announce(room, "join", user)
-
-    async def presence_leave(self, room: str, user: str) -> None:
-        users = self._present.get(room)
-        if users is not None:
-            users.discard(user)
-            if not users:
-                del self._present[room]
-        now = int(time.time() * 1000)
-        changed = await self._call(
-            lambda: self._scripts["PRESENCE_LEAVE"](
-                keys=self._presence_keys(room, user), args=[user, self.worker_id, now]
-            )
-        )
-        if changed:
-            await self._announcer.announce(room, "leave", user)
+        entries, oldest, length = await self._call(read)
+        # The log keeps one entry more than the history (the oldest marks where recovery can
+        # start, see redis_scripts): it is not part of the history.
+        marker = oldest[0][0] if oldest and length > self._settings.history_size else None
+        return [
+            Message(int(cast(bytes, entry_id)[:-2]), cast(bytes, fields[b"f"]))
+            for entry_id, fields in reversed(entries or [])
+            if fields and entry_id != marker
+        ]
 
     def _kick_key(self, user: str) -> str:
         return f"{self._prefix}:kick:{user}"
@@ -475,37 +415,18 @@ class RedisBroker:
                 self._handler.kick(user, kick["reason"], issued_at=kick["at"])
 
     async def broadcast(self, room: str, payload: bytes) -> None:
-        await self._call(lambda: self._redis.publish(self._room_channel(room), payload))
+        envelope = b"0 " + payload  # no id, see _on_push
+        await self._call(lambda: self._redis.publish(self._room_channel(room), envelope))
 
-    async def _publish_presence(self, room: str, payload: bytes) -> None:
-        await self.broadcast(room, payload)
-
-    async def _count(self, room: str) -> int:
-        key = self._room_key(room, "present")
-        now = int(time.time() * 1000)
-        return int(await self._call(lambda: self._redis.zcount(key, now, "+inf")))
-
-    async def presence(self, room: str) -> RoomPresence:
-        count = await self._count(room)
-        if count > self._settings.presence_max_members:
-            return RoomPresence(count, None)
-        key, now = self._room_key(room, "present"), int(time.time() * 1000)
-        users = await self._call(lambda: self._redis.zrangebyscore(key, now, "+inf"))
-        return RoomPresence(count, sorted(cast(bytes, u).decode() for u in users))
-
-    async def _presence_upkeep(self) -> None:
-        """Refresh this worker's entries, sweep out users of dead workers and read Redis'
-        memory, every ttl/3."""
+    async def _watch_memory(self) -> None:
+        """Read Redis' memory every few seconds (:meth:`_read_memory`)."""
         while not self._stopping:
-            await asyncio.sleep(self._settings.presence_ttl_s / 3)
-            if not self._ready:
-                continue
-            try:
-                await self._refresh_presence()
-                await self._sweep_presence()
-                await self._read_memory()
-            except (*_ERRORS, BrokerUnavailable) as exc:
-                logger.warning("presence upkeep failed: %r", exc)
+            await asyncio.sleep(_MEMORY_READ_INTERVAL_S)
+            if self._ready:
+                try:
+                    await self._read_memory()
+                except _ERRORS as exc:
+                    logger.warning("cannot read redis memory: %r", exc)
 
     async def _read_memory(self) -> None:
         """Redis' memory and its limit, for the metrics (a full Redis with `noeviction`
@@ -513,30 +434,3 @@ class RedisBroker:
         info = await self._redis.info("memory")
         self._memory_used = int(info.get("used_memory", 0))
         self._memory_max = int(info.get("maxmemory", 0))
-
-    async def _refresh_presence(self) -> None:
-        now = int(time.time() * 1000)
-        ttl = int(self._settings.presence_ttl_s * 1000)
-        for room, users in list(self._present.items()):
-            ordered = sorted(users)
-            keys = [self._room_key(room, "present")]
-            keys += [self._room_key(room, f"tabs:{u}") for u in ordered]
-            await self._scripts["PRESENCE_REFRESH"](
-                keys=keys, args=[self.worker_id, now + ttl, ttl, *ordered]
-            )
-
-    async def _sweep_presence(self) -> None:
-        now = int(time.time() * 1000)
-        for room in list(self._rooms):
-            gone = await self._scripts["PRESENCE_SWEEP"](
-                keys=[self._room_key(room, "present")],
-                args=[now, self._room_key(room, "tabs:")],
-            )
-            for user in gone:
-                await self._announcer.announce(room, "leave", user.decode())
-
-    async def _withdraw_presence(self) -> None:
-        """On a clean stop, leave every room at once instead of waiting for expiry."""
-        for room, users in list(self._present.items()):
-            for user in list(users):
-                await self.presence_leave(room, user)

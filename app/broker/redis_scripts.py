@@ -4,13 +4,19 @@ Key layout for a room R (the hash tag keeps a room's keys in one cluster slot):
 ``{prefix}:{r:R}:meta`` hash {last: id of the newest message, origin, run, base: see
 ``INCARNATION``}, ``{prefix}:{r:R}:log`` the stream of the newest ``CHAT_HISTORY_SIZE + 1``
 frames (the oldest marks where recovery can start), whose entry ids are ``<message id>-0``,
-``{prefix}:{r:R}:cid:<user>:<cid>`` a dedup marker, and ``{prefix}:{r:R}:present`` the
-presence sorted set.
+``{prefix}:{r:R}:cid:<user>:<cid>`` a dedup marker; the presence keys share the hash tag
+(see :mod:`app.presence.redis`).
 """
 
 from __future__ import annotations
 
 from typing import Final
+
+
+def room_key(prefix: str, room: str, part: str) -> str:
+    """The key ``part`` of ``room`` (its hash tag keeps a room's keys in one cluster slot)."""
+    return f"{prefix}:{{r:{room}}}:{part}"
+
 
 # `now`: Redis' clock in ms (every script that needs time starts with it).
 NOW: Final = """
@@ -71,19 +77,20 @@ PUBLISH: Final = (
     + TOKEN_BUCKET
     + INCARNATION
     + """
--- KEYS: meta, log (or '' for no history), dedup (or ''), quota bucket (or '')
+-- KEYS: meta, log (or '' for no history), dedup (or ''), the sender's message quota bucket
 -- ARGV: channel, head, body, log length (history size + 1), ttl_ms, dedup_ttl_ms,
---       second channel (or ''),
---       quota rate per s, quota burst
-if KEYS[4] ~= '' and take(KEYS[4], tonumber(ARGV[8]), tonumber(ARGV[9]), now) == 0 then
-  return {0, 2}
+--       second channel (or ''), quota rate per s, quota burst
+-- -> {id, 0 published | 1 duplicate | 2 refused by the quota, ts_ms}
+if take(KEYS[4], tonumber(ARGV[8]), tonumber(ARGV[9]), now) == 0 then
+  return {0, 2, 0}
 end
 if KEYS[3] ~= '' then
   local first = redis.call('GET', KEYS[3])
-  if first then return {first, 1} end
+  if first then return {first, 1, 0} end
 end
 local last = incarnation(KEYS[1], KEYS[2], ARGV[5])
 local id = string.format('%.0f', math.max(last + 1, now * 1000))
+-- The frame, as app.protocol.message_frame builds it from the same head and body.
 local payload = ARGV[2] .. id .. ARGV[3] .. string.format('%.0f', now) .. '}'
 redis.call('HSET', KEYS[1], 'last', id)
 redis.call('PEXPIRE', KEYS[1], ARGV[5])
@@ -91,19 +98,22 @@ if KEYS[2] ~= '' then
   redis.call('XADD', KEYS[2], 'MAXLEN', ARGV[4], id .. '-0', 'f', payload)
   redis.call('PEXPIRE', KEYS[2], ARGV[5])
 end
-redis.call('PUBLISH', ARGV[1], payload)
-if ARGV[7] ~= '' and ARGV[7] ~= ARGV[1] then redis.call('PUBLISH', ARGV[7], payload) end
+-- Subscribers get "<id> <frame>": the id without parsing the frame (app.broker.redis).
+local envelope = id .. ' ' .. payload
+redis.call('PUBLISH', ARGV[1], envelope)
+if ARGV[7] ~= '' and ARGV[7] ~= ARGV[1] then redis.call('PUBLISH', ARGV[7], envelope) end
 if KEYS[3] ~= '' then redis.call('SET', KEYS[3], id, 'PX', ARGV[6]) end
-return {id, 0}
+return {id, 0, now}
 """
 )
 
-# One page of the replay after `since`: {1, more, frames...} when every message after `since`
-# is still retained (and there are at most `cap` of them), with at most `page` frames and
-# more = 1 when others follow; {0, 0} when the client must resync. The log is a contiguous run
-# of the newest messages of the incarnation (see INCARNATION), trimmed from its oldest end: the
-# messages after `since` are all in it when `since` is not older than its oldest entry, or when
-# nothing was trimmed since the origin. A log that is gone (history off, expired) answers {0, 0}.
+# One page of the replay after `since`: {1, more, id, frame, id, frame...} when every message
+# after `since` is still retained (and there are at most `cap` of them), with at most `page`
+# messages and more = 1 when others follow; {0, 0} when the client must resync. The log is a
+# contiguous run of the newest messages of the incarnation (see INCARNATION), trimmed from its
+# oldest end: the messages after `since` are all in it when `since` is not older than its oldest
+# entry, or when nothing was trimmed since the origin. A log that is gone (history off, expired)
+# answers {0, 0}.
 HISTORY_SINCE: Final = (
     NOW
     + INCARNATION
@@ -125,7 +135,10 @@ local start = string.format('%.0f', since + 1) .. '-0'
 local entries = redis.call('XRANGE', KEYS[2], start, '+', 'COUNT', cap + 1)
 if #entries > cap then return {0, 0} end
 local out = {1, #entries > page and 1 or 0}
-for i = 1, math.min(page, #entries) do out[#out + 1] = entries[i][2][2] end
+for i = 1, math.min(page, #entries) do
+  out[#out + 1] = string.sub(entries[i][1], 1, -3)  -- the message id: '<id>-0'
+  out[#out + 1] = entries[i][2][2]
+end
 return out
 """
 )
@@ -140,49 +153,3 @@ LAST_ID: Final = (
 return string.format('%.0f', incarnation(KEYS[1], KEYS[2], ARGV[1]))
 """
 )
-
-# Presence, per room: ``present`` is a sorted set user -> expiry (ms) of the user's freshest
-# entry; ``tabs:<user>`` a sorted set worker -> expiry. A user is present while its ``present``
-# score is in the future. Every operation is O(log n). JOIN/LEAVE return 1 when the call changed
-# the user's presence (first entry in, last entry out) and 0 otherwise.
-PRESENCE_JOIN: Final = """
--- KEYS: present, tabs   ARGV: user, worker, now_ms, expires_ms, ttl_ms
-local live = redis.call('ZCOUNT', KEYS[2], ARGV[3], '+inf')
-redis.call('ZADD', KEYS[2], ARGV[4], ARGV[2])
-redis.call('ZADD', KEYS[1], 'GT', ARGV[4], ARGV[1])
-redis.call('PEXPIRE', KEYS[1], ARGV[5])
-redis.call('PEXPIRE', KEYS[2], ARGV[5])
-return live == 0 and 1 or 0
-"""
-
-PRESENCE_LEAVE: Final = """
--- KEYS: present, tabs   ARGV: user, worker, now_ms
-redis.call('ZREM', KEYS[2], ARGV[2])
-if redis.call('ZCOUNT', KEYS[2], ARGV[3], '+inf') > 0 then return 0 end
-redis.call('DEL', KEYS[2])
-return redis.call('ZREM', KEYS[1], ARGV[1])
-"""
-
-# Refresh this worker's entries in one room: the user of KEYS[i] (i >= 2) is ARGV[i + 2].
-PRESENCE_REFRESH: Final = """
--- KEYS: present, tabs1, tabs2, ...   ARGV: worker, expires_ms, ttl_ms, user1, user2, ...
-for i = 2, #KEYS do
-  redis.call('ZADD', KEYS[i], ARGV[2], ARGV[1])
-  redis.call('PEXPIRE', KEYS[i], ARGV[3])
-  redis.call('ZADD', KEYS[1], 'GT', ARGV[2], ARGV[i + 2])
-end
-redis.call('PEXPIRE', KEYS[1], ARGV[3])
-return 1
-"""
-
-# Remove users whose every entry expired (their workers died); returns those users. The tabs
-# keys it deletes share the room's hash tag, so this stays within one cluster slot.
-PRESENCE_SWEEP: Final = """
--- KEYS: present   ARGV: now_ms, tabs key prefix
-local gone = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', '(' .. ARGV[1])
-for _, user in ipairs(gone) do
-  redis.call('ZREM', KEYS[1], user)
-  redis.call('DEL', ARGV[2] .. user)
-end
-return gone
-"""

@@ -172,8 +172,9 @@ class Metrics:
             self.errors.labels(error_code.value)
         self.fanout_latency = Histogram(
             "hubbub_fanout_latency_seconds",
-            "From a message's publish (its id's timestamp) until it was written to a socket; "
-            "sampled, the oldest message of each sampled write.",
+            "From a message's publish (its id's timestamp) until the loop iteration that heard it "
+            "wrote it to its sockets (or queued it for paused ones); "
+            "sampled.",
             buckets=_LATENCY_BUCKETS,
             registry=r,
         )
@@ -299,18 +300,24 @@ class Metrics:
 
     # -- hot paths --------------------------------------------------------------------------
 
-    def wrote(self, text: str) -> None:
-        """A socket write of ``text`` finished (one frame, maybe several coalesced messages)."""
+    def wrote(self) -> None:
+        """A socket write finished (one frame, maybe several coalesced messages)."""
         self.frames_sent_since_sync += 1
+
+    def sample_fanout(self, message_id: int) -> None:
+        """Message ``message_id`` was just offered to its local recipients: at most
+        :data:`LATENCY_SAMPLES_PER_S` times a second, observe its fan-out latency once the
+        frames offered in this loop iteration are written (the Flusher's callback, scheduled
+        by the first offer, runs before this one)."""
         now = time.time()
-        if now < self._next_latency_sample or not text.startswith('{"type":"message"'):
-            return
+        if now >= self._next_latency_sample:
+            self._next_latency_sample = now + 1 / LATENCY_SAMPLES_PER_S
+            asyncio.get_running_loop().call_soon(self._observe_fanout, message_id)
+
+    def _observe_fanout(self, message_id: int) -> None:
         # Message ids are 1000 * the publish time in ms (see the brokers), plus a small
         # counter within one ms: id / 1e6 is the publish time in seconds.
-        start = text.index(',"id":') + 6
-        published_at = int(text[start : text.index(",", start)]) / 1e6
-        self.fanout_latency.observe(max(0.0, now - published_at))
-        self._next_latency_sample = now + 1 / LATENCY_SAMPLES_PER_S
+        self.fanout_latency.observe(max(0.0, time.time() - message_id / 1e6))
 
     def publish_took(self, seconds: float, now: float) -> None:
         """A publish took ``seconds`` (observed at most once per millisecond)."""

@@ -1,2 +1,64 @@
 """Presence: who is in a room across every worker, and the announcements of arrivals and
-departures."""
+departures (``presence`` frames, through the broker's :meth:`~app.broker.Broker.broadcast`).
+
+The interface is a :class:`typing.Protocol`; :func:`create_presence` picks the implementation
+the way :func:`~app.broker.create_broker` picks the broker: :class:`~app.presence.redis.
+RedisPresence` with ``CHAT_REDIS_URL``, :class:`~app.presence.memory.MemoryPresence` without.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+from app.broker import Broker
+from app.settings import Settings
+
+
+@dataclass(frozen=True, slots=True)
+class RoomPresence:
+    """Who is in a room across all workers: ``users`` is None above the member threshold."""
+
+    count: int
+    users: list[str] | None
+
+
+class Presence(Protocol):
+    """Who is present in each room, across every worker.
+
+    Contract:
+    - :meth:`join`/:meth:`leave` are called once per (room, user) transition on this worker
+      (the Hub counts a user's tabs); a user's first arrival and last departure across all
+      workers is announced with a ``presence`` frame on the room (only the count above
+      ``CHAT_PRESENCE_MAX_MEMBERS``, throttled, see :mod:`app.presence.announcer`).
+    - A worker that dies leaves nothing behind for longer than ``CHAT_PRESENCE_TTL_S``: its
+      entries expire, and the survivors announce those users' departure.
+    - Calls raise :class:`~app.errors.BrokerUnavailable` when the backend cannot be reached.
+    """
+
+    async def start(self) -> None:
+        """Start background upkeep (refreshing this worker's entries); returns at once."""
+        ...
+
+    async def stop(self) -> None:
+        """Stop upkeep and withdraw this worker's entries (best effort: they expire anyway)."""
+        ...
+
+    async def join(self, room: str, user: str) -> None: ...
+
+    async def leave(self, room: str, user: str) -> None: ...
+
+    async def of(self, room: str) -> RoomPresence:
+        """Who is in ``room`` now."""
+        ...
+
+
+def create_presence(settings: Settings, broker: Broker) -> Presence:
+    """The presence the settings ask for, announcing through ``broker``."""
+    if settings.redis_url:
+        from app.presence.redis import RedisPresence
+
+        return RedisPresence(settings, broker)
+    from app.presence.memory import MemoryPresence
+
+    return MemoryPresence(settings, broker)

@@ -371,6 +371,20 @@ def build() -> dict[str, Any]:
         "s",
     )
     d.graph(
+        "Fast paths",
+        "Workers whose fast paths on dependencies' internals are off (0 is right), and "
+        "connections written through ASGI instead of directly, by reason "
+        "(permessage_deflate is expected when compression is on).",
+        [
+            _q(f"count by (path) (hubbub_fast_path_live{{{SEL}}} == 0)", "off: {{path}}"),
+            _q(
+                f"sum by (reason) (increase(hubbub_transport_fallbacks_total{{{SEL}}}[{RATE}]))",
+                "fallbacks ({{reason}})",
+            ),
+        ],
+        "short",
+    )
+    d.graph(
         "Draining and HTTP",
         "Workers draining (deploys), and HTTP requests by handler.",
         [

@@ -1,0 +1,207 @@
+"""RedisPresence: presence shared by every worker and pod through Redis.
+
+Each worker keeps entries for the users it has in each room, refreshed every third of
+``CHAT_PRESENCE_TTL_S``; a worker that dies stops refreshing, its entries expire, and the
+survivors' sweeps announce those users' departure. The keys share their room's hash tag
+(:func:`app.broker.redis_scripts.room_key`), so each script stays within one cluster slot.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import secrets
+import time
+from collections.abc import Awaitable, Callable
+from typing import Final, TypeVar, cast
+
+from redis.asyncio import Redis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+from redis.exceptions import RedisError
+
+from app.broker import Broker
+from app.broker.redis_scripts import room_key
+from app.errors import BrokerUnavailable
+from app.presence import RoomPresence
+from app.presence.announcer import PresenceAnnouncer
+from app.redisio.redis_seam import pack_with_hiredis
+from app.settings import Settings
+
+logger = logging.getLogger(__name__)
+T = TypeVar("T")
+_ERRORS: Final = (RedisError, OSError, asyncio.TimeoutError)
+
+# Presence, per room: ``present`` is a sorted set user -> expiry (ms) of the user's freshest
+# entry; ``tabs:<user>`` a sorted set worker -> expiry. A user is present while its ``present``
+# score is in the future. Every operation is O(log n). JOIN/LEAVE return 1 when the call changed
+# the user's presence (first entry in, last entry out) and 0 otherwise.
+JOIN: Final = """
+-- KEYS: present, tabs   ARGV: user, worker, now_ms, expires_ms, ttl_ms
+local live = redis.call('ZCOUNT', KEYS[2], ARGV[3], '+inf')
+redis.call('ZADD', KEYS[2], ARGV[4], ARGV[2])
+redis.call('ZADD', KEYS[1], 'GT', ARGV[4], ARGV[1])
+redis.call('PEXPIRE', KEYS[1], ARGV[5])
+redis.call('PEXPIRE', KEYS[2], ARGV[5])
+return live == 0 and 1 or 0
+"""
+
+LEAVE: Final = """
+-- KEYS: present, tabs   ARGV: user, worker, now_ms
+redis.call('ZREM', KEYS[2], ARGV[2])
+if redis.call('ZCOUNT', KEYS[2], ARGV[3], '+inf') > 0 then return 0 end
+redis.call('DEL', KEYS[2])
+return redis.call('ZREM', KEYS[1], ARGV[1])
+"""
+
+# Refresh this worker's entries in one room: the user of KEYS[i] (i >= 2) is ARGV[i + 2].
+REFRESH: Final = """
+-- KEYS: present, tabs1, tabs2, ...   ARGV: worker, expires_ms, ttl_ms, user1, user2, ...
+for i = 2, #KEYS do
+  redis.call('ZADD', KEYS[i], ARGV[2], ARGV[1])
+  redis.call('PEXPIRE', KEYS[i], ARGV[3])
+  redis.call('ZADD', KEYS[1], 'GT', ARGV[2], ARGV[i + 2])
+end
+redis.call('PEXPIRE', KEYS[1], ARGV[3])
+return 1
+"""
+
+# Remove users whose every entry expired (their workers died); returns those users. The tabs
+# keys it deletes share the room's hash tag, so this stays within one cluster slot.
+SWEEP: Final = """
+-- KEYS: present   ARGV: now_ms, tabs key prefix
+local gone = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', '(' .. ARGV[1])
+for _, user in ipairs(gone) do
+  redis.call('ZREM', KEYS[1], user)
+  redis.call('DEL', ARGV[2] .. user)
+end
+return gone
+"""
+
+
+class RedisPresence:
+    """A :class:`~app.presence.Presence` in Redis (7.0 or later)."""
+
+    def __init__(self, settings: Settings, broker: Broker) -> None:
+        assert settings.redis_url is not None
+        self._settings = settings
+        self._prefix = settings.redis_prefix
+        self.worker_id = secrets.token_hex(6)
+        self._redis: Redis = pack_with_hiredis(
+            Redis.from_url(
+                settings.redis_url,
+                socket_timeout=settings.redis_timeout_s,
+                socket_connect_timeout=settings.redis_timeout_s,
+                retry=Retry(NoBackoff(), 1),  # once, on a fresh connection
+            )
+        )
+        self._join = self._redis.register_script(JOIN)
+        self._leave = self._redis.register_script(LEAVE)
+        self._refresh = self._redis.register_script(REFRESH)
+        self._sweep = self._redis.register_script(SWEEP)
+        self._present: dict[str, set[str]] = {}  # room -> users present through this worker
+        self._upkeep: asyncio.Task[None] | None = None
+        self._announcer = PresenceAnnouncer(
+            broker.broadcast,
+            self._count,
+            settings.presence_max_members,
+            settings.presence_count_interval_s,
+        )
+
+    async def start(self) -> None:
+        self._upkeep = asyncio.create_task(self._keep_up(), name="redis-presence")
+
+    async def stop(self) -> None:
+        await self._announcer.close()
+        if self._upkeep is not None:
+            self._upkeep.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._upkeep
+        try:
+            await self._withdraw()
+        except (*_ERRORS, BrokerUnavailable) as exc:  # the entries expire by themselves
+            logger.warning("could not withdraw presence on stop: %r", exc)
+        await self._redis.aclose()
+
+    async def _call(self, call: Callable[[], Awaitable[T]]) -> T:
+        try:
+            return await call()
+        except _ERRORS as exc:
+            raise BrokerUnavailable(f"redis: {exc!r}") from exc
+
+    def _keys(self, room: str, user: str) -> list[str]:
+        return [
+            room_key(self._prefix, room, "present"),
+            room_key(self._prefix, room, f"tabs:{user}"),
+        ]
+
+    async def join(self, room: str, user: str) -> None:
+        self._present.setdefault(room, set()).add(user)
+        now = int(time.time() * 1000)
+        ttl = int(self._settings.presence_ttl_s * 1000)
+        keys = self._keys(room, user)
+        args: list[str | int] = [user, self.worker_id, now, now + ttl, ttl]
+        if await self._call(lambda: self._join(keys=keys, args=args)):
+            await self._announcer.announce(room, "join", user)
+
+    async def leave(self, room: str, user: str) -> None:
+        users = self._present.get(room)
+        if users is not None:
+            users.discard(user)
+            if not users:
+                del self._present[room]
+                self._announcer.forget(room)
+        keys = self._keys(room, user)
+        args: list[str | int] = [user, self.worker_id, int(time.time() * 1000)]
+        if await self._call(lambda: self._leave(keys=keys, args=args)):
+            await self._announcer.announce(room, "leave", user)
+
+    async def _count(self, room: str) -> int:
+        key, now = room_key(self._prefix, room, "present"), int(time.time() * 1000)
+        return int(await self._call(lambda: self._redis.zcount(key, now, "+inf")))
+
+    async def of(self, room: str) -> RoomPresence:
+        count = await self._count(room)
+        if count > self._settings.presence_max_members:
+            return RoomPresence(count, None)
+        key, now = room_key(self._prefix, room, "present"), int(time.time() * 1000)
+        users = await self._call(lambda: self._redis.zrangebyscore(key, now, "+inf"))
+        return RoomPresence(count, sorted(cast(bytes, u).decode() for u in users))
+
+    async def _keep_up(self) -> None:
+        """Refresh this worker's entries and sweep out users of dead workers, every ttl/3."""
+        while True:
+            await asyncio.sleep(self._settings.presence_ttl_s / 3)
+            try:
+                await self._refresh_entries()
+                await self._sweep_rooms()
+            except (*_ERRORS, BrokerUnavailable) as exc:
+                logger.warning("presence upkeep failed: %r", exc)
+
+    async def _refresh_entries(self) -> None:
+        now = int(time.time() * 1000)
+        ttl = int(self._settings.presence_ttl_s * 1000)
+        for room, users in list(self._present.items()):
+            ordered = sorted(users)
+            keys = [room_key(self._prefix, room, "present")]
+            keys += [room_key(self._prefix, room, f"tabs:{u}") for u in ordered]
+            await self._refresh(keys=keys, args=[self.worker_id, now + ttl, ttl, *ordered])
+
+    async def _sweep_rooms(self) -> None:
+        """Announce the departure of users whose every entry expired, in the rooms this
+        worker has users in (each room is swept by every worker with a user there)."""
+        now = int(time.time() * 1000)
+        for room in list(self._present):
+            gone = await self._sweep(
+                keys=[room_key(self._prefix, room, "present")],
+                args=[now, room_key(self._prefix, room, "tabs:")],
+            )
+            for user in gone:
+                await self._announcer.announce(room, "leave", user.decode())
+
+    async def _withdraw(self) -> None:
+        """On a clean stop, leave every room at once instead of waiting for expiry."""
+        for room, users in list(self._present.items()):
+            for user in list(users):
+                await self.leave(room, user)

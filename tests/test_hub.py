@@ -1,0 +1,224 @@
+"""The Hub's join buffering and catch-up, without a server: a real Hub, memory broker and
+memory presence, real Connections over a socket stand-in that records what they are sent.
+
+A join replays from history while live messages keep arriving; these tests hold the history
+fetch open (:class:`GatedBroker`) to make live messages arrive mid-replay, and check that
+each connection ends up with every message after its ``since``, once, in id order, and live.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from typing import Any, cast
+
+import orjson
+import pytest
+from starlette.websockets import WebSocket
+
+from app.access.ratelimit import RateLimiter
+from app.broker import History
+from app.broker.memory import MemoryBroker
+from app.connection import Connection
+from app.hub import Hub
+from app.ops.metrics import Metrics
+from app.presence.memory import MemoryPresence
+from app.replay import Pacing
+from app.settings import Settings
+from app.transport.flusher import Flusher
+from app.transport.outbox import Outbox
+from tests.helpers import make_settings, wait_until
+
+
+class GatedBroker(MemoryBroker):
+    """The memory broker, whose history reads are answered only while :attr:`gate` is
+    open."""
+
+    def __init__(self, settings: Settings) -> None:
+        super().__init__(settings)
+        self.gate = asyncio.Event()
+        self.gate.set()
+        self.reads = 0
+
+    async def history_since(self, room: str, since: int, limit: int) -> History:
+        # Read now, answer later: like a Redis reply still on its way (the script ran when
+        # called), so messages published meanwhile are not in this page.
+        page = await super().history_since(room, since, limit)
+        self.reads += 1
+        await self.gate.wait()
+        return page
+
+
+class RecordingSocket:
+    """Stands in for Starlette's WebSocket: records the frames a Connection writes."""
+
+    def __init__(self) -> None:
+        self.frames: list[dict[str, Any]] = []
+        self.closed: int | None = None
+
+    async def send_text(self, text: str) -> None:
+        self.frames.extend(orjson.loads(line) for line in text.split("\n"))
+
+    async def close(self, code: int, reason: str) -> None:
+        self.closed = code
+
+    def ids(self, room: str = "r") -> list[int]:
+        return [f["id"] for f in self.frames if f["type"] == "message" and f["room"] == room]
+
+    def of_type(self, kind: str) -> list[dict[str, Any]]:
+        return [f for f in self.frames if f["type"] == kind]
+
+
+class World:
+    def __init__(self, hub: Hub, broker: GatedBroker, settings: Settings) -> None:
+        self.hub = hub
+        self.broker = broker
+        self.settings = settings
+        self.flusher = Flusher()
+
+    def connect(self, user: str) -> tuple[Connection, RecordingSocket]:
+        socket = RecordingSocket()
+        settings, now = self.settings, time.monotonic()
+        conn = Connection(
+            cast(WebSocket, socket),
+            user,
+            Outbox(settings.outbox_max_bytes, settings.coalesce_max_bytes, self.hub.outbox_budget),
+            RateLimiter(1000.0, 1000, 10, 10.0, now),
+            settings.close_timeout_s,
+            now,
+            self.hub._metrics,
+            self.flusher,
+        )
+        assert self.hub.add(conn)
+        return conn, socket
+
+    async def say(self, text: str, room: str = "r") -> int:
+        return (await self.broker.publish(room, "talker", text, None)).id
+
+
+@pytest.fixture
+async def world(request: pytest.FixtureRequest) -> AsyncIterator[World]:
+    overrides = dict(getattr(request, "param", {}))
+    buffer = overrides.pop("buffer", None)
+    settings = make_settings(**overrides)
+    broker = GatedBroker(settings)
+    presence = MemoryPresence(settings, broker)
+    pacing = Pacing.of(settings)
+    if buffer is not None:
+        pacing = Pacing(pacing.budget, pacing.page, buffer)
+    hub = Hub(broker, presence, 1000, Metrics(), pacing)
+    await broker.start(hub)
+    world = World(hub, broker, settings)
+    try:
+        yield world
+    finally:
+        await hub.close()
+        await presence.stop()
+        await broker.stop()
+
+
+async def test_a_join_with_since_replays_then_goes_live_without_gap_or_duplicate(
+    world: World,
+) -> None:
+    """Messages published while the join's history read is under way are held, and follow
+    the replayed ones: every message after `since`, once, in order."""
+    missed = [await world.say(f"m{n}") for n in range(5)]
+    conn, socket = world.connect("ada")
+    world.broker.gate.clear()
+    joining = asyncio.create_task(world.hub.join(conn, "r", missed[1]))
+    await wait_until(lambda: world.broker.reads == 1)
+    live = [await world.say(f"l{n}") for n in range(3)]  # heard while the read waits
+    world.broker.gate.set()
+    await joining
+    await wait_until(lambda: len(socket.ids()) == 6)
+    assert socket.ids() == missed[2:] + live
+    assert socket.of_type("joined")[0]["recovered"] is True
+    assert world.hub.behind("r") == 0  # live now
+    later = await world.say("after")
+    await wait_until(lambda: socket.ids()[-1:] == [later])
+    assert socket.ids() == missed[2:] + live + [later]
+
+
+async def test_a_join_without_since_gets_everything_after_its_last(world: World) -> None:
+    """`joined.last` is the newest id at the join: the client gets every message after it,
+    and nothing before."""
+    old = await world.say("old")
+    conn, socket = world.connect("ada")
+    await world.hub.join(conn, "r", None)
+    await wait_until(lambda: bool(socket.of_type("joined")))
+    last = socket.of_type("joined")[0]["last"]
+    assert last == old
+    new = [await world.say(f"n{n}") for n in range(3)]
+    await wait_until(lambda: len(socket.ids()) == 3)
+    assert socket.ids() == new and all(i > last for i in new)
+
+
+@pytest.mark.parametrize("world", [{"buffer": 2}], indirect=True)
+async def test_live_messages_past_the_buffer_are_read_again_from_history(
+    world: World,
+) -> None:
+    """A replay holds at most `buffer` live frames while it reads; past that it drops them
+    and reads history again after its page: still no gap, no duplicate."""
+    missed = [await world.say(f"m{n}") for n in range(3)]
+    conn, socket = world.connect("ada")
+    world.broker.gate.clear()
+    joining = asyncio.create_task(world.hub.join(conn, "r", missed[0]))
+    await wait_until(lambda: world.broker.reads == 1)
+    live = [await world.say(f"l{n}") for n in range(5)]  # more than the buffer holds
+    world.broker.gate.set()
+    await joining
+    await wait_until(lambda: len(socket.ids()) == 7)
+    assert socket.ids() == missed[1:] + live
+    assert world.broker.reads >= 2  # the overflow was read from history
+    await wait_until(lambda: world.hub.behind("r") == 0)
+
+
+async def test_members_catch_up_after_the_subscription_is_lost(world: World) -> None:
+    """When the broker loses its subscription every member falls behind; what was published
+    meanwhile (heard or not) comes from history once it is back: in order, once."""
+    conn, socket = world.connect("ada")
+    await world.hub.join(conn, "r", None)
+    before = await world.say("before")
+    await wait_until(lambda: socket.ids() == [before])
+    world.hub.link_lost()
+    assert world.hub.behind("r") == 1
+    during = [await world.say(f"d{n}") for n in range(3)]
+    assert socket.ids() == [before]  # nothing live while unlinked
+    world.hub.resubscribed()
+    await wait_until(lambda: len(socket.ids()) == 4)
+    assert socket.ids() == [before, *during]
+    await wait_until(lambda: world.hub.behind("r") == 0)
+
+
+@pytest.mark.parametrize("world", [{"recovery_max_messages": 3}], indirect=True)
+async def test_a_gap_too_long_to_replay_is_reported_not_hidden(world: World) -> None:
+    """After an outage with more missed than recovery_max_messages, the member gets a
+    `resync` error for the room, then live messages again."""
+    conn, socket = world.connect("ada")
+    await world.hub.join(conn, "r", None)
+    world.hub.link_lost()
+    for n in range(5):
+        await world.say(f"d{n}")
+    world.hub.resubscribed()
+    await wait_until(lambda: bool(socket.of_type("error")))
+    assert socket.of_type("error")[0]["code"] == "resync"
+    assert socket.of_type("error")[0]["room"] == "r"
+    await wait_until(lambda: world.hub.behind("r") == 0)
+    after = await world.say("after")
+    await wait_until(lambda: socket.ids()[-1:] == [after])
+
+
+async def test_a_rejoin_with_since_replays_again(world: World) -> None:
+    """A client that lost track rejoins with an older `since`: it gets those messages again,
+    then live ones, without leaving the room."""
+    conn, socket = world.connect("ada")
+    await world.hub.join(conn, "r", None)
+    first = [await world.say(f"m{n}") for n in range(3)]
+    await wait_until(lambda: socket.ids() == first)
+    await world.hub.join(conn, "r", first[0])
+    await wait_until(lambda: socket.ids() == first + first[1:])
+    assert len(socket.of_type("joined")) == 2
+    later = await world.say("later")
+    await wait_until(lambda: socket.ids()[-1:] == [later])
+    assert socket.ids().count(later) == 1

@@ -1,0 +1,141 @@
+"""The Presence contract, against both implementations (Redis against a real redis-server):
+who is in a room across workers, announcements of first arrivals and last departures, big
+rooms announced as throttled counts, and the departure of a dead worker's users."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+
+import orjson
+import pytest
+
+from app.broker import Broker
+from app.broker.memory import MemoryBroker
+from app.broker.redis import RedisBroker
+from app.presence import Presence, RoomPresence
+from app.presence.memory import MemoryPresence
+from app.presence.redis import RedisPresence
+from tests.helpers import make_settings, wait_until
+from tests.processes import RedisServer
+from tests.test_broker_contract import Recorder
+
+
+class Opened:
+    def __init__(self, presence: Presence, broker: Broker, recorder: Recorder) -> None:
+        self.presence = presence
+        self.broker = broker
+        self.recorder = recorder
+
+    def announced(self) -> list[dict[str, object]]:
+        return [orjson.loads(payload) for _, _, payload in self.recorder.rooms]
+
+
+OpenedFactory = Callable[..., AbstractAsyncContextManager[Opened]]
+
+
+@pytest.fixture(params=["memory", "redis"])
+async def opened_of(request: pytest.FixtureRequest) -> AsyncIterator[OpenedFactory]:
+    """Opens presence (and the broker it announces through, subscribed to room ``r``)."""
+    server = RedisServer() if request.param == "redis" else None
+
+    @asynccontextmanager
+    async def open_presence(**overrides: object) -> AsyncIterator[Opened]:
+        broker: Broker
+        presence: Presence
+        if server is None:
+            settings = make_settings(**overrides)
+            broker = MemoryBroker(settings)
+            presence = MemoryPresence(settings, broker)
+        else:
+            settings = make_settings(redis_url=server.url, **overrides)
+            broker = RedisBroker(settings)
+            presence = RedisPresence(settings, broker)
+        recorder = Recorder()
+        await broker.start(recorder)
+        await presence.start()
+        try:
+            await wait_until(lambda: broker.ready)
+            await broker.subscribe_room("r")
+            yield Opened(presence, broker, recorder)
+        finally:
+            await presence.stop()
+            await broker.stop()
+
+    if server is None:
+        yield open_presence
+        return
+    await server.start()
+    try:
+        yield open_presence
+    finally:
+        await server.stop()
+
+
+async def test_arrivals_and_departures_are_announced(opened_of: OpenedFactory) -> None:
+    async with opened_of() as opened:
+        presence = opened.presence
+        await presence.join("r", "ada")
+        await presence.join("r", "bob")
+        assert await presence.of("r") == RoomPresence(2, ["ada", "bob"])
+        await presence.leave("r", "ada")
+        assert await presence.of("r") == RoomPresence(1, ["bob"])
+        await wait_until(lambda: len(opened.recorder.rooms) == 3)
+        assert [(f["event"], f["user"], f["count"]) for f in opened.announced()] == [
+            ("join", "ada", 1),
+            ("join", "bob", 2),
+            ("leave", "ada", 1),
+        ]
+        assert all(message_id is None for _, message_id, _ in opened.recorder.rooms)
+
+
+async def test_big_rooms_are_announced_as_throttled_counts(opened_of: OpenedFactory) -> None:
+    """Above presence_max_members, joins are announced as counts, at most once per interval,
+    with one trailing update carrying the final count: no N² storm when a room fills up."""
+    async with opened_of(presence_max_members=3, presence_count_interval_s=0.2) as opened:
+        for n in range(50):
+            await opened.presence.join("r", f"u{n}")
+        await wait_until(lambda: len(opened.recorder.rooms) >= 4)
+        frames = opened.announced()
+        assert [f.get("user") for f in frames[:3]] == ["u0", "u1", "u2"]  # small: by name
+        assert frames[3] == {"type": "presence", "room": "r", "count": 4}
+        await wait_until(lambda: opened.announced()[-1].get("count") == 50)
+        assert len(opened.recorder.rooms) == 5  # the trailing update, and nothing else
+        assert await opened.presence.of("r") == RoomPresence(50, None)
+
+
+async def test_a_dead_workers_users_leave_when_their_entries_expire() -> None:
+    """A worker that stops refreshing (it died) leaves nothing behind: once its entries
+    expire, a live worker's sweep announces its users' departure."""
+    server = RedisServer()
+    await server.start()
+    try:
+        settings = make_settings(redis_url=server.url, presence_ttl_s=0.6)
+        broker = RedisBroker(settings)
+        recorder = Recorder()
+        await broker.start(recorder)
+        await wait_until(lambda: broker.ready)
+        await broker.subscribe_room("r")
+        alive, dead = RedisPresence(settings, broker), RedisPresence(settings, broker)
+        await alive.start()  # refreshes and sweeps every ttl/3; `dead` never does
+        try:
+            await alive.join("r", "ada")
+            await dead.join("r", "zed")
+            assert (await alive.of("r")).users == ["ada", "zed"]
+            await wait_until(lambda: (b'"leave"', b'"zed"') in _events(recorder), 5)
+            assert (await alive.of("r")).users == ["ada"]
+        finally:
+            await dead.stop()  # only now: its connections are closed
+            await alive.stop()
+            await broker.stop()
+    finally:
+        await server.stop()
+
+
+def _events(recorder: Recorder) -> list[tuple[bytes, bytes]]:
+    found = []
+    for _, _, payload in recorder.rooms:
+        frame = orjson.loads(payload)
+        if "event" in frame:
+            found.append((orjson.dumps(frame["event"]), orjson.dumps(frame["user"])))
+    return found
