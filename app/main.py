@@ -25,7 +25,7 @@ from app.api import ChatSocket, router
 from app.broker import create_broker
 from app.heartbeat import run_heartbeat
 from app.hub import Hub
-from app.ops.gc_tuning import CollectorTuning
+from app.ops.gc_tuning import GcTuning
 from app.ops.metrics import Metrics, run_metrics_sync
 from app.ops.metrics_endpoint import MetricsEndpoint
 from app.page import mount_page
@@ -46,6 +46,8 @@ def _report_fast_paths(metrics: Metrics, redis: bool) -> None:
     unchecked = uvicorn_seam.unchecked_versions() | redis_seam.unchecked_versions()
     for path, live in paths.items():
         metrics.fast_path_live.labels(path).set(1 if live else 0)
+    for reason in uvicorn_seam.FALLBACK_REASONS:  # exported at 0 from the start
+        metrics.transport_fallbacks.labels(reason)
     off = sorted(path for path, live in paths.items() if not live)
     logger.log(
         logging.WARNING if off or unchecked else logging.INFO,
@@ -102,8 +104,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                 )
             )
         # What is built by now lives as long as the worker: see app.ops.gc_tuning.
-        collector = CollectorTuning(metrics.gc_pauses_since_sync)
-        collector.start()
+        gc_tuning = GcTuning(metrics.gc_pauses_since_sync)
+        gc_tuning.start()
         if settings.auth_mode == "names":
             logger.warning(
                 "CHAT_AUTH_MODE=names: every connection is whoever its ?name= says, so anyone "
@@ -133,7 +135,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                     await step()
                 except Exception:
                     logger.exception("shutdown: %s failed", step.__qualname__)
-            collector.stop()
+            gc_tuning.stop()
             metrics.sync(
                 hub.snapshot(), broker
             )  # the last counts, before the worker's files go quiet

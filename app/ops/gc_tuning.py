@@ -3,7 +3,7 @@
 An open WebSocket keeps ~94 objects in the collector's sight (its call stack's coroutines, the
 protocol's buffers, its connection state), and a full (generation 2) collection walks them
 all: ~90 ms per 1,000 sockets on the benchmark machine (docs/benchmarks.md), during which the
-worker serves nobody. So, while the app serves, :class:`CollectorTuning`:
+worker serves nobody. So, while the app serves, :class:`GcTuning`:
 
 - freezes what was built at startup (the imported framework, ~80k objects) out of the
   collector's sight (``gc.freeze``): full collections skip it;
@@ -16,7 +16,7 @@ worker serves nobody. So, while the app serves, :class:`CollectorTuning`:
   that is not reentrant (one for all values, in multiprocess mode), and a collection can start
   while this very thread holds it, so observing from inside the collection could deadlock.
 
-:meth:`CollectorTuning.stop` undoes all three (in-process restarts, tests).
+:meth:`GcTuning.stop` undoes all three (in-process restarts, tests).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from typing import Any, Final
 GC_THRESHOLDS: Final = (50_000, 20, 10)
 
 
-class CollectorTuning:
+class GcTuning:
     """Started once the app's long-lived state is built; stopped when the app stops."""
 
     def __init__(self, pauses: list[tuple[int, float]]) -> None:

@@ -291,7 +291,7 @@ class Metrics:
         self.frames_sent_since_sync = 0
         self.published_since_sync = 0
         self.frames_received_since_sync: Tally[str] = Tally()
-        # (generation, seconds) of each collection, appended by app.ops.gc_tuning.CollectorTuning.
+        # (generation, seconds) of each collection, appended by app.ops.gc_tuning.GcTuning.
         self.gc_pauses_since_sync: list[tuple[int, float]] = []
         self._broker_reconnects = 0
         self._broker_deaf = 0

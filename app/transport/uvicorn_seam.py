@@ -55,6 +55,7 @@ WS_PROTOCOL: Final = "app.transport.uvicorn_seam:HubbubWebSocketProtocol"
 FALLBACK_DEFLATE: Final = "permessage_deflate"  # expected: compression is per socket
 FALLBACK_NO_PROTOCOL: Final = "no_protocol"  # not served by HubbubWebSocketProtocol: a defect
 FALLBACK_UNSUPPORTED: Final = "unsupported_version"  # the internals are not there (fast_paths)
+FALLBACK_REASONS: Final = (FALLBACK_DEFLATE, FALLBACK_NO_PROTOCOL, FALLBACK_UNSUPPORTED)
 
 _OPEN: Final = State.OPEN
 

@@ -372,11 +372,11 @@ def build() -> dict[str, Any]:
     )
     d.graph(
         "Fast paths",
-        "Workers whose fast paths on dependencies' internals are off (0 is right), and "
-        "connections written through ASGI instead of directly, by reason "
+        "Each fast path on dependencies' internals: 1 when live on every worker, 0 when off "
+        "on some; and connections written through ASGI instead of directly, by reason "
         "(permessage_deflate is expected when compression is on).",
         [
-            _q(f"count by (path) (hubbub_fast_path_live{{{SEL}}} == 0)", "off: {{path}}"),
+            _q(f"min by (path) (hubbub_fast_path_live{{{SEL}}})", "live: {{path}}"),
             _q(
                 f"sum by (reason) (increase(hubbub_transport_fallbacks_total{{{SEL}}}[{RATE}]))",
                 "fallbacks ({{reason}})",
