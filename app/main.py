@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib.metadata
 import logging
 from collections.abc import AsyncIterator
 
@@ -39,11 +40,22 @@ from app.transport import uvicorn_seam
 logger = logging.getLogger(__name__)
 
 
+def _unchecked_versions(checked: dict[str, str]) -> dict[str, str]:
+    """The installed version of each distribution in ``checked`` (name -> the version prefix
+    a seam was checked against) that does not start with it."""
+    installed = {name: importlib.metadata.version(name) for name in checked}
+    return {
+        name: version
+        for name, version in installed.items()
+        if not version.startswith(checked[name])
+    }
+
+
 def _report_fast_paths(metrics: Metrics, redis: bool) -> None:
     """Log once, and export, whether each fast path that relies on a dependency's internals
     works with the installed versions (app.transport.uvicorn_seam, app.redisio.redis_seam)."""
     paths = uvicorn_seam.fast_paths() | (redis_seam.fast_paths() if redis else {})
-    unchecked = uvicorn_seam.unchecked_versions() | redis_seam.unchecked_versions()
+    unchecked = _unchecked_versions(uvicorn_seam.CHECKED_AGAINST | redis_seam.CHECKED_AGAINST)
     for path, live in paths.items():
         metrics.fast_path_live.labels(path).set(1 if live else 0)
     for reason in uvicorn_seam.FALLBACK_REASONS:  # exported at 0 from the start

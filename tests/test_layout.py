@@ -118,3 +118,25 @@ def test_every_imported_package_is_a_declared_dependency() -> None:
                 if distribution not in declared:
                     missing.add(distribution)
     assert not missing, missing
+
+
+def test_the_seams_are_checked_against_what_is_installed_and_bounded() -> None:
+    """Every dependency a seam relies on the internals of is declared with an upper bound,
+    the installed version is the one the seam was checked against, and every fast path works
+    with it."""
+    from app.main import _unchecked_versions
+    from app.redisio import redis_seam
+    from app.transport import uvicorn_seam
+
+    checked = uvicorn_seam.CHECKED_AGAINST | redis_seam.CHECKED_AGAINST
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    bounded = {
+        re.split(r"[\[<>=!~ ;]", dep, maxsplit=1)[0].lower()
+        for dep in project["dependencies"]
+        if "<" in dep
+    }
+    assert set(checked) <= bounded, set(checked) - bounded
+    assert _unchecked_versions(checked) == {}
+    assert set(_unchecked_versions({"uvicorn": "0.0."})) == {"uvicorn"}  # it can tell
+    paths = uvicorn_seam.fast_paths() | redis_seam.fast_paths()
+    assert paths and all(paths.values()), paths

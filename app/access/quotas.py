@@ -21,14 +21,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final, Literal, Protocol
 
 from redis.asyncio import Redis
-from redis.asyncio.retry import Retry
-from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 
 from app.access.buckets import TokenBuckets
 from app.broker.redis_scripts import NOW, TOKEN_BUCKET
 from app.redisio.autopipeline import AutoPipeline
-from app.redisio.redis_seam import pack_with_hiredis
+from app.redisio.clients import command_client
 from app.settings import Settings
 
 if TYPE_CHECKING:
@@ -140,15 +138,7 @@ class RedisQuotas:
         assert settings.redis_url is not None
         self._settings = settings
         self._prefix = settings.redis_prefix
-        self._redis: Redis = pack_with_hiredis(
-            Redis.from_url(
-                settings.redis_url,
-                socket_timeout=settings.redis_timeout_s,
-                socket_connect_timeout=settings.redis_timeout_s,
-                # Once on a fresh connection: a pooled one may be stale (Redis restarted).
-                retry=Retry(NoBackoff(), 1),
-            )
-        )
+        self._redis: Redis = command_client(settings)
         self._take = self._redis.register_script(TAKE)
         self._pipeline = AutoPipeline(self._redis)
         self._admit = self._redis.register_script(ADMIT)

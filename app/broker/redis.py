@@ -26,8 +26,6 @@ from typing import Any, TypeVar, cast
 
 import orjson
 from redis.asyncio import Redis
-from redis.asyncio.retry import Retry
-from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 
 from app.broker import BrokerHandler, BrokerStats, History, Message, Published
@@ -35,7 +33,7 @@ from app.broker import redis_scripts as scripts
 from app.errors import BrokerUnavailable, QuotaExceeded
 from app.protocol import message_frame_parts
 from app.redisio.autopipeline import AutoPipeline
-from app.redisio.redis_seam import pack_with_hiredis
+from app.redisio.clients import command_client, subscriber_client
 from app.redisio.subscription import Subscription
 from app.settings import Settings
 
@@ -55,25 +53,8 @@ class RedisBroker:
         self._settings = settings
         self._prefix = settings.redis_prefix
         self.worker_id = secrets.token_hex(6)
-        self._redis: Redis = pack_with_hiredis(
-            Redis.from_url(
-                settings.redis_url,
-                socket_timeout=settings.redis_timeout_s,
-                socket_connect_timeout=settings.redis_timeout_s,
-                # Once, on a fresh connection: a pooled one may be stale (Redis restarted).
-                # The asyncio Retry: the client awaits it (the sync one never retried).
-                retry=Retry(NoBackoff(), 1),
-            )
-        )
-        # The subscriber has no socket timeout: it blocks until a message comes. The canary
-        # finds out when none can come any more.
-        self._sub_redis: Redis = pack_with_hiredis(
-            Redis.from_url(
-                settings.redis_url,
-                socket_connect_timeout=settings.redis_timeout_s,
-                retry=Retry(NoBackoff(), 0),
-            )
-        )
+        self._redis: Redis = command_client(settings)
+        self._sub_redis: Redis = subscriber_client(settings)
         self._scripts = {
             name: self._redis.register_script(getattr(scripts, name))
             for name in ("PUBLISH", "HISTORY_SINCE", "LAST_ID")

@@ -17,8 +17,6 @@ from collections.abc import Awaitable, Callable
 from typing import Final, TypeVar, cast
 
 from redis.asyncio import Redis
-from redis.asyncio.retry import Retry
-from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 
 from app.broker import Broker
@@ -26,7 +24,7 @@ from app.broker.redis_scripts import room_key
 from app.errors import BrokerUnavailable
 from app.presence import RoomPresence
 from app.presence.announcer import PresenceAnnouncer
-from app.redisio.redis_seam import pack_with_hiredis
+from app.redisio.clients import command_client
 from app.settings import Settings
 
 logger = logging.getLogger(__name__)
@@ -88,14 +86,7 @@ class RedisPresence:
         self._settings = settings
         self._prefix = settings.redis_prefix
         self.worker_id = secrets.token_hex(6)
-        self._redis: Redis = pack_with_hiredis(
-            Redis.from_url(
-                settings.redis_url,
-                socket_timeout=settings.redis_timeout_s,
-                socket_connect_timeout=settings.redis_timeout_s,
-                retry=Retry(NoBackoff(), 1),  # once, on a fresh connection
-            )
-        )
+        self._redis: Redis = command_client(settings)
         self._join = self._redis.register_script(JOIN)
         self._leave = self._redis.register_script(LEAVE)
         self._refresh = self._redis.register_script(REFRESH)

@@ -24,7 +24,6 @@ worker logs and exports (``hubbub_fast_path_live``) at start.
 from __future__ import annotations
 
 import asyncio
-import importlib.metadata
 from typing import Any, Final
 
 from redis.asyncio import Redis
@@ -76,16 +75,6 @@ def pack_with_hiredis(client: Redis) -> Redis:
     if HIREDIS_AVAILABLE and not issubclass(base, _HiredisPacking):
         pool.connection_class = type(f"Hiredis{base.__name__}", (_HiredisPacking, base), {})
     return client
-
-
-def unchecked_versions() -> dict[str, str]:
-    """Installed distributions whose version this module was not checked against."""
-    found = {}
-    for name, prefix in CHECKED_AGAINST.items():
-        version = importlib.metadata.version(name)
-        if not version.startswith(prefix):
-            found[name] = version
-    return found
 
 
 def fast_paths() -> dict[str, bool]:

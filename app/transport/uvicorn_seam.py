@@ -32,7 +32,6 @@ never silently: tests/test_direct_writes.py fails if one does.
 
 from __future__ import annotations
 
-import importlib.metadata
 import logging
 import sys
 from typing import Any, Final
@@ -146,16 +145,6 @@ class ServerClassWorker(UvicornWorker):  # type: ignore[misc]  # untyped upstrea
             from gunicorn.arbiter import Arbiter
 
             sys.exit(Arbiter.WORKER_BOOT_ERROR)
-
-
-def unchecked_versions() -> dict[str, str]:
-    """Installed distributions whose version this module was not checked against."""
-    found = {}
-    for name, prefix in CHECKED_AGAINST.items():
-        version = importlib.metadata.version(name)
-        if not version.startswith(prefix):
-            found[name] = version
-    return found
 
 
 def fast_paths() -> dict[str, bool]:
