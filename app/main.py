@@ -26,7 +26,7 @@ from app.api import ChatSocket, router
 from app.broker import create_broker
 from app.heartbeat import run_heartbeat
 from app.hub import Hub
-from app.ops.gc_tuning import GcTuning
+from app.ops.gc_tuning import GcTuning, keep_freezing
 from app.ops.metrics import Metrics, run_metrics_sync
 from app.ops.metrics_endpoint import MetricsEndpoint
 from app.page import mount_page
@@ -118,6 +118,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         # What is built by now lives as long as the worker: see app.ops.gc_tuning.
         gc_tuning = GcTuning(metrics.gc_pauses_since_sync)
         gc_tuning.start()
+        if settings.gc_freeze_interval_s > 0:
+            background.append(
+                asyncio.create_task(keep_freezing(settings.gc_freeze_interval_s), name="gc-freeze")
+            )
         if settings.auth_mode == "names":
             logger.warning(
                 "CHAT_AUTH_MODE=names: every connection is whoever its ?name= says, so anyone "

@@ -15,14 +15,14 @@ import uvicorn
 from app.drain import drain
 from app.settings import Settings
 from app.state import ChatState
-from app.transport.uvicorn_seam import WS_PROTOCOL, defer_signal
+from app.transport.uvicorn_seam import HTTP_PROTOCOL, WS_PROTOCOL, defer_signal
 
 
 def uvicorn_options(settings: Settings) -> dict[str, Any]:
     """Keyword arguments for :class:`uvicorn.Config` that the chat service depends on."""
     return {
         "loop": "uvloop",
-        "http": "httptools",
+        "http": HTTP_PROTOCOL,  # httptools, without a reference cycle per upgrade
         # uvicorn's sans-I/O implementation (the fastest here, and it leaves pings to our
         # heartbeat), exposing its transport for direct writes and aborts.
         "ws": WS_PROTOCOL,

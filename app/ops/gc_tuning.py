@@ -7,6 +7,15 @@ worker serves nobody. So, while the app serves, :class:`GcTuning`:
 
 - freezes what was built at startup (the imported framework, ~80k objects) out of the
   collector's sight (``gc.freeze``): full collections skip it;
+- then, every ``CHAT_GC_FREEZE_INTERVAL_S`` (:func:`keep_freezing`), freezes what survived
+  since: open connections' objects stop being walked once they are a second old, so a
+  collection's pause is bounded by what a second creates, not by the number of sockets.
+  Frozen objects are still freed by reference counting the moment they are unreferenced;
+  only a reference cycle among them would never be, and serving creates none: a connection's
+  whole life leaves no cyclic garbage (tests/test_garbage.py; uvicorn's own cycle per
+  upgrade is broken in :mod:`app.transport.uvicorn_seam`). ``hubbub_gc_frozen_objects``
+  shows the frozen count: it follows the open connections, and growing while they do not
+  would be a cycle leaking;
 - makes young collections 70x rarer than Python's default (:data:`GC_THRESHOLDS`): fewer
   short-lived objects (a flush's lists, a message's dicts) are caught alive and promoted to
   older generations, so full collections come rarely;
@@ -21,6 +30,7 @@ worker serves nobody. So, while the app serves, :class:`GcTuning`:
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import time
 from typing import Any, Final
@@ -55,3 +65,11 @@ class GcTuning:
             self._started_at = time.perf_counter()
         else:
             self._pauses.append((info["generation"], time.perf_counter() - self._started_at))
+
+
+async def keep_freezing(interval_s: float) -> None:
+    """Freeze every survivor every ``interval_s`` until cancelled (see the module docstring).
+    ``gc.freeze`` moves the collector's lists in O(1): it costs nothing measurable."""
+    while True:
+        await asyncio.sleep(interval_s)
+        gc.freeze()

@@ -16,6 +16,11 @@ What it relies on, and why:
   it. Only sockets without a negotiated extension (permessage-deflate compresses per socket)
   are written this way, and only while open with their transport not paused; otherwise
   frames go through ASGI, which waits for a paused transport.
+- **No reference cycle per connection.** uvicorn's ``httptools`` protocol and its parser
+  reference each other, and after an upgrade that cycle also holds the transport;
+  :class:`HubbubHttpProtocol` drops the parser once the WebSocket protocol has the transport
+  (and the scope holds the WebSocket protocol weakly), so a closed connection is freed by
+  reference counting, not left to the cyclic garbage collector (tests/test_garbage.py).
 - **Abort.** A peer that stopped reading never takes our close frame, and a plain transport
   close waits for the write buffer to drain: :func:`abort` drops the TCP connection
   (``transport.abort()``), which ASGI has no message for.
@@ -34,10 +39,12 @@ from __future__ import annotations
 
 import logging
 import sys
+import weakref
 from typing import Any, Final
 
 import uvicorn
 from starlette.websockets import WebSocket
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
 from uvicorn_worker import UvicornWorker
 from websockets.protocol import State
@@ -48,7 +55,8 @@ logger = logging.getLogger(__name__)
 CHECKED_AGAINST: Final = {"uvicorn": "0.54.", "websockets": "17.", "uvicorn-worker": "0.4."}
 # Where the protocol object sits in a WebSocket scope (set by HubbubWebSocketProtocol).
 PROTOCOL_KEY: Final = "hubbub.protocol"
-# The import string uvicorn's ``ws`` option takes (see app.server.uvicorn_options).
+# The import strings uvicorn's ``http`` and ``ws`` options take (app.server.uvicorn_options).
+HTTP_PROTOCOL: Final = "app.transport.uvicorn_seam:HubbubHttpProtocol"
 WS_PROTOCOL: Final = "app.transport.uvicorn_seam:HubbubWebSocketProtocol"
 # Why a connection writes through ASGI instead (the label of hubbub_transport_fallbacks_total).
 FALLBACK_DEFLATE: Final = "permessage_deflate"  # expected: compression is per socket
@@ -65,12 +73,30 @@ class HubbubWebSocketProtocol(WebSocketsSansIOProtocol):
 
     async def run_asgi(self) -> None:
         scope: dict[str, Any] = self.scope  # type: ignore[assignment]
-        scope[PROTOCOL_KEY] = self
+        # A weak reference: the protocol holds the scope, so a strong one would make every
+        # connection a reference cycle, left for the garbage collector to find.
+        scope[PROTOCOL_KEY] = weakref.ref(self)
         await super().run_asgi()
 
 
+class HubbubHttpProtocol(HttpToolsProtocol):
+    """uvicorn's ``httptools`` protocol, which lets go of its parser once it has handed its
+    connection over to a WebSocket protocol.
+
+    The parser holds the protocol's callbacks and the protocol holds the parser: a reference
+    cycle that, after an upgrade, also keeps the transport and its socket. Left alone, every
+    WebSocket ever opened would leave ~30 objects for the garbage collector to find.
+    """
+
+    def handle_websocket_upgrade(self) -> None:
+        super().handle_websocket_upgrade()
+        # Nothing reads it after the upgrade: the transport has another protocol now.
+        self.__dict__.pop("parser", None)
+
+
 def _protocol_of(ws: WebSocket) -> WebSocketsSansIOProtocol | None:
-    protocol = ws.scope.get(PROTOCOL_KEY)
+    ref = ws.scope.get(PROTOCOL_KEY)
+    protocol = ref() if isinstance(ref, weakref.ref) else None
     return protocol if isinstance(protocol, WebSocketsSansIOProtocol) else None
 
 
@@ -159,7 +185,10 @@ def fast_paths() -> dict[str, bool]:
         name in made for name in ("writable", "close_sent", "disconnected", "conn", "scope")
     )
     serve = getattr(UvicornWorker, "_serve", None)
+    http = HttpToolsProtocol
     return {
+        "http_upgrade": "parser" in http.__init__.__code__.co_names
+        and "set_protocol" in http.handle_websocket_upgrade.__code__.co_names,
         "direct_writes": writes and "transport" in protocol.connection_made.__code__.co_names,
         "abort": "transport" in protocol.connection_made.__code__.co_names,
         "drain_signal": "_captured_signals" in uvicorn.Server.__init__.__code__.co_names,

@@ -371,6 +371,13 @@ def build() -> dict[str, Any]:
         "s",
     )
     d.graph(
+        "Objects frozen out of the collector's sight",
+        "gc.freeze'd objects per worker (CHAT_GC_FREEZE_INTERVAL_S): they follow the open "
+        "connections; growing while connections do not would be reference cycles leaking.",
+        [_q(f"hubbub_gc_frozen_objects{{{SEL}}}", "{{instance}} pid {{pid}}")],
+        "short",
+    )
+    d.graph(
         "Fast paths",
         "Each fast path on dependencies' internals: 1 when live on every worker, 0 when off "
         "on some; and connections written through ASGI instead of directly, by reason "
