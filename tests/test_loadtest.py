@@ -99,3 +99,22 @@ def test_bench_ratio_is_the_median_of_the_rounds_ratios() -> None:
     # Round 2 ran on a slow machine for both servers: its pair still says 0.5.
     assert _paired_ratio([10.0, 5.0, 12.0], [20.0, 10.0, 20.0]) == "**0.50\u00d7** [0.50\u20130.60]"
     assert _paired_ratio([10.0], [0.0]) == "\u2013"
+
+
+async def test_gc_pause_benchmark_runs(tmp_path: Path) -> None:
+    """``python -m loadtest.gc_pauses``, tiny: a fresh server, traffic, and the collector's
+    pauses under it read from the server's metrics."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "loadtest.gc_pauses", "--subscribers", "90", "--rooms", "10",
+        "--rate", "50", "--seconds", "2", "--setup", "4", cwd=ROOT,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    async with asyncio.timeout(90):
+        out, err = await proc.communicate()
+    assert proc.returncode == 0, err.decode()
+    result = json.loads(out)
+    assert result["connections"] == 100
+    assert result["generator"]["missing"] == 0 and result["generator"]["delivered"] > 0
+    pauses = result["pauses_under_traffic"]
+    assert any(name.startswith("hubbub_gc_pause_seconds_bucket") for name in pauses)
+    assert all(value >= 0 for value in pauses.values())

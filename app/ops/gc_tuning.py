@@ -16,9 +16,10 @@ worker serves nobody. So, while the app serves, :class:`GcTuning`:
   upgrade is broken in :mod:`app.transport.uvicorn_seam`). ``hubbub_gc_frozen_objects``
   shows the frozen count: it follows the open connections, and growing while they do not
   would be a cycle leaking;
-- makes young collections 70x rarer than Python's default (:data:`GC_THRESHOLDS`): fewer
+- makes young collections 14x rarer than Python's default (:data:`GC_THRESHOLDS`): fewer
   short-lived objects (a flush's lists, a message's dicts) are caught alive and promoted to
-  older generations, so full collections come rarely;
+  older generations, yet each one walks at most 10,000 young objects (a few ms; at 50,000 some
+  took 50-100 ms with 19,000 sockets, docs/benchmarks.md);
 - records every collection's pause for ``hubbub_gc_pause_seconds`` (by generation), so that a
   burst of late messages can be matched with a pause. The pause goes into a plain list that
   :meth:`app.ops.metrics.Metrics.sync` publishes: prometheus_client guards its values with a lock
@@ -36,14 +37,15 @@ import time
 from typing import Any, Final
 
 # Python's defaults are (700, 10, 10).
-GC_THRESHOLDS: Final = (50_000, 20, 10)
+GC_THRESHOLDS: Final = (10_000, 20, 10)
 
 
 class GcTuning:
     """Started once the app's long-lived state is built; stopped when the app stops."""
 
-    def __init__(self, pauses: list[tuple[int, float]]) -> None:
-        self._pauses = pauses  # (generation, seconds), appended after each collection
+    def __init__(self, pauses: list[tuple[int, float, int]]) -> None:
+        # (generation, seconds, objects collected), appended after each collection
+        self._pauses = pauses
         self._thresholds = gc.get_threshold()
         self._started_at = 0.0
 
@@ -64,7 +66,8 @@ class GcTuning:
         if phase == "start":
             self._started_at = time.perf_counter()
         else:
-            self._pauses.append((info["generation"], time.perf_counter() - self._started_at))
+            seconds = time.perf_counter() - self._started_at
+            self._pauses.append((info["generation"], seconds, info["collected"]))
 
 
 async def keep_freezing(interval_s: float) -> None:

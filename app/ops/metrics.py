@@ -286,6 +286,15 @@ class Metrics:
         )
         for generation in ("0", "1", "2"):
             self.gc_pauses.labels(generation)
+        self.gc_collected = counter(
+            "hubbub_gc_collected_objects_total",
+            "Objects the cyclic garbage collector found in reference cycles and freed, by "
+            "generation: serving should make none (a steady rise is a cycle per connection or "
+            "message, which frozen objects would leak: see CHAT_GC_FREEZE_INTERVAL_S).",
+            ("generation",),
+        )
+        for generation in ("0", "1", "2"):
+            self.gc_collected.labels(generation)
         self.gc_frozen = gauge(
             "hubbub_gc_frozen_objects",
             "Objects moved out of the garbage collector's sight (gc.freeze, see "
@@ -299,7 +308,7 @@ class Metrics:
         self.published_since_sync = 0
         self.frames_received_since_sync: Tally[str] = Tally()
         # (generation, seconds) of each collection, appended by app.ops.gc_tuning.GcTuning.
-        self.gc_pauses_since_sync: list[tuple[int, float]] = []
+        self.gc_pauses_since_sync: list[tuple[int, float, int]] = []
         self._broker_reconnects = 0
         self._broker_deaf = 0
         self._next_latency_sample = 0.0
@@ -359,8 +368,10 @@ class Metrics:
         pending = self.gc_pauses_since_sync  # drained in place: the collector holds this list
         pauses = pending[:]
         del pending[: len(pauses)]  # pauses appended meanwhile stay for the next sync
-        for generation, seconds in pauses:
+        for generation, seconds, collected in pauses:
             self.gc_pauses.labels(str(generation)).observe(seconds)
+            if collected:
+                self.gc_collected.labels(str(generation)).inc(collected)
 
         self.connections.set(hub.connections)
         self.outbox_bytes.set(hub.queued_bytes)

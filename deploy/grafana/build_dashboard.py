@@ -371,10 +371,17 @@ def build() -> dict[str, Any]:
         "s",
     )
     d.graph(
-        "Objects frozen out of the collector's sight",
-        "gc.freeze'd objects per worker (CHAT_GC_FREEZE_INTERVAL_S): they follow the open "
-        "connections; growing while connections do not would be reference cycles leaking.",
-        [_q(f"hubbub_gc_frozen_objects{{{SEL}}}", "{{instance}} pid {{pid}}")],
+        "Garbage collector: frozen and collected objects",
+        "Objects frozen out of the collector's sight per worker (CHAT_GC_FREEZE_INTERVAL_S): "
+        "they follow the open connections. Objects the collector found in reference cycles: "
+        "serving should make none; a steady rate is a cycle that frozen objects would leak.",
+        [
+            _q(f"hubbub_gc_frozen_objects{{{SEL}}}", "frozen {{instance}} pid {{pid}}"),
+            _q(
+                f"sum(rate(hubbub_gc_collected_objects_total{{{SEL}}}[{RATE}]))",
+                "found in cycles /s",
+            ),
+        ],
         "short",
     )
     d.graph(
