@@ -216,12 +216,22 @@ def cases(smoke: bool) -> list[Case]:
     conns = "300" if smoke else "10000"
     hold = "2" if smoke else "6"
     long_hold = "3" if smoke else "60"
+    rooms, setup = ("10", "3") if smoke else ("1000", "10")
     return [
         Case("fanout-saturation", f"fan-out, 1 room × {subs} subscribers, 200 msg/s offered",
              ["fanout", "--subscribers", subs, "--rate", "200", "--seconds", s, "--grace", "3"],
              ["hubbub", "baseline"], "deliveries_per_s"),
         Case("fanout-100k", f"fan-out at {int(subs) * 100:,} deliveries/s offered (100 msg/s)",
              ["fanout", "--subscribers", subs, "--rate", "100", "--seconds", s, "--grace", "3"],
+             ["hubbub", "baseline"], "p99_ms", higher_is_better=False),
+        # Chat is mostly small rooms: every message goes to a few sockets, so the cost per
+        # message and per write (not per delivery) decides (issue 19).
+        Case("small-rooms",
+             f"small rooms: {int(rooms):,} rooms × 10 (a publisher in each), "
+             f"{int(rooms):,} msg/s offered",
+             ["fanout", "--subscribers", str(int(rooms) * 9), "--rooms", rooms,
+              "--publishers", rooms, "--rate", rooms, "--seconds", s, "--setup", setup,
+              "--grace", "3"],
              ["hubbub", "baseline"], "p99_ms", higher_is_better=False),
         Case("rtt-closed", "rtt, 100 clients, closed loop",
              ["rtt", "--clients", "100", "--seconds", s], ["hubbub", "baseline"],
