@@ -5,27 +5,58 @@ never sends them, so the heartbeat is in the application protocol: every
 ``heartbeat_interval_s`` each connection gets ``{"type":"ping"}``; a connection that has sent
 no frame at all (a ``pong`` or anything else) within ``heartbeat_timeout_s`` of that ping is
 closed with 4009. One task serves every connection: no per-connection timer.
+
+The pings are spread over the interval, in :data:`SLICES` groups of connections: a worker
+with 20,000 sockets sends ~400 pings at a time, and gets as many pongs back, instead of
+20,000 of each in one loop iteration (a stall of ~100 ms that every message of that moment
+waited for, measured in the small-rooms benchmark).
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections import deque
+from typing import Final
 
 from app.errors import CloseCode
 from app.hub import Hub
 from app.protocol import PING_FRAME
 
+SLICES: Final = 50
+
 
 async def run_heartbeat(hub: Hub, interval_s: float, timeout_s: float) -> None:
-    """Run until cancelled. Requires ``timeout_s < interval_s``."""
+    """Run until cancelled. Requires ``timeout_s < interval_s``.
+
+    Every ``interval_s / SLICES`` the next slice of connections (by identity hash) is pinged,
+    and the slices pinged ``timeout_s`` ago are checked."""
     loop = asyncio.get_running_loop()
     nbytes = len(PING_FRAME)
+    tick = interval_s / SLICES
+    due: deque[tuple[float, int, float]] = deque()  # (check at, slice, pinged at)
+    part = 0
     while True:
-        await asyncio.sleep(interval_s - timeout_s)
-        pinged_at = loop.time()
-        for conn in hub.connections:
+        await asyncio.sleep(tick)
+        now = loop.time()
+        _ping(hub, part, nbytes)
+        due.append((now + timeout_s, part, now))
+        part = (part + 1) % SLICES
+        while due and due[0][0] <= now:
+            _, checked, pinged_at = due.popleft()
+            _close_silent(hub, checked, pinged_at)
+
+
+# Functions of their own, so that no connection stays referenced by a loop variable between
+# ticks (a closed connection must be freed at once).
+
+
+def _ping(hub: Hub, part: int, nbytes: int) -> None:
+    for conn in hub.connections:
+        if hash(conn) % SLICES == part:
             conn.offer(PING_FRAME, nbytes)
-        await asyncio.sleep(timeout_s)
-        for conn in list(hub.connections):
-            if conn.last_seen < pinged_at:
-                conn.close(CloseCode.HEARTBEAT_TIMEOUT, "heartbeat timeout")
+
+
+def _close_silent(hub: Hub, part: int, pinged_at: float) -> None:
+    for conn in list(hub.connections):
+        if hash(conn) % SLICES == part and conn.last_seen < pinged_at:
+            conn.close(CloseCode.HEARTBEAT_TIMEOUT, "heartbeat timeout")

@@ -169,8 +169,11 @@ async def fanout(plan: Plan, part: int) -> Stats:
 
     async def publish(p: int, ws: Client) -> None:
         room = f"room{p % plan.rooms}"
+        # Publishers are spread evenly over each interval, as independent users would be:
+        # in step, 1,000 publishers would offer their messages in one burst a second.
+        offset = p / plan.publishers
         for seq in range(sent_per_publisher):
-            delay = plan.start_at + seq / per_publisher - time.time()
+            delay = plan.start_at + (seq + offset) / per_publisher - time.time()
             if delay > 0:
                 await asyncio.sleep(delay)
             ws.send({"type": "send", "room": room, "text": f"p{p}:{seq}:{time.time()}"})

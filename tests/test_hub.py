@@ -222,3 +222,25 @@ async def test_a_rejoin_with_since_replays_again(world: World) -> None:
     later = await world.say("later")
     await wait_until(lambda: socket.ids()[-1:] == [later])
     assert socket.ids().count(later) == 1
+
+
+async def test_heartbeat_pings_are_spread_over_the_interval(world: World) -> None:
+    """Each connection is pinged once per interval, by slices: no tick pings every socket at
+    once (that burst, and the pongs it brings back, stalled the worker)."""
+    from app.heartbeat import SLICES, _ping
+
+    sockets = [world.connect(f"u{n}")[1] for n in range(1000)]
+
+    def pinged() -> int:
+        return sum(len(socket.of_type("ping")) for socket in sockets)
+
+    sizes = []
+    for part in range(SLICES):
+        before = pinged()
+        _ping(world.hub, part, 15)
+        for _ in range(3):  # the flusher writes in a later loop iteration
+            await asyncio.sleep(0)
+        sizes.append(pinged() - before)
+    assert all(len(socket.of_type("ping")) == 1 for socket in sockets)
+    assert sum(sizes) == 1000
+    assert max(sizes) <= 3 * 1000 // SLICES, sizes

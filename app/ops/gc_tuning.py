@@ -13,9 +13,10 @@ worker serves nobody. So, while the app serves, :class:`GcTuning`:
   Frozen objects are still freed by reference counting the moment they are unreferenced;
   only a reference cycle among them would never be, and serving creates none: a connection's
   whole life leaves no cyclic garbage (tests/test_garbage.py; uvicorn's own cycle per
-  upgrade is broken in :mod:`app.transport.uvicorn_seam`). ``hubbub_gc_frozen_objects``
-  shows the frozen count: it follows the open connections, and growing while they do not
-  would be a cycle leaking;
+  upgrade is broken in :mod:`app.transport.uvicorn_seam`), and
+  ``hubbub_gc_collected_objects_total`` shows any the collector still finds. (The frozen
+  count is not exported: ``gc.get_freeze_count`` walks every frozen object, a stall of tens of
+  ms with 10,000 sockets.)
 - makes young collections 14x rarer than Python's default (:data:`GC_THRESHOLDS`): fewer
   short-lived objects (a flush's lists, a message's dicts) are caught alive and promoted to
   older generations, yet each one walks at most 10,000 young objects (a few ms; at 50,000 some

@@ -18,7 +18,6 @@ room or a user name: label values come from fixed sets.
 from __future__ import annotations
 
 import asyncio
-import gc
 import os
 import resource
 import time
@@ -295,12 +294,6 @@ class Metrics:
         )
         for generation in ("0", "1", "2"):
             self.gc_collected.labels(generation)
-        self.gc_frozen = gauge(
-            "hubbub_gc_frozen_objects",
-            "Objects moved out of the garbage collector's sight (gc.freeze, see "
-            "CHAT_GC_FREEZE_INTERVAL_S); follows the open connections.",
-            "liveall",
-        )
 
         # Bumped on the hot paths, published by sync().
         self.delivered_since_sync = 0
@@ -395,7 +388,6 @@ class Metrics:
             self.broker_reconnects.labels("error").inc(errors)
         self._broker_reconnects, self._broker_deaf = stats.reconnects, stats.deaf_reconnects
 
-        self.gc_frozen.set(gc.get_freeze_count())
         usage = resource.getrusage(resource.RUSAGE_SELF)
         self.cpu.set(usage.ru_utime + usage.ru_stime)
         self.memory.set(_resident_bytes())

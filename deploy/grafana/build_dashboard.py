@@ -371,15 +371,14 @@ def build() -> dict[str, Any]:
         "s",
     )
     d.graph(
-        "Garbage collector: frozen and collected objects",
-        "Objects frozen out of the collector's sight per worker (CHAT_GC_FREEZE_INTERVAL_S): "
-        "they follow the open connections. Objects the collector found in reference cycles: "
-        "serving should make none; a steady rate is a cycle that frozen objects would leak.",
+        "Garbage collector: objects found in cycles",
+        "Objects the collector found in reference cycles and freed, by generation: serving "
+        "should make none; a steady rate is a cycle per connection or message, which objects "
+        "frozen out of its sight (CHAT_GC_FREEZE_INTERVAL_S) would leak.",
         [
-            _q(f"hubbub_gc_frozen_objects{{{SEL}}}", "frozen {{instance}} pid {{pid}}"),
             _q(
-                f"sum(rate(hubbub_gc_collected_objects_total{{{SEL}}}[{RATE}]))",
-                "found in cycles /s",
+                f"sum by (generation) (rate(hubbub_gc_collected_objects_total{{{SEL}}}[{RATE}]))",
+                "generation {{generation}}",
             ),
         ],
         "short",
