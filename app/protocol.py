@@ -155,6 +155,23 @@ def message_frame(parts: tuple[bytes, bytes], message_id: int, ts_ms: int) -> by
     return b"%s%d%s%d}" % (head, message_id, body, ts_ms)
 
 
+_MESSAGE_START: Final = b'{"type":"message"'
+
+
+def message_id_of(frame: bytes) -> int | None:
+    """The id of a ``message`` frame built by :func:`message_frame`; None for any other frame
+    (presence, typing). The Redis broker reads it once per frame it hears, at the boundary,
+    and hands it to the Hub beside the frame.
+
+    Cheap on purpose: a message frame starts ``{"type":"message",`` then ``"room"`` or ``"to"``
+    (a name that cannot hold a quote), then ``"id":N,`` — so the first ``,"id":`` is the id.
+    """
+    if not frame.startswith(_MESSAGE_START):
+        return None
+    start = frame.index(b',"id":') + 6
+    return int(frame[start : frame.index(b",", start)])
+
+
 def typing_frame(room: str, user: str) -> bytes:
     """``typing``: ``user`` is typing in ``room`` (relayed to the room, sender included)."""
     return orjson.dumps({"type": "typing", "room": room, "user": user})

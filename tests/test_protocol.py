@@ -18,7 +18,9 @@ from app.protocol import (
     Send,
     message_frame,
     message_frame_parts,
+    message_id_of,
     parse_client_frame,
+    typing_frame,
 )
 
 
@@ -119,3 +121,21 @@ def test_message_encoding_round_trips(room: str, text: str, mid: int) -> None:
         "text": text,
         "ts": 123,
     }
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    target=st.sampled_from(["room", "to"]),
+    name=st.from_regex(r"\A[A-Za-z0-9][A-Za-z0-9_.\-]{0,20}\Z"),
+    user=st.from_regex(r"\A[A-Za-z0-9][A-Za-z0-9_.\-]{0,20}\Z"),
+    text=st.text(),
+    mid=st.integers(0, 2**53),
+)
+def test_the_id_is_read_back_from_any_message_frame(
+    target: str, name: str, user: str, text: str, mid: int
+) -> None:
+    """message_id_of inverts message_frame whatever the text (quotes, `,"id":` in it...),
+    and other frames have no id."""
+    frame = message_frame(message_frame_parts(target, name, user, text), mid, 123)
+    assert message_id_of(frame) == mid
+    assert message_id_of(typing_frame(name, user)) is None

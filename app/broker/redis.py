@@ -31,7 +31,7 @@ from redis.exceptions import RedisError
 from app.broker import BrokerHandler, BrokerStats, History, Message, Published
 from app.broker import redis_scripts as scripts
 from app.errors import BrokerUnavailable, QuotaExceeded
-from app.protocol import message_frame_parts
+from app.protocol import message_frame_parts, message_id_of
 from app.redisio.autopipeline import AutoPipeline
 from app.redisio.clients import command_client, subscriber_client
 from app.redisio.subscription import Subscription
@@ -196,13 +196,13 @@ class RedisBroker:
         if kind == b"message":
             data: bytes = push[2]
             if channel.startswith(self._room_prefix):
-                # "<id> <frame>" (id 0: a frame without one), see redis_scripts.PUBLISH.
-                head, _, payload = data.partition(b" ")
                 room = channel[len(self._room_prefix) :].decode()
-                handler.deliver_room(room, int(head) or None, payload)
+                handler.deliver_room(room, message_id_of(data), data)
             elif channel.startswith(self._user_prefix):
-                head, _, payload = data.partition(b" ")
-                handler.deliver_user(channel[len(self._user_prefix) :].decode(), int(head), payload)
+                message_id = message_id_of(data)
+                if message_id is not None:  # only message frames go to a user's channel
+                    user = channel[len(self._user_prefix) :].decode()
+                    handler.deliver_user(user, message_id, data)
             elif channel == self._moderation_bytes:
                 order = orjson.loads(data)
                 handler.kick(order["user"], order["reason"])
@@ -396,8 +396,7 @@ class RedisBroker:
                 self._handler.kick(user, kick["reason"], issued_at=kick["at"])
 
     async def broadcast(self, room: str, payload: bytes) -> None:
-        envelope = b"0 " + payload  # no id, see _on_push
-        await self._call(lambda: self._redis.publish(self._room_channel(room), envelope))
+        await self._call(lambda: self._redis.publish(self._room_channel(room), payload))
 
     async def _watch_memory(self) -> None:
         """Read Redis' memory every few seconds (:meth:`_read_memory`)."""

@@ -98,10 +98,10 @@ if KEYS[2] ~= '' then
   redis.call('XADD', KEYS[2], 'MAXLEN', ARGV[4], id .. '-0', 'f', payload)
   redis.call('PEXPIRE', KEYS[2], ARGV[5])
 end
--- Subscribers get "<id> <frame>": the id without parsing the frame (app.broker.redis).
-local envelope = id .. ' ' .. payload
-redis.call('PUBLISH', ARGV[1], envelope)
-if ARGV[7] ~= '' and ARGV[7] ~= ARGV[1] then redis.call('PUBLISH', ARGV[7], envelope) end
+-- Subscribers get the frame itself: workers of the previous release read it too (a rolling
+-- deploy runs both), and the broker reads the id from it (app.protocol.message_id_of).
+redis.call('PUBLISH', ARGV[1], payload)
+if ARGV[7] ~= '' and ARGV[7] ~= ARGV[1] then redis.call('PUBLISH', ARGV[7], payload) end
 if KEYS[3] ~= '' then redis.call('SET', KEYS[3], id, 'PX', ARGV[6]) end
 return {id, 0, now}
 """
