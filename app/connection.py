@@ -59,6 +59,7 @@ class Connection:
         "_writer",
         "_ws",
         "close_code",
+        "greeted",
         "id",
         "identity",
         "ip",
@@ -91,6 +92,8 @@ class Connection:
         self.opened_at = now
         self.limiter = limiter
         self.close_code: CloseCode | None = None
+        # True once the client has its `hello`: the heartbeat pings only greeted connections.
+        self.greeted = False
         self._ws = ws
         self._outbox = outbox
         self._close_timeout_s = close_timeout_s

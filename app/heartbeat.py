@@ -4,7 +4,9 @@ Browsers cannot see WebSocket protocol pings, and uvicorn's default WebSocket im
 never sends them, so the heartbeat is in the application protocol: every
 ``heartbeat_interval_s`` each connection gets ``{"type":"ping"}``; a connection that has sent
 no frame at all (a ``pong`` or anything else) within ``heartbeat_timeout_s`` of that ping is
-closed with 4009. One task serves every connection: no per-connection timer.
+closed with 4009. One task serves every connection: no per-connection timer. Only
+connections that have their ``hello`` are pinged (sockets still to authenticate have their
+own timeout, see :mod:`app.access.pending`).
 
 The pings are spread over the interval, in :data:`SLICES` groups of connections: a worker
 with 20,000 sockets sends ~400 pings at a time, and gets as many pongs back, instead of
@@ -52,11 +54,13 @@ async def run_heartbeat(hub: Hub, interval_s: float, timeout_s: float) -> None:
 
 def _ping(hub: Hub, part: int, nbytes: int) -> None:
     for conn in hub.connections:
-        if hash(conn) % SLICES == part:
+        if conn.greeted and hash(conn) % SLICES == part:
             conn.offer(PING_FRAME, nbytes)
 
 
 def _close_silent(hub: Hub, part: int, pinged_at: float) -> None:
+    """Close the connections of ``part`` silent since ``pinged_at``. One greeted after the ping
+    was not pinged, and its ``last_seen`` (set at its greeting) is after it: it is spared."""
     for conn in list(hub.connections):
-        if hash(conn) % SLICES == part and conn.last_seen < pinged_at:
+        if conn.greeted and hash(conn) % SLICES == part and conn.last_seen < pinged_at:
             conn.close(CloseCode.HEARTBEAT_TIMEOUT, "heartbeat timeout")

@@ -335,6 +335,8 @@ async def serve(ws: WebSocket, state: ChatState) -> None:
                 conn.identity.guest_key,
             )
         )
+        # From now on the heartbeat pings it (never before `hello`, the first frame).
+        conn.last_seen, conn.greeted = loop.time(), True
         code = await _read_frames(ws, Session(conn, state), settings, loop)
         code = conn.close_code or code
     finally:

@@ -91,6 +91,7 @@ class World:
             self.flusher,
         )
         assert self.hub.add(conn)
+        conn.greeted = True  # as the session does once `hello` is queued
         return conn, socket
 
     async def say(self, text: str, room: str = "r") -> int:
@@ -226,10 +227,13 @@ async def test_a_rejoin_with_since_replays_again(world: World) -> None:
 
 async def test_heartbeat_pings_are_spread_over_the_interval(world: World) -> None:
     """Each connection is pinged once per interval, by slices: no tick pings every socket at
-    once (that burst, and the pongs it brings back, stalled the worker)."""
+    once (that burst, and the pongs it brings back, stalled the worker); one that has not had
+    its `hello` yet is not pinged."""
     from app.heartbeat import SLICES, _ping
 
     sockets = [world.connect(f"u{n}")[1] for n in range(1000)]
+    waiting, not_greeted = world.connect("still-authenticating")
+    waiting.greeted = False  # its `hello` is not sent yet: nothing may come before it
 
     def pinged() -> int:
         return sum(len(socket.of_type("ping")) for socket in sockets)
@@ -242,5 +246,6 @@ async def test_heartbeat_pings_are_spread_over_the_interval(world: World) -> Non
             await asyncio.sleep(0)
         sizes.append(pinged() - before)
     assert all(len(socket.of_type("ping")) == 1 for socket in sockets)
+    assert not not_greeted.frames
     assert sum(sizes) == 1000
     assert max(sizes) <= 3 * 1000 // SLICES, sizes
