@@ -31,7 +31,8 @@ async def run_heartbeat(hub: Hub, interval_s: float, timeout_s: float) -> None:
     """Run until cancelled. Requires ``timeout_s < interval_s``.
 
     Every ``interval_s / SLICES`` the next slice of connections (by identity hash) is pinged,
-    and the slices pinged ``timeout_s`` ago are checked."""
+    and those of the slices pinged ``timeout_s`` ago that stayed silent are closed: one pass
+    over the connections a tick."""
     loop = asyncio.get_running_loop()
     nbytes = len(PING_FRAME)
     tick = interval_s / SLICES
@@ -40,27 +41,27 @@ async def run_heartbeat(hub: Hub, interval_s: float, timeout_s: float) -> None:
     while True:
         await asyncio.sleep(tick)
         now = loop.time()
-        _ping(hub, part, nbytes)
-        due.append((now + timeout_s, part, now))
-        part = (part + 1) % SLICES
+        checks: dict[int, float] = {}  # slice -> when it was pinged
         while due and due[0][0] <= now:
             _, checked, pinged_at = due.popleft()
-            _close_silent(hub, checked, pinged_at)
+            checks[checked] = pinged_at
+        _tick(hub, part, checks, nbytes)
+        due.append((now + timeout_s, part, now))
+        part = (part + 1) % SLICES
 
 
-# Functions of their own, so that no connection stays referenced by a loop variable between
-# ticks (a closed connection must be freed at once).
+def _tick(hub: Hub, part: int, checks: dict[int, float], nbytes: int) -> None:
+    """Ping slice ``part``; close the connections of the slices in ``checks`` silent since
+    their ping. A function of its own, so that no connection stays referenced by a loop
+    variable between ticks (a closed connection must be freed at once).
 
-
-def _ping(hub: Hub, part: int, nbytes: int) -> None:
-    for conn in hub.connections:
-        if conn.greeted and hash(conn) % SLICES == part:
-            conn.offer(PING_FRAME, nbytes)
-
-
-def _close_silent(hub: Hub, part: int, pinged_at: float) -> None:
-    """Close the connections of ``part`` silent since ``pinged_at``. One greeted after the ping
-    was not pinged, and its ``last_seen`` (set at its greeting) is after it: it is spared."""
+    Only greeted connections count. One greeted after its slice's ping was not pinged, and
+    its ``last_seen`` (set at its greeting) is after that ping: it is spared."""
     for conn in list(hub.connections):
-        if conn.greeted and hash(conn) % SLICES == part and conn.last_seen < pinged_at:
+        if not conn.greeted:
+            continue
+        which = hash(conn) % SLICES
+        if which == part:
+            conn.offer(PING_FRAME, nbytes)
+        elif which in checks and conn.last_seen < checks[which]:
             conn.close(CloseCode.HEARTBEAT_TIMEOUT, "heartbeat timeout")

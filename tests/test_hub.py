@@ -229,7 +229,7 @@ async def test_heartbeat_pings_are_spread_over_the_interval(world: World) -> Non
     """Each connection is pinged once per interval, by slices: no tick pings every socket at
     once (that burst, and the pongs it brings back, stalled the worker); one that has not had
     its `hello` yet is not pinged."""
-    from app.heartbeat import SLICES, _ping
+    from app.heartbeat import SLICES, _tick
 
     sockets = [world.connect(f"u{n}")[1] for n in range(900)]
     waiting, not_greeted = world.connect("still-authenticating")
@@ -241,7 +241,7 @@ async def test_heartbeat_pings_are_spread_over_the_interval(world: World) -> Non
     sizes = []
     for part in range(SLICES):
         before = pinged()
-        _ping(world.hub, part, 15)
+        _tick(world.hub, part, {}, 15)
         for _ in range(3):  # the flusher writes in a later loop iteration
             await asyncio.sleep(0)
         sizes.append(pinged() - before)

@@ -21,26 +21,22 @@ import logging
 import random
 import secrets
 import time
-from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar, cast
+from typing import Any, cast
 
 import orjson
 from redis.asyncio import Redis
-from redis.exceptions import RedisError
 
 from app.broker import BrokerHandler, BrokerStats, History, Message, Published
 from app.broker import redis_scripts as scripts
 from app.errors import BrokerUnavailable, QuotaExceeded
 from app.protocol import message_frame_parts, message_id_of
 from app.redisio.autopipeline import AutoPipeline
-from app.redisio.clients import command_client, subscriber_client
+from app.redisio.clients import REDIS_ERRORS, call_redis, command_client, subscriber_client
 from app.redisio.subscription import Subscription
 from app.settings import Settings
 
 logger = logging.getLogger(__name__)
-T = TypeVar("T")
 
-_ERRORS = (RedisError, OSError, asyncio.TimeoutError)
 _MEMORY_READ_INTERVAL_S = 5.0
 _REFUSED_BY_QUOTA = 2  # the PUBLISH script's second reply, as published (0) or duplicate (1)
 
@@ -233,7 +229,7 @@ class RedisBroker:
             await asyncio.sleep(interval)
             if not self._ready:
                 continue
-            with contextlib.suppress(*_ERRORS):
+            with contextlib.suppress(*REDIS_ERRORS):
                 await self._redis.publish(self._control_channel, repr(time.time()))
             silent_for = time.monotonic() - self._canary_seen
             if silent_for > self._settings.canary_timeout_s and self._listener is not None:
@@ -252,14 +248,14 @@ class RedisBroker:
             subscription.subscribe(channel)
             async with asyncio.timeout(self._settings.redis_timeout_s):
                 await future
-        except _ERRORS as exc:
+        except REDIS_ERRORS as exc:
             self._confirmations.pop(channel.encode(), None)
             raise BrokerUnavailable(f"cannot subscribe: {exc!r}") from exc
 
     async def _unsubscribe(self, channel: str) -> None:
         subscription = self._subscription
         if subscription is not None and self._ready:
-            with contextlib.suppress(*_ERRORS):
+            with contextlib.suppress(*REDIS_ERRORS):
                 subscription.unsubscribe(channel)
 
     async def subscribe_room(self, room: str) -> None:
@@ -280,12 +276,6 @@ class RedisBroker:
         await self._unsubscribe(self._user_channel(user))
 
     # -- publishing and history ---------------------------------------------------------------
-
-    async def _call(self, call: Callable[[], Awaitable[T]]) -> T:
-        try:
-            return await call()
-        except _ERRORS as exc:
-            raise BrokerUnavailable(f"redis: {exc!r}") from exc
 
     async def publish(self, room: str, user: str, text: str, cid: str | int | None) -> Published:
         head, body = message_frame_parts("room", room, user, text)
@@ -321,7 +311,7 @@ class RedisBroker:
         ]
         try:
             reply = await self._pipeline.submit(self._scripts["PUBLISH"], keys, args)
-        except _ERRORS as exc:
+        except REDIS_ERRORS as exc:
             raise BrokerUnavailable(f"redis: {exc!r}") from exc
         message_id, outcome, ts_ms = reply
         if outcome == _REFUSED_BY_QUOTA:
@@ -332,7 +322,7 @@ class RedisBroker:
         keys = [self._room_key(room, "meta"), self._room_key(room, "log")]
         settings = self._settings
         args = [since, limit, settings.recovery_max_messages, int(settings.history_ttl_s * 1000)]
-        result = await self._call(lambda: self._scripts["HISTORY_SINCE"](keys=keys, args=args))
+        result = await call_redis(lambda: self._scripts["HISTORY_SINCE"](keys=keys, args=args))
         if not result[0]:
             return History(False, [])
         pairs = result[2:]  # id, frame, id, frame...
@@ -342,10 +332,10 @@ class RedisBroker:
     async def last_id(self, room: str) -> int:
         keys = [self._room_key(room, "meta"), self._room_key(room, "log")]
         ttl_ms = int(self._settings.history_ttl_s * 1000)
-        return int(await self._call(lambda: self._scripts["LAST_ID"](keys=keys, args=[ttl_ms])))
+        return int(await call_redis(lambda: self._scripts["LAST_ID"](keys=keys, args=[ttl_ms])))
 
     async def room_exists(self, room: str) -> bool:
-        return bool(await self._call(lambda: self._redis.exists(self._room_key(room, "meta"))))
+        return bool(await call_redis(lambda: self._redis.exists(self._room_key(room, "meta"))))
 
     async def history_before(self, room: str, before: int | None, limit: int) -> list[Message]:
         upper = "+" if before is None else f"({before}-0"
@@ -358,7 +348,7 @@ class RedisBroker:
                 pipe.xlen(log)
                 return await pipe.execute()
 
-        entries, oldest, length = await self._call(read)
+        entries, oldest, length = await call_redis(read)
         # The log keeps one entry more than the history (the oldest marks where recovery can
         # start, see redis_scripts): it is not part of the history.
         marker = oldest[0][0] if oldest and length > self._settings.history_size else None
@@ -375,8 +365,8 @@ class RedisBroker:
         """Remembered (as long as history is) for the workers that miss the publish."""
         order = orjson.dumps({"user": user, "reason": reason, "at": time.time()})
         ttl_ms = int(self._settings.history_ttl_s * 1000)
-        await self._call(lambda: self._redis.set(self._kick_key(user), order, px=ttl_ms))
-        await self._call(lambda: self._redis.publish(self._moderation_channel, order))
+        await call_redis(lambda: self._redis.set(self._kick_key(user), order, px=ttl_ms))
+        await call_redis(lambda: self._redis.publish(self._moderation_channel, order))
 
     async def _missed_kicks(self) -> None:
         """After an outage: apply the kicks of local users this worker may have missed."""
@@ -384,7 +374,7 @@ class RedisBroker:
         if not users or self._handler is None:
             return
         try:
-            orders = await self._call(
+            orders = await call_redis(
                 lambda: self._redis.mget([self._kick_key(user) for user in users])
             )
         except BrokerUnavailable as exc:
@@ -396,7 +386,7 @@ class RedisBroker:
                 self._handler.kick(user, kick["reason"], issued_at=kick["at"])
 
     async def broadcast(self, room: str, payload: bytes) -> None:
-        await self._call(lambda: self._redis.publish(self._room_channel(room), payload))
+        await call_redis(lambda: self._redis.publish(self._room_channel(room), payload))
 
     async def _watch_memory(self) -> None:
         """Read Redis' memory every few seconds (:meth:`_read_memory`)."""
@@ -405,7 +395,7 @@ class RedisBroker:
             if self._ready:
                 try:
                     await self._read_memory()
-                except _ERRORS as exc:
+                except REDIS_ERRORS as exc:
                     logger.warning("cannot read redis memory: %r", exc)
 
     async def _read_memory(self) -> None:

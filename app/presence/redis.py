@@ -13,23 +13,19 @@ import contextlib
 import logging
 import secrets
 import time
-from collections.abc import Awaitable, Callable
-from typing import Final, TypeVar, cast
+from typing import Final, cast
 
 from redis.asyncio import Redis
-from redis.exceptions import RedisError
 
 from app.broker import Broker
 from app.broker.redis_scripts import room_key
 from app.errors import BrokerUnavailable
 from app.presence import RoomPresence
 from app.presence.announcer import PresenceAnnouncer
-from app.redisio.clients import command_client
+from app.redisio.clients import REDIS_ERRORS, call_redis, command_client
 from app.settings import Settings
 
 logger = logging.getLogger(__name__)
-T = TypeVar("T")
-_ERRORS: Final = (RedisError, OSError, asyncio.TimeoutError)
 
 # Presence, per room: ``present`` is a sorted set user -> expiry (ms) of the user's freshest
 # entry; ``tabs:<user>`` a sorted set worker -> expiry. A user is present while its ``present``
@@ -111,15 +107,9 @@ class RedisPresence:
                 await self._upkeep
         try:
             await self._withdraw()
-        except (*_ERRORS, BrokerUnavailable) as exc:  # the entries expire by themselves
+        except (*REDIS_ERRORS, BrokerUnavailable) as exc:  # the entries expire by themselves
             logger.warning("could not withdraw presence on stop: %r", exc)
         await self._redis.aclose()
-
-    async def _call(self, call: Callable[[], Awaitable[T]]) -> T:
-        try:
-            return await call()
-        except _ERRORS as exc:
-            raise BrokerUnavailable(f"redis: {exc!r}") from exc
 
     def _keys(self, room: str, user: str) -> list[str]:
         return [
@@ -133,7 +123,7 @@ class RedisPresence:
         ttl = int(self._settings.presence_ttl_s * 1000)
         keys = self._keys(room, user)
         args: list[str | int] = [user, self.worker_id, now, now + ttl, ttl]
-        if await self._call(lambda: self._join(keys=keys, args=args)):
+        if await call_redis(lambda: self._join(keys=keys, args=args)):
             await self._announcer.announce(room, "join", user)
 
     async def leave(self, room: str, user: str) -> None:
@@ -145,19 +135,19 @@ class RedisPresence:
                 self._announcer.forget(room)
         keys = self._keys(room, user)
         args: list[str | int] = [user, self.worker_id, int(time.time() * 1000)]
-        if await self._call(lambda: self._leave(keys=keys, args=args)):
+        if await call_redis(lambda: self._leave(keys=keys, args=args)):
             await self._announcer.announce(room, "leave", user)
 
     async def _count(self, room: str) -> int:
         key, now = room_key(self._prefix, room, "present"), int(time.time() * 1000)
-        return int(await self._call(lambda: self._redis.zcount(key, now, "+inf")))
+        return int(await call_redis(lambda: self._redis.zcount(key, now, "+inf")))
 
     async def of(self, room: str) -> RoomPresence:
         count = await self._count(room)
         if count > self._settings.presence_max_members:
             return RoomPresence(count, None)
         key, now = room_key(self._prefix, room, "present"), int(time.time() * 1000)
-        users = await self._call(lambda: self._redis.zrangebyscore(key, now, "+inf"))
+        users = await call_redis(lambda: self._redis.zrangebyscore(key, now, "+inf"))
         return RoomPresence(count, sorted(cast(bytes, u).decode() for u in users))
 
     async def _keep_up(self) -> None:
@@ -167,7 +157,7 @@ class RedisPresence:
             try:
                 await self._refresh_entries()
                 await self._sweep_rooms()
-            except (*_ERRORS, BrokerUnavailable) as exc:
+            except (*REDIS_ERRORS, BrokerUnavailable) as exc:
                 logger.warning("presence upkeep failed: %r", exc)
 
     async def _refresh_entries(self) -> None:

@@ -1,15 +1,34 @@
 """The Redis clients a worker opens, configured one way: from ``CHAT_REDIS_URL``, with the
 settings' timeouts, commands packed by hiredis (:func:`~app.redisio.redis_seam.
-pack_with_hiredis`) and one retry on a fresh connection."""
+pack_with_hiredis`) and one retry on a fresh connection; and how their failures read."""
 
 from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import Final, TypeVar
 
 from redis.asyncio import Redis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
+from redis.exceptions import RedisError
 
+from app.errors import BrokerUnavailable
 from app.redisio.redis_seam import pack_with_hiredis
 from app.settings import Settings
+
+T = TypeVar("T")
+# What a call to Redis raises when Redis cannot be reached or does not answer in time.
+REDIS_ERRORS: Final = (RedisError, OSError, asyncio.TimeoutError)
+
+
+async def call_redis(call: Callable[[], Awaitable[T]]) -> T:
+    """``await call()``, raising :class:`~app.errors.BrokerUnavailable` for a
+    :data:`REDIS_ERRORS` (the broker's and presence's contract)."""
+    try:
+        return await call()
+    except REDIS_ERRORS as exc:
+        raise BrokerUnavailable(f"redis: {exc!r}") from exc
 
 
 def command_client(settings: Settings) -> Redis:
