@@ -17,10 +17,12 @@ worker serves nobody. So, while the app serves, :class:`GcTuning`:
   ``hubbub_gc_collected_objects_total`` shows any the collector still finds. (The frozen
   count is not exported: ``gc.get_freeze_count`` walks every frozen object, a stall of tens of
   ms with 10,000 sockets.)
-- makes young collections 14x rarer than Python's default (:data:`GC_THRESHOLDS`): fewer
+- makes young collections 7x rarer than Python's default (:data:`GC_THRESHOLDS`): fewer
   short-lived objects (a flush's lists, a message's dicts) are caught alive and promoted to
-  older generations, yet each one walks at most 10,000 young objects (a few ms; at 50,000 some
-  took 50-100 ms with 19,000 sockets, docs/benchmarks.md);
+  older generations, yet each one walks at most 5,000 young objects. A young object costs the
+  pass 1-2 us (its references reach into the frozen sockets' memory): with 19,000 sockets
+  under traffic, passes of 5,000 took up to 10 ms, of 10,000 up to 25 ms, of 50,000 50-100 ms
+  (docs/benchmarks.md);
 - records every collection's pause for ``hubbub_gc_pause_seconds`` (by generation), so that a
   burst of late messages can be matched with a pause. The pause goes into a plain list that
   :meth:`app.ops.metrics.Metrics.sync` publishes: prometheus_client guards its values with a lock
@@ -38,7 +40,7 @@ import time
 from typing import Any, Final
 
 # Python's defaults are (700, 10, 10).
-GC_THRESHOLDS: Final = (10_000, 20, 10)
+GC_THRESHOLDS: Final = (5_000, 20, 10)
 
 
 class GcTuning:
