@@ -26,6 +26,7 @@ from app.api import ChatSocket, router
 from app.broker import create_broker
 from app.heartbeat import run_heartbeat
 from app.hub import Hub
+from app.ops.descriptors import connection_cap, raise_soft_limit
 from app.ops.gc_tuning import GcTuning, keep_freezing
 from app.ops.metrics import Metrics, run_metrics_sync
 from app.ops.metrics_endpoint import MetricsEndpoint
@@ -82,7 +83,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         hub = Hub(
             broker,
             presence,
-            settings.max_connections,
+            connection_cap(settings.max_connections, raise_soft_limit()),
             metrics,
             Pacing.of(settings),
             settings.worker_outbox_max_bytes,

@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import json
 import os
+import resource
 import shutil
 import signal
 import sys
@@ -104,9 +105,14 @@ class AppProcess:
     """The service as a separate process: ``python -m app`` or gunicorn with the repo's config."""
 
     def __init__(
-        self, env: Mapping[str, str], gunicorn_workers: int | None = None, port: int | None = None
+        self,
+        env: Mapping[str, str],
+        gunicorn_workers: int | None = None,
+        port: int | None = None,
+        descriptor_limit: int | None = None,
     ) -> None:
         self.port = port or free_port()
+        self.descriptor_limit = descriptor_limit  # RLIMIT_NOFILE, soft and hard
         self.env = {
             **os.environ, **GENEROUS_LIMITS,
             "CHAT_HOST": "127.0.0.1", "CHAT_PORT": str(self.port), **env,
@@ -140,10 +146,15 @@ class AppProcess:
         # A session of its own: stop() ends the whole group (gunicorn's workers too).
         self.proc = await asyncio.create_subprocess_exec(
             *self.command(), cwd=ROOT, env=self.env, stdout=self.log, stderr=self.log,
-            start_new_session=True,
+            start_new_session=True, preexec_fn=self._limit_descriptors,
         )  # fmt: skip
         if wait_ready:
             await self.wait_status(200)
+
+    def _limit_descriptors(self) -> None:
+        if self.descriptor_limit is not None:
+            limit = self.descriptor_limit
+            resource.setrlimit(resource.RLIMIT_NOFILE, (limit, limit))
 
     async def readyz(self) -> int:
         async with httpx.AsyncClient() as http:

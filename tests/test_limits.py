@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
+import json
 from pathlib import Path
 from typing import Any
 
 import pytest
-from websockets.asyncio.client import connect
+from websockets.asyncio.client import ClientConnection, connect
+from websockets.exceptions import ConnectionClosed, InvalidHandshake
 
 from app.errors import CloseCode
 from tests.helpers import (
@@ -179,6 +182,43 @@ async def test_max_connections_refused_with_1013() -> None:
             await wait_until(lambda: len(live.state.hub.connections) == 1)
             async with ChatClient.connect(live.ws_url("d")) as fourth:
                 assert await fourth.is_responsive()
+
+
+async def test_a_worker_at_its_descriptor_limit_refuses_with_1013_and_drops_nobody() -> None:
+    """Under a descriptor limit of 200 the worker caps itself at 136 sockets (64 kept for
+    upgrades in flight, Redis, logs), below CHAT_MAX_CONNECTIONS (20,000), and says so: the
+    sockets beyond the cap are closed with 1013, none is reset (as at the limit itself, where
+    the event loop accepts and drops connections), and the worker keeps serving."""
+    app = AppProcess({"CHAT_LOG_LEVEL": "warning"}, descriptor_limit=200)
+    await app.start()
+    try:
+
+        async def first_answer(n: int) -> str:
+            try:
+                ws = await connect(app.ws_url(f"u{n}"), open_timeout=15)
+            except (OSError, InvalidHandshake) as exc:
+                return f"failed: {exc!r}"
+            held.append(ws)
+            try:
+                frame = json.loads(await asyncio.wait_for(ws.recv(), 15))
+                return str(frame["type"])
+            except ConnectionClosed as closed:
+                return f"closed {closed.rcvd.code if closed.rcvd else None}"
+
+        held: list[ClientConnection] = []
+        try:
+            answers = await asyncio.gather(*(first_answer(n) for n in range(160)))
+            counts = collections.Counter(answers)
+            assert counts == {"hello": 136, f"closed {CloseCode.TRY_AGAIN_LATER}": 24}, counts
+            async with connect(app.ws_url("late")) as late:
+                assert await ChatClient(late).closed_with() == CloseCode.TRY_AGAIN_LATER
+        finally:
+            await asyncio.gather(*(ws.close() for ws in held), return_exceptions=True)
+        async with ChatClient.connect(app.ws_url("after")) as after:
+            assert await after.is_responsive()
+        assert "does not fit the descriptor limit (200" in app.output()
+    finally:
+        await app.stop()
 
 
 async def test_invalid_name_closes_1008(server: LiveServer) -> None:
