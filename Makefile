@@ -16,7 +16,7 @@ export UV_SYSTEM_CERTS := 1
 # Debian packages the test suite drives for real (binary:package).
 DEB_TEST_DEPS := redis-server:redis-server promtool:prometheus nginx:nginx kubectl:kubernetes-client chromium:chromium
 
-.PHONY: help install run test bench chaos k8s-check lint typecheck check deb-deps docs-config dashboard clean
+.PHONY: help install run test bench bench-100k chaos k8s-check lint typecheck check deb-deps docs-config dashboard clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -47,6 +47,9 @@ test: $(STAMP) deb-deps  ## install everything the tests need, then run the whol
 
 bench: $(STAMP) deb-deps  ## every load-test scenario vs the baseline (~14 min); rewrites docs/benchmarks.md
 	$(VENV)/bin/python -m loadtest.bench
+
+bench-100k: $(STAMP) deb-deps  ## hold 100,000 WebSockets for 5 min (gunicorn + Redis, ~8 min); prints the figures
+	$(VENV)/bin/python -m loadtest.hold --json docs/bench/hold-100k.json
 
 k8s-check: $(STAMP) deb-deps  ## server-side dry run of k8s/ on a real kube-apiserver under Pod Security restricted
 	@# The first run builds etcd + kube-apiserver (~5 min, ../shared/tools/k8s-dryrun.sh):

@@ -2,8 +2,10 @@
 
 Scenarios (docs/benchmarks.md has the figures):
 
-- ``connections``: open ``--connections`` sockets at ``--ramp`` per second, hold them for
-  ``--seconds`` answering pings, count the ones still open; connect-time percentiles.
+- ``connections``: open ``--connections`` sockets at ``--ramp`` per second (from
+  ``--source-addresses`` loopback addresses, each joining a room of ``--room-size``), hold
+  them for ``--seconds`` answering pings, count the ones still open and probe each (a ping,
+  and a message in its room); connect-time percentiles.
 - ``rtt``: ``--clients`` clients, each in its own room, send and wait for their own message:
   closed loop, or ``--rate`` sends/s in total; messages/s and round-trip percentiles.
 - ``fanout``: ``--subscribers`` over ``--rooms`` rooms, ``--publishers`` sending ``--rate``
@@ -28,7 +30,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from loadtest.scenarios import SCENARIOS, Plan, run_part
+from loadtest.scenarios import PROBE_TIMEOUT_S, SCENARIOS, Plan, run_part
 from loadtest.stats import Stats
 
 
@@ -42,7 +44,7 @@ def run(plan: Plan, progress: bool = True) -> Stats:
         begin = time.time()
         total = max(1.0, plan.start_at - begin) + plan.seconds + plan.grace_s
         if plan.scenario == "connections":
-            total += plan.connections / plan.ramp_per_s
+            total += plan.connections / plan.ramp_per_s + PROBE_TIMEOUT_S
         while not pending.ready():
             pending.wait(0.5)
             elapsed = time.time() - begin
@@ -97,10 +99,17 @@ def summarize(plan: Plan, stats: Stats) -> dict[str, Any]:
             "messages_per_s": c["delivered"] / plan.seconds, "timeouts": c["timeouts"],
         }  # fmt: skip
     elif plan.scenario == "connections":
+        connect_s = stats.last_at - plan.start_at
         result |= {
             "target": plan.connections, "connected": c["connected"], "alive": c["alive"],
             "closed": {k.split(":", 1)[1]: v for k, v in c.items() if k.startswith("closed:")},
+            "retried_1013": c["retried_1013"],
+            # From the first connect to the last socket's hello (and join).
+            "connect_s": connect_s, "connects_per_s": c["connected"] / max(connect_s, 1e-9),
+            "probe_answered": c["probe_answered"],
         }  # fmt: skip
+        if plan.room_size:
+            result |= {"room_size": plan.room_size, "probe_received": c["probe_received"]}
     elif plan.scenario == "churn":
         result |= {"offered_per_s": plan.churn_per_s, "cycles_per_s": c["cycles"] / plan.seconds}
     result |= {"failed": failures, **stats.latency.summary()}
@@ -157,6 +166,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--clients", type=int, default=100)
     parser.add_argument("--connections", type=int, default=1000)
     parser.add_argument("--ramp", type=float, default=1000.0, help="connections: opens per s")
+    parser.add_argument(
+        "--room-size",
+        type=int,
+        default=0,
+        help="connections: each socket joins a room of this many",
+    )
+    parser.add_argument(
+        "--source-addresses",
+        type=int,
+        default=1,
+        help="connections: connect from 127.0.0.1 .. 127.0.0.N",
+    )
     parser.add_argument("--churn", type=float, default=50.0, help="churn: cycles per s")
     parser.add_argument("--setup", type=float, default=None, help="seconds before measuring")
     parser.add_argument("--grace", type=float, default=5.0, help="fanout: wait for stragglers")
@@ -175,6 +196,7 @@ def plan_from(args: argparse.Namespace) -> Plan:
         scenario=args.scenario, url=args.url, seconds=args.seconds, parts=args.procs,
         subscribers=args.subscribers, rooms=args.rooms, publishers=args.publishers, rate=rate,
         clients=args.clients, connections=args.connections, ramp_per_s=args.ramp,
+        room_size=args.room_size, source_addresses=args.source_addresses,
         churn_per_s=args.churn, start_at=time.time() + setup, grace_s=args.grace,
     )  # fmt: skip
 

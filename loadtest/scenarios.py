@@ -17,10 +17,11 @@ from typing import Any
 
 import uvloop
 
-from loadtest.client import Client, Frame, open_client, until
+from loadtest.client import Client, Closed, Frame, open_client, until
 from loadtest.stats import Stats, bucket_of
 
 CONNECT_CONCURRENCY = 200
+PROBE_TIMEOUT_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -41,6 +42,8 @@ class Plan:
     # connections
     connections: int = 1000
     ramp_per_s: float = 1000.0
+    room_size: int = 0  # each socket joins a room of this many (0: no rooms)
+    source_addresses: int = 1  # connect from 127.0.0.1 .. 127.0.0.N
     # churn
     churn_per_s: float = 50.0
     # every run
@@ -50,6 +53,12 @@ class Plan:
 
     def measured(self, now: float) -> bool:
         return now >= self.start_at + self.warmup_s
+
+    @property
+    def probe_at(self) -> float:
+        """connections: when the hold ends and every socket is probed (all parts at once),
+        unless connecting took longer than the ramp."""
+        return self.start_at + self.connections / self.ramp_per_s + self.seconds
 
     def share(self, total: int, part: int) -> range:
         """Indices 0..total-1 that process ``part`` handles."""
@@ -242,47 +251,101 @@ async def rtt(plan: Plan, part: int) -> Stats:
 
 # -- connections --------------------------------------------------------------------------
 
+# An upgrade a full worker closes with 1013 (try again later) is retried, as clients do.
+RETRIES_ON_1013 = 5
+
+
+def source_address(plan: Plan, index: int) -> str | None:
+    """The local address client ``index`` connects from: spread over 127.0.0.1 ..
+    127.0.0.N (``source_addresses``), as each address has only ~28k ephemeral ports."""
+    if plan.source_addresses <= 1:
+        return None
+    return f"127.0.0.{1 + index % plan.source_addresses}"
+
 
 async def connections(plan: Plan, part: int) -> Stats:
-    """Open sockets at a ramp rate, keep them (answering pings) for ``seconds``, then count
-    the ones still open; connect times (TCP + upgrade + hello) as the latency."""
+    """Open sockets at a ramp rate (each joins its room of ``room_size`` when that is set),
+    keep them (answering pings) for ``seconds``, then probe every socket still open: a
+    ``ping`` that must be answered ``pong``, and a message from each room's first member that
+    every member must receive. Connect times (TCP + upgrade + hello) are the latency."""
     stats = Stats()
     indices = list(plan.share(plan.connections, part))
     ramp = plan.ramp_per_s / plan.parts
     loop = asyncio.get_running_loop()
-    readers: list[asyncio.Task[int | None]] = []
-    sockets: list[Client] = []
+    held: dict[int, tuple[Client, asyncio.Task[int | None]]] = {}
+    answered: set[int] = set()
+    probed: set[int] = set()
     gate = asyncio.Semaphore(CONNECT_CONCURRENCY)
-    started = time.time()
     meter = _Meter()
 
+    def listener(i: int) -> Any:
+        def on_frame(frame: Frame, now: float) -> None:
+            kind = frame["type"]
+            if kind == "pong":
+                answered.add(i)
+            elif kind == "message" and frame.get("text") == "probe":
+                probed.add(i)
+
+        return on_frame
+
+    async def connect(i: int) -> Client:
+        for _ in range(RETRIES_ON_1013):
+            try:
+                ws, _ = await open_client(plan.url, f"k{i}", source=source_address(plan, i))
+                return ws
+            except Closed as refused:
+                if refused.code != 1013:
+                    raise
+            stats.counters["retried_1013"] += 1
+            await asyncio.sleep(0.5 + random.random())
+        ws, _ = await open_client(plan.url, f"k{i}", source=source_address(plan, i))
+        return ws
+
     async def one(n: int, i: int) -> None:
-        delay = started + n / ramp - time.time()
+        delay = plan.start_at + n / ramp - time.time()
         if delay > 0:
             await asyncio.sleep(delay)
         async with gate:
             begin = loop.time()
             try:
-                ws, _ = await open_client(plan.url, f"k{i}")
+                ws = await connect(i)
+                if plan.room_size:
+                    ws.send({"type": "join", "room": f"hold{i // plan.room_size}"})
+                    await until(ws, "joined")
             except Exception as exc:
                 stats.counters[f"failed:{type(exc).__name__}"] += 1
                 return
+            now = time.time()
             ms = (loop.time() - begin) * 1000
             stats.latency.add(ms)
-            stats.series.add(int(time.time() - started), ms)
+            stats.series.add(int(now - plan.start_at), ms)
             stats.counters["connected"] += 1
-            sockets.append(ws)
-            readers.append(asyncio.create_task(ws.stream(lambda f, t: None)))
+            stats.last_at = now
+            held[i] = (ws, asyncio.create_task(ws.stream(listener(i))))
 
     await asyncio.gather(*(one(n, i) for n, i in enumerate(indices)))
-    await asyncio.sleep(plan.seconds)
-    stats.counters["alive"] = sum(1 for task in readers if not task.done())
-    for task in readers:
+    # Every socket is held ``seconds`` at least, also when connecting took longer than planned.
+    await asyncio.sleep(max(plan.probe_at, time.time() + plan.seconds) - time.time())
+    alive = {i: ws for i, (ws, task) in held.items() if not task.done()}
+    stats.counters["alive"] = len(alive)
+    for _, task in held.values():
         if task.done():
             stats.counters[f"closed:{task.result()}"] += 1
+    for i, ws in alive.items():
+        ws.send({"type": "ping"})
+        if plan.room_size and i % plan.room_size == 0:
+            ws.send({"type": "send", "room": f"hold{i // plan.room_size}", "text": "probe"})
+    deadline = time.time() + PROBE_TIMEOUT_S
+    while time.time() < deadline and (
+        len(answered) < len(alive) or (plan.room_size and len(probed) < len(alive))
+    ):
+        await asyncio.sleep(0.1)
+    stats.counters["probe_answered"] = len(answered)
+    if plan.room_size:
+        stats.counters["probe_received"] = len(probed)
     meter.stop(stats)
-    await _close_all(sockets)
-    for task in readers:
+    await _close_all([ws for ws, _ in held.values()])
+    for _, task in held.values():
         task.cancel()
     return stats
 

@@ -118,3 +118,26 @@ async def test_gc_pause_benchmark_runs(tmp_path: Path) -> None:
     pauses = result["pauses_under_traffic"]
     assert any(name.startswith("hubbub_gc_pause_seconds_bucket") for name in pauses)
     assert all(value >= 0 for value in pauses.values())
+
+
+@pytest.mark.timeout(150)
+async def test_the_connection_hold_smoke() -> None:
+    """``python -m loadtest.hold`` (``make bench-100k``), tiny: gunicorn with two workers and
+    Redis, 600 sockets from two source addresses in rooms of 10, each probed after the hold."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "loadtest.hold", "--connections", "600", "--seconds", "3",
+        "--ramp", "600", "--per-worker", "300", "--generator-sockets", "300",
+        "--address-sockets", "300", cwd=ROOT,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    async with asyncio.timeout(120):
+        out, err = await proc.communicate()
+    assert proc.returncode == 0, err.decode()
+    result = json.loads(out)
+    assert result["workers"] == 2 and result["workers_alive_at_the_end"] == 2
+    assert result["generator_processes"] == result["source_addresses"] == 2
+    assert result["open_sockets_at_the_end_of_the_hold"] == 600
+    generated = result["generator"]
+    assert generated["connected"] == generated["alive"] == 600, generated
+    assert generated["probe_answered"] == generated["probe_received"] == 600, generated
+    assert result["rss_kib_per_connection"] > 0
