@@ -22,6 +22,8 @@ from picows import WSFrame, WSListener, WSMsgType, WSTransport, ws_connect
 Frame = dict[str, Any]
 OnFrame = Callable[[Frame, float], None]
 _PONG = b'{"type":"pong"}'
+_PING = b'{"type":"ping"}'
+_MESSAGE_START = b'{"type":"message"'  # app.protocol.message_frame; quotes in texts are escaped
 IP_BIND_ADDRESS_NO_PORT = getattr(socket, "IP_BIND_ADDRESS_NO_PORT", 24)  # Linux >= 4.2
 
 
@@ -51,6 +53,10 @@ class Client(WSListener):
         self._inbox: deque[Frame] = deque()
         self._arrived: asyncio.Future[None] | None = None
         self._partial = bytearray()
+        # Counting mode (:meth:`count_messages`): message frames are counted, not parsed.
+        self.counting = False
+        self.messages_counted = 0
+        self.last_counted_at = 0.0
 
     # -- picows callbacks --------------------------------------------------------------------
 
@@ -73,6 +79,14 @@ class Client(WSListener):
                 return
             payload, self._partial = bytes(self._partial), bytearray()
         now = time.time()
+        if self.counting:
+            count = payload.count(_MESSAGE_START)
+            if count:
+                self.messages_counted += count
+                self.last_counted_at = now
+            if _PING in payload:
+                transport.send(WSMsgType.TEXT, _PONG)
+            return
         on_frame = self.on_frame
         for line in payload.split(b"\n"):
             message: Frame = orjson.loads(line)
@@ -118,6 +132,18 @@ class Client(WSListener):
         self.on_frame = on_frame
         return await asyncio.shield(self.closed)
 
+    def count_messages(self) -> None:
+        """From now on, count message frames (``messages_counted``) instead of parsing any
+        frame: a load generator's core checks every delivery of a sample of the subscribers and
+        counts the rest's at C speed. Pings are still answered; other frames are dropped."""
+        self._inbox.clear()
+        self.counting = True
+
+    def abort(self) -> None:
+        """Drop the connection at once (a client that gave up on it)."""
+        if self.transport is not None:
+            self.transport.disconnect(graceful=False)
+
     async def close(self) -> None:
         """Close (1000) and wait, briefly, for the TCP connection to end."""
         if self.transport is not None and not self.closed.done():
@@ -149,15 +175,30 @@ async def open_client(
             Client, f"{url}{separator}name={name}", websocket_handshake_timeout=timeout_s,
             socket_factory=None if source is None else (lambda _: bound_socket(source)),
         )  # fmt: skip
-        assert isinstance(client, Client)
+    assert isinstance(client, Client)
+    try:
         hello = await until(client, "hello", timeout_s)
+    except BaseException:
+        client.abort()
+        raise
     return client, hello
 
 
+class Refused(Exception):
+    """The server answered the frame awaited with an error frame (``code``)."""
+
+    def __init__(self, code: str) -> None:
+        super().__init__(code)
+        self.code = code
+
+
 async def until(client: Client, kind: str, timeout_s: float = 30.0) -> Frame:
-    """Read inbox frames until one of type ``kind`` (earlier ones are dropped)."""
+    """Read inbox frames until one of type ``kind`` (earlier ones are dropped); an error frame
+    meanwhile raises :class:`Refused`."""
     async with asyncio.timeout(timeout_s):
         while True:
             frame = await client.next_frame()
             if frame["type"] == kind:
                 return frame
+            if frame["type"] == "error":
+                raise Refused(str(frame.get("code")))

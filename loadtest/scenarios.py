@@ -17,7 +17,7 @@ from typing import Any
 
 import uvloop
 
-from loadtest.client import Client, Closed, Frame, open_client, until
+from loadtest.client import Client, Closed, Frame, Refused, open_client, until
 from loadtest.stats import Stats, bucket_of
 
 CONNECT_CONCURRENCY = 200
@@ -37,6 +37,7 @@ class Plan:
     rooms: int = 1
     publishers: int = 1
     rate: float = 100.0  # fanout: messages/s into all rooms; rtt: sends/s (0: closed loop)
+    sample_every: int = 1  # fanout: subscribers that check every delivery (the rest count)
     # rtt
     clients: int = 100
     # connections
@@ -111,7 +112,7 @@ async def _open_many(plan: Plan, names: list[str], stats: Stats) -> list[tuple[C
             try:
                 return await open_client(plan.url, name)
             except Exception as exc:
-                stats.counters[f"failed:{type(exc).__name__}"] += 1
+                stats.counters[f"failed:{_failure(exc)}"] += 1
                 return None
 
     opened = await asyncio.gather(*(one(n) for n in names))
@@ -162,9 +163,15 @@ async def fanout(plan: Plan, part: int) -> Stats:
         ws.send({"type": "join", "room": f"room{index % plan.rooms}"})
         await until(ws, "joined")
         stats.counters[f"subscribers:room{index % plan.rooms}"] += 1
+    # Every ``sample_every``-th subscriber checks each delivery (latency, duplicates, order);
+    # the others count theirs.
+    counted = [ws for (ws, _), i in zip(opened, subscribers, strict=False) if i % plan.sample_every]
+    for ws in counted:
+        ws.count_messages()
     readers = [
         asyncio.create_task(ws.stream(on_frame(index)))
         for (ws, _), index in zip(opened, subscribers, strict=False)
+        if not ws.counting
     ]
     publishers = []
     for p in plan.share(plan.publishers, part):
@@ -195,11 +202,18 @@ async def fanout(plan: Plan, part: int) -> Stats:
         publishers_in[f"room{i % plan.rooms}"] for _, i in zip(opened, subscribers, strict=False)
     )
     deadline = max(time.time(), plan.start_at + plan.seconds) + plan.grace_s
-    while stats.counters["delivered"] + stats.counters["duplicates"] < expected:
+
+    def received() -> int:
+        return stats.counters["delivered"] + sum(ws.messages_counted for ws in counted)
+
+    while received() + stats.counters["duplicates"] < expected:
         if time.time() >= deadline:
             break
         await asyncio.sleep(0.05)
     meter.stop(stats)
+    stats.counters["delivered"] = received()
+    stats.counters["checked_subscribers"] = len(readers)
+    stats.last_at = max([stats.last_at, *(ws.last_counted_at for ws in counted)])
     await _close_all([ws for ws, _ in opened] + [ws for _, ws in publishers])
     for task in [*readers, *drains]:
         task.cancel()
@@ -240,6 +254,9 @@ async def rtt(plan: Plan, part: int) -> Stats:
             except TimeoutError:
                 stats.counters["timeouts"] += 1
                 return
+            except Refused as refused:
+                stats.counters[f"failed:{refused.code}"] += 1
+                return
             _record(plan, stats, "delivered", sent, time.time())
             seq += 1
 
@@ -257,10 +274,20 @@ RETRIES_ON_1013 = 5
 
 def source_address(plan: Plan, index: int) -> str | None:
     """The local address client ``index`` connects from: spread over 127.0.0.1 ..
-    127.0.0.N (``source_addresses``), as each address has only ~28k ephemeral ports."""
+    127.0.0.N (``source_addresses``): connecting slows down past ~14k sockets per address
+    (loadtest/hold.py)."""
     if plan.source_addresses <= 1:
         return None
     return f"127.0.0.{1 + index % plan.source_addresses}"
+
+
+def _failure(exc: BaseException) -> str:
+    """How a failed operation is counted: the server's error code, or the exception's type."""
+    if isinstance(exc, Refused):
+        return exc.code
+    if isinstance(exc, Closed):
+        return f"closed {exc.code}"
+    return type(exc).__name__
 
 
 async def connections(plan: Plan, part: int) -> Stats:
@@ -278,13 +305,13 @@ async def connections(plan: Plan, part: int) -> Stats:
     gate = asyncio.Semaphore(CONNECT_CONCURRENCY)
     meter = _Meter()
 
-    def listener(i: int) -> Any:
+    def listener(n: int) -> Any:
         def on_frame(frame: Frame, now: float) -> None:
             kind = frame["type"]
             if kind == "pong":
-                answered.add(i)
+                answered.add(n)
             elif kind == "message" and frame.get("text") == "probe":
-                probed.add(i)
+                probed.add(n)
 
         return on_frame
 
@@ -301,6 +328,10 @@ async def connections(plan: Plan, part: int) -> Stats:
         ws, _ = await open_client(plan.url, f"k{i}", source=source_address(plan, i))
         return ws
 
+    def room_of(n: int) -> str:
+        # A room's members are all in this process, so that it knows who should get a probe.
+        return f"hold{part}-{n // plan.room_size}"
+
     async def one(n: int, i: int) -> None:
         delay = plan.start_at + n / ramp - time.time()
         if delay > 0:
@@ -309,19 +340,24 @@ async def connections(plan: Plan, part: int) -> Stats:
             begin = loop.time()
             try:
                 ws = await connect(i)
-                if plan.room_size:
-                    ws.send({"type": "join", "room": f"hold{i // plan.room_size}"})
-                    await until(ws, "joined")
             except Exception as exc:
-                stats.counters[f"failed:{type(exc).__name__}"] += 1
+                stats.counters[f"failed:{_failure(exc)}"] += 1
                 return
+            if plan.room_size:
+                try:
+                    ws.send({"type": "join", "room": room_of(n)})
+                    await until(ws, "joined")
+                except Exception as exc:
+                    stats.counters[f"failed:join {_failure(exc)}"] += 1
+                    ws.abort()
+                    return
             now = time.time()
             ms = (loop.time() - begin) * 1000
             stats.latency.add(ms)
             stats.series.add(int(now - plan.start_at), ms)
             stats.counters["connected"] += 1
             stats.last_at = now
-            held[i] = (ws, asyncio.create_task(ws.stream(listener(i))))
+            held[n] = (ws, asyncio.create_task(ws.stream(listener(n))))
 
     await asyncio.gather(*(one(n, i) for n, i in enumerate(indices)))
     # Every socket is held ``seconds`` at least, also when connecting took longer than planned.
@@ -331,10 +367,13 @@ async def connections(plan: Plan, part: int) -> Stats:
     for _, task in held.values():
         if task.done():
             stats.counters[f"closed:{task.result()}"] += 1
-    for i, ws in alive.items():
+    senders: dict[str, Client] = {}
+    for n, ws in sorted(alive.items()):
         ws.send({"type": "ping"})
-        if plan.room_size and i % plan.room_size == 0:
-            ws.send({"type": "send", "room": f"hold{i // plan.room_size}", "text": "probe"})
+        if plan.room_size:
+            senders.setdefault(room_of(n), ws)  # each room's first member still there
+    for room, ws in senders.items():
+        ws.send({"type": "send", "room": room, "text": "probe"})
     deadline = time.time() + PROBE_TIMEOUT_S
     while time.time() < deadline and (
         len(answered) < len(alive) or (plan.room_size and len(probed) < len(alive))
@@ -377,7 +416,7 @@ async def churn(plan: Plan, part: int) -> Stats:
                 await until(ws, "left")
                 await ws.close()
             except Exception as exc:
-                stats.counters[f"failed:{type(exc).__name__}"] += 1
+                stats.counters[f"failed:{_failure(exc)}"] += 1
                 return
             _record(plan, stats, "cycles", begin, time.time())
 

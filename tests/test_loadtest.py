@@ -49,8 +49,17 @@ async def test_every_scenario_runs_and_adds_up(app: AppProcess, tmp_path: Path) 
     assert fanout["expected"] == 40 * 2 * 30  # 80 messages, each room has 30 subscribers
     assert (fanout["missing"], fanout["duplicates"], fanout["out_of_order"]) == (0, 0, 0)
     assert fanout["p99_ms"] > 0 and fanout["generator_cpu_percent"] > 0
+    assert fanout["checked_subscribers"] == 60
     assert json.loads((tmp_path / "fanout.json").read_text())["series"]
     assert (tmp_path / "fanout.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # Every 4th subscriber checks each delivery; the others count theirs, and all must add up.
+    sampled = await _loadtest(
+        "fanout", "--url", url, "--subscribers", "60", "--rooms", "2", "--publishers", "2",
+        "--rate", "40", "--seconds", "2", "--procs", "2", "--setup", "2", "--sample-every", "4",
+    )  # fmt: skip
+    assert sampled["checked_subscribers"] == 15 and sampled["expected"] == 40 * 2 * 30
+    assert (sampled["missing"], sampled["duplicates"], sampled["out_of_order"]) == (0, 0, 0)
+    assert sampled["p99_ms"] > 0
 
     rtt = await _loadtest("rtt", "--url", url, "--clients", "10", "--seconds", "2")
     assert rtt["messages_per_s"] > 100 and rtt["timeouts"] == 0 and rtt["failed"] == {}
