@@ -108,7 +108,7 @@ def summarize(plan: Plan, stats: Stats) -> dict[str, Any]:
         result |= {
             "target": plan.connections, "connected": c["connected"], "alive": c["alive"],
             "closed": {k.split(":", 1)[1]: v for k, v in c.items() if k.startswith("closed:")},
-            "retried_1013": c["retried_1013"],
+            "retried_1013": c["retried_1013"], "retried_join": c["retried_join"],
             # From the first connect to the last socket's hello (and join).
             "connect_s": connect_s, "connects_per_s": c["connected"] / max(connect_s, 1e-9),
             "probe_answered": c["probe_answered"],

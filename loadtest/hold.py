@@ -33,6 +33,7 @@ import sys
 import tempfile
 import time
 import urllib.request
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -85,6 +86,26 @@ def _metric(port: int, name: str) -> float:
     return sum(_samples(port, name).values())
 
 
+def _log_summary(server_log: Path, redis_log: Path) -> dict[str, Any]:
+    """The server's warnings and errors, counted by message, and what Redis said about its
+    clients (output buffer limits, disconnections): what went wrong, if anything did."""
+    warnings: Counter[str] = Counter()
+    for line in server_log.read_text(errors="replace").splitlines():
+        try:  # JSON lines (app.ops.logs), else text: "<time> <LEVEL> <logger>: <message>"
+            record = json.loads(line)
+            level, message = str(record["level"]).upper(), str(record["msg"])
+        except (ValueError, TypeError, KeyError):
+            level, _, message = line[24:].partition(" ")
+        if level in ("WARNING", "ERROR", "CRITICAL"):
+            warnings[f"{level}: {message.strip()[:120]}"] += 1
+    redis = [
+        line[:200]
+        for line in redis_log.read_text(errors="replace").splitlines()
+        if "client" in line.lower() or "buffer" in line.lower()
+    ]
+    return {"server_warnings": dict(warnings.most_common(10)), "redis": redis[:10]}
+
+
 def _wait_http(url: str, proc: subprocess.Popen[bytes], timeout_s: float = 30) -> None:
     deadline = time.monotonic() + timeout_s
     while True:
@@ -120,7 +141,7 @@ def hold(
         redis = subprocess.Popen(
             ["taskset", "-c", CLIENT_CPU, "redis-server", "--port", str(redis_port),
              "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", str(tmp)],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            stdout=(tmp / "redis.log").open("wb"), stderr=subprocess.STDOUT,
         )  # fmt: skip
         started.append(redis)
         limits = {k: v for k, v in OPEN_LIMITS.items() if "HEARTBEAT" not in k}
@@ -134,7 +155,7 @@ def hold(
         server = subprocess.Popen(
             ["taskset", "-c", SERVER_CPU, gunicorn, "-c", "deploy/gunicorn.conf.py",
              "--bind", f"127.0.0.1:{port}"],
-            cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=(tmp / "server.log").open("wb"),
         )  # fmt: skip
         started.append(server)
         _wait_http(f"http://127.0.0.1:{metrics_port}/metrics", server)
@@ -161,15 +182,17 @@ def hold(
         # every socket is open and idle (but for heartbeats) until the hold ends.
         connect_began = time.time() + setup_s
         time.sleep(setup_s)
-        open_sockets, stalled_since = 0.0, time.monotonic()
-        while open_sockets < connections and time.monotonic() - stalled_since < 60:
-            time.sleep(2)
+        open_sockets, grew_at = 0.0, time.time()
+        while open_sockets < connections and time.time() - grew_at < 10:
+            time.sleep(1)
             now_open = _metric(metrics_port, "hubbub_connections")
             if now_open > open_sockets:
-                stalled_since = time.monotonic()
+                grew_at = time.time()
             open_sockets = now_open
-        connected_after_s = time.time() - connect_began
-        time.sleep(max(0.0, seconds - 15))  # before the generator probes and closes
+        connected_after_s = grew_at - connect_began
+        # The generator holds its sockets ``seconds`` from its last connect: measure before it
+        # probes and closes them.
+        time.sleep(max(0.0, grew_at + seconds - 15 - time.time()))
         rss_after = {pid: _rss_kib(pid) for pid in pids}
         sockets = {pid: _sockets(pid) for pid in pids}
         open_sockets = _metric(metrics_port, "hubbub_connections")
@@ -180,6 +203,8 @@ def hold(
             raise RuntimeError(f"the load generator failed: {err.decode()[-2000:]}")
         generated = json.loads(out.decode().strip().splitlines()[-1])
         alive_workers = sum(1 for pid in pids if Path(f"/proc/{pid}").exists())
+        reconnects = _metric(metrics_port, "hubbub_broker_reconnects_total")
+        logged = _log_summary(tmp / "server.log", tmp / "redis.log")
     finally:
         for proc in reversed(started):
             if proc.poll() is None:
@@ -209,6 +234,8 @@ def hold(
         # What the server refused meanwhile (error frames by code, upgrades refused).
         "server_error_frames": {k: v for k, v in errors.items() if v},
         "server_upgrades_refused": {k: v for k, v in refused.items() if v},
+        "broker_reconnects": reconnects,
+        "logged": logged,
         "generator": generated,
     }
 

@@ -268,7 +268,8 @@ async def rtt(plan: Plan, part: int) -> Stats:
 
 # -- connections --------------------------------------------------------------------------
 
-# An upgrade a full worker closes with 1013 (try again later) is retried, as clients do.
+# An upgrade a full worker closes with 1013 (try again later), or a join refused for now, is
+# retried, as clients do.
 RETRIES_ON_1013 = 5
 
 
@@ -328,6 +329,22 @@ async def connections(plan: Plan, part: int) -> Stats:
         ws, _ = await open_client(plan.url, f"k{i}", source=source_address(plan, i))
         return ws
 
+    async def join(ws: Client, room: str) -> None:
+        # A join refused with broker_unavailable or rate_limited did not happen: clients send
+        # it again later (docs/protocol.md).
+        for _ in range(RETRIES_ON_1013):
+            ws.send({"type": "join", "room": room})
+            try:
+                await until(ws, "joined")
+                return
+            except Refused as refused:
+                if refused.code not in ("broker_unavailable", "rate_limited"):
+                    raise
+            stats.counters["retried_join"] += 1
+            await asyncio.sleep(0.5 + random.random())
+        ws.send({"type": "join", "room": room})
+        await until(ws, "joined")
+
     def room_of(n: int) -> str:
         # A room's members are all in this process, so that it knows who should get a probe.
         return f"hold{part}-{n // plan.room_size}"
@@ -345,8 +362,7 @@ async def connections(plan: Plan, part: int) -> Stats:
                 return
             if plan.room_size:
                 try:
-                    ws.send({"type": "join", "room": room_of(n)})
-                    await until(ws, "joined")
+                    await join(ws, room_of(n))
                 except Exception as exc:
                     stats.counters[f"failed:join {_failure(exc)}"] += 1
                     ws.abort()
