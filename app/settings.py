@@ -193,6 +193,13 @@ class Settings(BaseSettings):
         description="Timeout of one Redis command (and of connecting); a publish that takes "
         "longer fails with `broker_unavailable`, and the connection it waited on is reopened.",
     )
+    redis_pool_size: int = Field(
+        50,
+        ge=1,
+        description="Connections each of a worker's Redis clients (broker, presence, quotas) "
+        "may open for commands; a command that finds them all busy waits for one, up to "
+        "`CHAT_REDIS_TIMEOUT_S`.",
+    )
     redis_reconnect_max_s: float = Field(
         5.0,
         gt=0,

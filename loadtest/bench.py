@@ -22,6 +22,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from importlib.metadata import version
@@ -206,6 +207,7 @@ class Case:
     metric: str
     higher_is_better: bool = True
     memory: bool = False
+    gc: bool = False  # also the collector's pauses under traffic (Hubbub only)
     once: bool = False  # a long run, in the first round only
     results: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
 
@@ -232,7 +234,7 @@ def cases(smoke: bool) -> list[Case]:
              ["fanout", "--subscribers", str(int(rooms) * 9), "--rooms", rooms,
               "--publishers", rooms, "--rate", rooms, "--seconds", s, "--setup", setup,
               "--grace", "3"],
-             ["hubbub", "baseline"], "p99_ms", higher_is_better=False),
+             ["hubbub", "baseline"], "p99_ms", higher_is_better=False, gc=True),
         Case("rtt-closed", "rtt, 100 clients, closed loop",
              ["rtt", "--clients", "100", "--seconds", s], ["hubbub", "baseline"],
              "messages_per_s"),
@@ -271,8 +273,51 @@ def measure(case: Case, kind: str, plot: Path | None) -> dict[str, Any]:
         if case.memory:
             # Sample the memory while the connections are held: halfway through the hold.
             result = _with_memory_probe(case, server, before)
+        elif case.gc and kind.startswith("hubbub"):
+            result = _with_gc_probe(case, server, plot)
         else:
             result = loadtest([*case.args, "--url", server.url], plot)
+    return result
+
+
+def gc_pauses(port: int) -> dict[str, float]:
+    """The server's ``hubbub_gc_pause_seconds`` buckets (all generations summed), by bound."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
+        text = response.read().decode()
+    buckets: dict[str, float] = {}
+    for line in text.splitlines():
+        if line.startswith("hubbub_gc_pause_seconds_bucket{"):
+            labels, value = line.rsplit(" ", 1)
+            bound = labels.split('le="', 1)[1].split('"', 1)[0]
+            buckets[bound] = buckets.get(bound, 0.0) + float(value)
+    return buckets
+
+
+def _with_gc_probe(case: Case, server: Server, plot: Path | None) -> dict[str, Any]:
+    """Run ``case`` and read the collector's pauses as its traffic starts and as it ends (not
+    while sockets connect or close): how many passes, how many over 10 and 25 ms."""
+    import threading
+
+    setup = float(case.args[case.args.index("--setup") + 1])
+    seconds = float(case.args[case.args.index("--seconds") + 1])
+    reads: list[dict[str, float]] = []
+
+    def probe() -> None:
+        for delay in (setup, seconds):
+            time.sleep(delay)
+            with contextlib.suppress(OSError):
+                reads.append(gc_pauses(server.port))
+
+    thread = threading.Thread(target=probe, daemon=True)
+    thread.start()
+    result = loadtest([*case.args, "--url", server.url], plot)
+    thread.join()
+    if len(reads) == 2:
+        before, after = reads
+        passes = after["+Inf"] - before.get("+Inf", 0.0)
+        result["gc_passes"] = passes
+        for bound, name in (("0.01", "gc_over_10ms"), ("0.025", "gc_over_25ms")):
+            result[name] = passes - (after[bound] - before.get(bound, 0.0))
     return result
 
 
@@ -357,6 +402,7 @@ def report(selected: list[Case], rounds: int, started: float) -> str:
             others = []
             for key in ("deliveries_per_s", "messages_per_s", "cycles_per_s", "p50_ms", "p99_ms",
                         "missing", "duplicates", "out_of_order", "alive", "rss_held_kib",
+                        "gc_passes", "gc_over_10ms", "gc_over_25ms",
                         "generator_cpu_percent"):  # fmt: skip
                 numbers = [r[key] for r in runs if isinstance(r.get(key), int | float)]
                 if key != case.metric and numbers:

@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx2 as httpx
+from redis.asyncio import Redis
 from websockets.asyncio.client import connect
 
 from app.broker.redis import RedisBroker
@@ -357,3 +358,37 @@ async def test_typing_reaches_the_room_on_every_server(redis_server: RedisServer
             stored = (await http.get(f"{a.http_url}/rooms/t/messages")).json()["messages"]
         assert [m["type"] for m in stored] == ["message"]
         assert await elsewhere.is_responsive()  # nothing else was queued for it
+
+
+async def test_a_burst_of_joins_waits_for_redis_connections_instead_of_failing(
+    redis_server: RedisServer, redis: Redis
+) -> None:
+    """Sixty clients join at once while each Redis client of the worker (broker, presence,
+    quotas) may open only two connections: every join is answered ``joined`` (the calls queue
+    for a connection), none ``broker_unavailable``, and Redis sees a few connections, not one
+    per join."""
+    settings = redis_settings(redis_server, redis_pool_size=2, redis_timeout_s=5.0)
+    async with run_server(settings) as live, contextlib.AsyncExitStack() as stack:
+        await wait_until(lambda: live.state.broker.ready)
+        clients = await asyncio.gather(
+            *(
+                stack.enter_async_context(ChatClient.connect(live.ws_url(f"u{n}")))
+                for n in range(60)
+            )
+        )
+
+        async def join(client: ChatClient, n: int) -> dict[str, Any]:
+            await client.send({"type": "join", "room": f"r{n % 6}"})
+            while True:
+                frame = await client.next_frame(timeout=10)
+                if frame["type"] in ("joined", "error"):
+                    return frame
+
+        answers = await asyncio.gather(*(join(c, n) for n, c in enumerate(clients)))
+        assert [a["type"] for a in answers] == ["joined"] * 60, [
+            a for a in answers if a["type"] != "joined"
+        ]
+        # A few pools of two, the broker's subscription, and this test's own client: not a
+        # connection per join.
+        clients_info = await redis.info("clients")
+        assert clients_info["connected_clients"] <= 12, clients_info

@@ -8,7 +8,7 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Final, TypeVar
 
-from redis.asyncio import Redis
+from redis.asyncio import BlockingConnectionPool, Redis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
@@ -35,16 +35,22 @@ def command_client(settings: Settings) -> Redis:
     """A client for commands and scripts: every call times out after ``redis_timeout_s``
     and is retried once, on a fresh connection (a pooled one may be stale after Redis
     restarted). The retry is redis-py's asyncio ``Retry``: the client awaits it (the sync one
-    it used to be given never retried)."""
+    it used to be given never retried).
+
+    It holds at most ``redis_pool_size`` connections; a call that finds them all busy waits
+    for one, up to ``redis_timeout_s``. (redis-py's default pool refuses it at once with
+    ``MaxConnectionsError``: a burst of joins, say every client reconnecting after a deploy,
+    was refused with ``broker_unavailable`` while Redis was fine.)"""
     assert settings.redis_url is not None
-    return pack_with_hiredis(
-        Redis.from_url(
-            settings.redis_url,
-            socket_timeout=settings.redis_timeout_s,
-            socket_connect_timeout=settings.redis_timeout_s,
-            retry=Retry(NoBackoff(), 1),
-        )
+    pool = BlockingConnectionPool.from_url(
+        settings.redis_url,
+        max_connections=settings.redis_pool_size,
+        timeout=settings.redis_timeout_s,
+        socket_timeout=settings.redis_timeout_s,
+        socket_connect_timeout=settings.redis_timeout_s,
+        retry=Retry(NoBackoff(), 1),
     )
+    return pack_with_hiredis(Redis.from_pool(pool))
 
 
 def subscriber_client(settings: Settings) -> Redis:
