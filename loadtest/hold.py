@@ -244,7 +244,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--connections", type=int, default=100_000)
     parser.add_argument("--seconds", type=float, default=300.0, help="the hold")
-    parser.add_argument("--ramp", type=float, default=1000.0, help="connects per second")
+    parser.add_argument("--ramp", type=float, default=500.0, help="connects per second")
     parser.add_argument("--room-size", type=int, default=10)
     parser.add_argument("--per-worker", type=int, default=15_000, help="sockets per worker")
     parser.add_argument(
