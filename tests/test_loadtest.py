@@ -26,6 +26,19 @@ async def _loadtest(*args: str) -> dict[str, Any]:
     return result
 
 
+async def _module_json(module: str, *args: str, timeout_s: float) -> dict[str, Any]:
+    """Run ``python -m module args`` and return the JSON it prints."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", module, *args, cwd=ROOT,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    async with asyncio.timeout(timeout_s):
+        out, err = await proc.communicate()
+    assert proc.returncode == 0, err.decode()
+    result: dict[str, Any] = json.loads(out)
+    return result
+
+
 @pytest.fixture
 async def app() -> Any:
     server = AppProcess(
@@ -118,15 +131,10 @@ def test_bench_ratio_is_the_median_of_the_rounds_ratios() -> None:
 async def test_gc_pause_benchmark_runs(tmp_path: Path) -> None:
     """``python -m loadtest.gc_pauses``, tiny: a fresh server, traffic, and the collector's
     pauses under it read from the server's metrics."""
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "loadtest.gc_pauses", "--subscribers", "90", "--rooms", "10",
-        "--rate", "50", "--seconds", "2", "--setup", "4", cwd=ROOT,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    result = await _module_json(
+        "loadtest.gc_pauses", "--subscribers", "90", "--rooms", "10", "--rate", "50",
+        "--seconds", "2", "--setup", "4", timeout_s=90,
     )  # fmt: skip
-    async with asyncio.timeout(90):
-        out, err = await proc.communicate()
-    assert proc.returncode == 0, err.decode()
-    result = json.loads(out)
     assert result["connections"] == 100
     assert result["generator"]["missing"] == 0 and result["generator"]["delivered"] > 0
     pauses = result["pauses_under_traffic"]
@@ -138,16 +146,11 @@ async def test_gc_pause_benchmark_runs(tmp_path: Path) -> None:
 async def test_the_connection_hold_smoke() -> None:
     """``python -m loadtest.hold`` (``make bench-100k``), tiny: gunicorn with two workers and
     Redis, 600 sockets from two source addresses in rooms of 10, each probed after the hold."""
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "loadtest.hold", "--connections", "600", "--seconds", "3",
-        "--ramp", "600", "--per-worker", "300", "--generator-sockets", "300",
-        "--address-sockets", "300", cwd=ROOT,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    result = await _module_json(
+        "loadtest.hold", "--connections", "600", "--seconds", "3", "--ramp", "600",
+        "--per-worker", "300", "--generator-sockets", "300", "--address-sockets", "300",
+        timeout_s=120,
     )  # fmt: skip
-    async with asyncio.timeout(120):
-        out, err = await proc.communicate()
-    assert proc.returncode == 0, err.decode()
-    result = json.loads(out)
     assert result["workers"] == 2 and result["workers_alive_at_the_end"] == 2
     assert result["generator_processes"] == result["source_addresses"] == 2
     assert result["open_sockets_at_the_end_of_the_hold"] == 600
