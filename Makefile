@@ -14,7 +14,7 @@ export UV_PROJECT_ENVIRONMENT := $(VENV)
 # Trust the machine's CA store (corporate proxies, mirrors), like pip and apt do.
 export UV_SYSTEM_CERTS := 1
 # Debian packages the test suite drives for real (binary:package).
-DEB_TEST_DEPS := redis-server:redis-server promtool:prometheus nginx:nginx kubectl:kubernetes-client chromium:chromium
+DEB_TEST_DEPS := redis-server:redis-server promtool:prometheus nginx:nginx kubectl:kubernetes-client chromium:chromium pg_ctlcluster:postgresql
 
 .PHONY: help install run test bench bench-100k chaos k8s-check lint typecheck check deb-deps docs-config dashboard clean
 

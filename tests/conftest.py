@@ -10,7 +10,7 @@ import uvloop
 from redis.asyncio import Redis
 
 from tests.helpers import LiveServer, make_settings, run_server
-from tests.processes import RedisServer
+from tests.processes import PostgresServer, RedisServer
 
 
 def pytest_asyncio_loop_factories(config: Any, item: Any) -> Mapping[str, Callable[[], Any]]:
@@ -43,3 +43,14 @@ async def redis(redis_server: RedisServer) -> AsyncIterator[Redis]:
         yield client
     finally:
         await client.aclose()
+
+
+@pytest.fixture
+async def postgres_server() -> AsyncIterator[PostgresServer]:
+    """A real PostgreSQL cluster on a free port, for this test only (it may kill it)."""
+    server = PostgresServer()
+    await server.start()
+    try:
+        yield server
+    finally:
+        await server.stop()

@@ -80,6 +80,100 @@ class RedisServer:
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
+def postgres_binaries() -> Path:
+    """Debian's PostgreSQL server binaries (``/usr/lib/postgresql/<version>/bin``)."""
+    found = sorted(Path("/usr/lib/postgresql").glob("*/bin/initdb"))
+    assert found, "PostgreSQL is missing: `make test` installs Debian's postgresql"
+    return found[-1].parent
+
+
+class PostgresServer:
+    """A throwaway PostgreSQL cluster (``initdb`` in a temporary directory, ``postgres`` on a
+    free loopback port), run as an unprivileged user when the tests run as root (CI does:
+    PostgreSQL refuses to run as root). Trust authentication, loopback only."""
+
+    USER = "nobody"
+
+    def __init__(self) -> None:
+        self.bin = postgres_binaries()
+        self.port = free_port()
+        self.dir = tempfile.mkdtemp(prefix="hubbub-pg-")
+        self.data = os.path.join(self.dir, "data")
+        self.proc: asyncio.subprocess.Process | None = None
+
+    def url(self, database: str = "postgres") -> str:
+        return f"postgresql://postgres@127.0.0.1:{self.port}/{database}"
+
+    def _as_owner(self, *command: str) -> list[str]:
+        if os.geteuid() != 0:
+            return list(command)
+        return ["runuser", "-u", self.USER, "--", *command]
+
+    async def start(self) -> None:
+        if os.geteuid() == 0:
+            shutil.chown(self.dir, user=self.USER)
+        os.chmod(self.dir, 0o700)
+        init = await asyncio.create_subprocess_exec(
+            *self._as_owner(str(self.bin / "initdb"), "-D", self.data, "-A", "trust",
+                            "-U", "postgres", "--no-sync"),
+            stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
+        )  # fmt: skip
+        _, err = await init.communicate()
+        assert init.returncode == 0, f"initdb failed: {err.decode()}"
+        await self.resume()
+
+    async def resume(self) -> None:
+        """Start ``postgres`` on the cluster (again, after :meth:`kill`)."""
+        self.proc = await asyncio.create_subprocess_exec(
+            *self._as_owner(str(self.bin / "postgres"), "-D", self.data, "-p", str(self.port),
+                            "-k", self.dir, "-c", "listen_addresses=127.0.0.1",
+                            "-c", "fsync=off"),
+            stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
+        )  # fmt: skip
+        await wait_for_port(self.port, self.proc, "postgres")
+
+    async def create_database(self, name: str) -> str:
+        """Create database ``name``; returns its URL."""
+        psql = await asyncio.create_subprocess_exec(
+            str(self.bin / "psql"), "-h", "127.0.0.1", "-p", str(self.port), "-U", "postgres",
+            "-v", "ON_ERROR_STOP=1", "-c", f'CREATE DATABASE "{name}"',
+            stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
+        )  # fmt: skip
+        _, err = await psql.communicate()
+        assert psql.returncode == 0, f"CREATE DATABASE failed: {err.decode()}"
+        return self.url(name)
+
+    def _signal_postmaster(self, sig: int) -> bool:
+        # The postmaster itself, by the PID it wrote: under runuser, self.proc is runuser,
+        # which cannot pass a SIGKILL on.
+        try:
+            pid = int(Path(self.data, "postmaster.pid").read_text().split()[0])
+            os.kill(pid, sig)
+        except (OSError, ValueError, IndexError):
+            return False
+        return True
+
+    async def kill(self) -> None:
+        """SIGKILL the postmaster, as when its host dies (its backends exit when they notice)."""
+        if self.proc is not None and self.proc.returncode is None:
+            if not self._signal_postmaster(signal.SIGKILL):
+                self.proc.send_signal(signal.SIGKILL)
+            await self.proc.wait()
+        self.proc = None
+
+    async def stop(self) -> None:
+        if self.proc is not None and self.proc.returncode is None:
+            if not self._signal_postmaster(signal.SIGINT):  # fast shutdown
+                self.proc.send_signal(signal.SIGINT)
+            try:
+                async with asyncio.timeout(15):
+                    await self.proc.wait()
+            except TimeoutError:
+                await self.kill()
+        self.proc = None
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
 # Tests connect often, from one address, with a few names: limits a test does not study are
 # out of the way (tests of a limit set it themselves).
 GENEROUS_LIMITS = {

@@ -1,0 +1,42 @@
+"""The store's tables (SQLAlchemy Core). Changes go through a migration in
+``app/store/migrations/versions`` (tests/test_store.py checks the two agree)."""
+
+from __future__ import annotations
+
+from typing import Final
+
+from sqlalchemy import BigInteger, Column, Index, MetaData, String, Table, Text
+
+# Constraint names spelled out, so that migrations can refer to them on every database.
+metadata: Final = MetaData(
+    naming_convention={
+        "pk": "pk_%(table_name)s",
+        "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+    }
+)
+
+# One row per message. ``conversation`` is a room's name, or ``dm:<a>:<b>`` for the direct
+# messages between users a and b (a < b); ``id`` is the message id clients see (increasing
+# within the conversation, below 2^53), so (conversation, id) is unique and archiving the same
+# message twice is a no-op.
+messages: Final = Table(
+    "messages",
+    metadata,
+    Column("conversation", String(200), primary_key=True),
+    Column("id", BigInteger, primary_key=True, autoincrement=False),
+    Column("user", String(100), nullable=False),
+    Column("text", Text, nullable=False),
+    Column("ts_ms", BigInteger, nullable=False),
+)
+# Retention deletes by time.
+Index("ix_messages_ts_ms", messages.c.ts_ms)
+
+# What each user has read: the id of the newest message they have seen in a conversation
+# (unread counts are the messages after it).
+read_state: Final = Table(
+    "read_state",
+    metadata,
+    Column("user", String(100), primary_key=True),
+    Column("conversation", String(200), primary_key=True),
+    Column("last_read_id", BigInteger, nullable=False),
+)

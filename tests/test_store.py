@@ -1,0 +1,126 @@
+"""The durable store on both databases it runs on: a real PostgreSQL (started by the test)
+and SQLite (a file in a temporary directory)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+from alembic.autogenerate import compare_metadata
+from alembic.runtime.migration import MigrationContext
+from sqlalchemy import Connection, text
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from app.store.database import StoreError, engine_for, migrate
+from app.store.messages import MessageStore, StoredMessage
+from app.store.schema import metadata
+from tests.processes import PostgresServer
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+async def engine(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[AsyncEngine]:
+    """A migrated store on each database."""
+    if request.param == "sqlite":
+        url = f"sqlite:///{tmp_path}/data/chat.db"
+        server = None
+    else:
+        server = PostgresServer()
+        await server.start()
+        url = await server.create_database("hubbub")
+    engine = engine_for(url)
+    try:
+        await migrate(engine)
+        yield engine
+    finally:
+        await engine.dispose()
+        if server is not None:
+            await server.stop()
+
+
+def _message(conversation: str, n: int) -> StoredMessage:
+    return StoredMessage(
+        conversation, 1_000 + n, f"user{n % 3}", f"text {n} ✓", 1_795_000_000_000 + n
+    )
+
+
+async def test_migrating_builds_the_schema_the_code_describes(engine: AsyncEngine) -> None:
+    """After the migrations the database matches app/store/schema.py, and migrating again
+    changes nothing."""
+
+    def differences(connection: Connection) -> list[object]:
+        return list(compare_metadata(MigrationContext.configure(connection), metadata))
+
+    async with engine.connect() as connection:
+        assert await connection.run_sync(differences) == []
+    head = await migrate(engine)
+    async with engine.connect() as connection:
+        version = (await connection.execute(text("SELECT version_num FROM alembic_version"))).all()
+    assert version == [(head,)]
+
+
+async def test_a_batch_stored_twice_is_stored_once(engine: AsyncEngine) -> None:
+    """The archiver is at-least-once: a batch (or part of one) stored again adds nothing."""
+    store = MessageStore(engine)
+    batch = [_message("lobby", n) for n in range(10)]
+    assert await store.add(batch) == 10
+    assert await store.add([*batch[5:], _message("lobby", 10)]) == 1
+    assert await store.count("lobby") == 11
+    assert await store.after("lobby", 0, 100) == [*batch, _message("lobby", 10)]
+
+
+async def test_pages_scroll_back_and_forth_in_id_order(engine: AsyncEngine) -> None:
+    """``before`` pages back from the newest, ``after`` forward from an id; each page is in
+    id order, conversations do not mix."""
+    store = MessageStore(engine)
+    await store.add([_message("a", n) for n in range(25)] + [_message("b", n) for n in range(5)])
+    newest = await store.before("a", None, 10)
+    assert [m.id for m in newest] == list(range(1_015, 1_025))
+    older = await store.before("a", newest[0].id, 10)
+    assert [m.id for m in older] == list(range(1_005, 1_015))
+    oldest = await store.before("a", older[0].id, 10)
+    assert [m.id for m in oldest] == list(range(1_000, 1_005))
+    assert await store.before("a", oldest[0].id, 10) == []
+    assert [m.id for m in await store.after("a", 1_020, 10)] == list(range(1_021, 1_025))
+    assert {m.conversation for m in await store.after("b", 0, 100)} == {"b"}
+
+
+async def test_an_unreachable_database_is_a_clear_error(postgres_server: PostgresServer) -> None:
+    """Nothing listening, a database that does not exist: StoreError says where and why."""
+    url = postgres_server.url("missing")
+    with pytest.raises(StoreError, match=r"cannot open the store at postgresql\+asyncpg://"):
+        await migrate(engine_for(url, timeout_s=2))
+    await postgres_server.stop()
+    with pytest.raises(StoreError, match="cannot open the store"):
+        await migrate(engine_for(postgres_server.url(), timeout_s=2))
+
+
+async def test_a_corrupt_sqlite_file_is_a_clear_error(tmp_path: Path) -> None:
+    path = tmp_path / "chat.db"
+    path.write_bytes(b"this is not a database" * 100)
+    with pytest.raises(StoreError, match="file is not a database"):
+        await migrate(engine_for(f"sqlite:///{path}"))
+
+
+async def test_a_schema_from_a_newer_version_is_refused(tmp_path: Path) -> None:
+    """A database migrated by a newer Hubbub (an unknown revision) is not touched."""
+    engine = engine_for(f"sqlite:///{tmp_path}/chat.db")
+    await migrate(engine)
+    async with engine.begin() as connection:
+        await connection.execute(text("UPDATE alembic_version SET version_num = '9999'"))
+    with pytest.raises(StoreError, match=r"revision '9999'.*newer version"):
+        await migrate(engine)
+    await engine.dispose()
+
+
+@pytest.mark.parametrize(
+    ("url", "why"),
+    [
+        ("mysql://db/chat", "must start with postgresql:// or sqlite:///"),
+        ("sqlite://", "SQLite needs a file"),
+        ("not a url", "not a database URL"),
+    ],
+)
+def test_a_bad_database_url_is_a_clear_error(url: str, why: str) -> None:
+    with pytest.raises(StoreError, match=why):
+        engine_for(url)
