@@ -1,7 +1,9 @@
-"""Outbox, rate limiter, dedup and the memory broker's clock, without sockets (the broker
-contract is tests/test_broker_contract.py)."""
+"""Outbox, rate limiter, dedup, the memory broker's clock and the connection cap, without
+sockets (the broker contract is tests/test_broker_contract.py)."""
 
 from __future__ import annotations
+
+import resource
 
 import pytest
 
@@ -9,6 +11,7 @@ from app.access.ratelimit import RateLimiter, Verdict
 from app.broker.dedup import RecentIds
 from app.broker.memory import MemoryBroker
 from app.errors import BrokerUnavailable
+from app.ops.descriptors import connection_cap
 from app.transport.outbox import Outbox
 from tests.helpers import make_settings
 from tests.test_broker_contract import Recorder
@@ -80,3 +83,13 @@ async def test_memory_broker_ids_increase_while_the_clock_stands_still() -> None
     assert ids == sorted(ids) and len(set(ids)) == 4
     await broker.stop()
     assert not broker.ready
+
+
+def test_connection_cap_keeps_headroom_below_the_descriptor_limit() -> None:
+    """A worker holds at most 95 % of its descriptor limit (at least 64 kept free), never
+    more than CHAT_MAX_CONNECTIONS, and any number under an unlimited descriptor limit."""
+    assert connection_cap(20_000, 200_000) == 20_000
+    assert connection_cap(20_000, 20_000) == 19_000
+    assert connection_cap(20_000, 200) == 136
+    assert connection_cap(20_000, 50) == 1  # nothing sensible fits: one socket, not zero
+    assert connection_cap(20_000, resource.RLIM_INFINITY) == 20_000

@@ -27,7 +27,7 @@ def raise_soft_limit() -> int:
     """Raise this process's soft descriptor limit to its hard limit; return the soft limit.
     (The soft limit is often 1,024 while the hard one allows far more.)"""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft != hard:
+    if soft != hard and hard != resource.RLIM_INFINITY:
         try:
             resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
             soft = hard
@@ -39,6 +39,8 @@ def raise_soft_limit() -> int:
 def connection_cap(max_connections: int, descriptor_limit: int) -> int:
     """How many WebSockets one worker may hold: ``max_connections`` (CHAT_MAX_CONNECTIONS),
     or fewer when the descriptor limit leaves no headroom for it (logged, once per worker)."""
+    if descriptor_limit == resource.RLIM_INFINITY:
+        return max_connections
     headroom = max(MIN_HEADROOM, int(descriptor_limit * HEADROOM_SHARE))
     allowed = max(1, descriptor_limit - headroom)
     if max_connections <= allowed:
