@@ -158,3 +158,15 @@ async def test_the_connection_hold_smoke() -> None:
     assert generated["connected"] == generated["alive"] == 600, generated
     assert generated["probe_answered"] == generated["probe_received"] == 600, generated
     assert result["rss_kib_per_connection"] > 0
+
+
+async def test_the_delivery_cost_smoke() -> None:
+    """``python -m loadtest.delivery_cost``, tiny: every offered message reaches every member's
+    transport in one write each (one message per room per loop iteration), and a cost comes
+    out."""
+    result = await _module_json(
+        "loadtest.delivery_cost", "--rooms", "20", "--room-size", "5", "--rounds", "3",
+        "--per-iteration", "20", timeout_s=60,
+    )  # fmt: skip
+    assert result["deliveries"] == result["writes"] == 20 * 5 * 3
+    assert result["ns_per_delivery"] > 0
