@@ -48,7 +48,7 @@ test: $(STAMP) deb-deps  ## install everything the tests need, then run the whol
 bench: $(STAMP) deb-deps  ## every load-test scenario vs the baseline (~14 min); rewrites docs/benchmarks.md
 	$(VENV)/bin/python -m loadtest.bench
 
-bench-100k: $(STAMP) deb-deps  ## hold 100,000 WebSockets for 5 min (gunicorn + Redis, ~8 min); prints the figures
+bench-100k: $(STAMP) deb-deps  ## hold 100,000 WebSockets for 5 min (gunicorn + Redis, ~10 min); writes docs/bench/hold-100k.json
 	$(VENV)/bin/python -m loadtest.hold --json docs/bench/hold-100k.json
 
 k8s-check: $(STAMP) deb-deps  ## server-side dry run of k8s/ on a real kube-apiserver under Pod Security restricted
