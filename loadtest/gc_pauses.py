@@ -5,8 +5,9 @@ A fresh ``python -m app`` (memory broker, one worker) on core 0; the fan-out gen
 1 (two processes: 17,100 subscribers + 1,900 publishers, 1,900 rooms, ``--rate`` messages/s).
 The worker's ``hubbub_gc_pause_seconds`` (and ``hubbub_gc_collected_objects_total``) is read
 when every socket is open and again as the measured phase ends, before the sockets close: the
-difference is the collections made while serving traffic, by generation and bucket. Run it
-with ``--freeze-interval 0`` and with the default to compare.
+difference is the collections made while serving traffic, by generation and bucket (and the
+first reading, the collections made while the sockets connected). Run it with
+``--freeze-interval 0`` and with the default to compare.
 """
 
 from __future__ import annotations
@@ -106,6 +107,8 @@ def measure(
         "freeze_interval_s": freeze_interval_s,
         "connections": before.get("hubbub_connections", 0.0),
         "generator": json.loads(out.strip().splitlines()[-1]),
+        # From the worker's start until every socket is open: mostly the sockets connecting.
+        "pauses_while_connecting": {name: v for name, v in before.items() if "_gc_" in name},
         "pauses_under_traffic": under_traffic,
     }
 

@@ -62,7 +62,8 @@ _PUBLISH_BUCKETS: Final = (
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
 )  # fmt: skip
 _DURATION_BUCKETS: Final = (1, 10, 60, 300, 900, 3600, 4 * 3600, 12 * 3600, 24 * 3600)
-_GC_BUCKETS: Final = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
+# 0.02: no collection under traffic may pause a worker longer (issue 19); a bound to read it by.
+_GC_BUCKETS: Final = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.02, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
 _SIZE_BUCKETS: Final = (1, 2, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000)
 _PAGE_SIZE: Final = os.sysconf("SC_PAGE_SIZE")
 
