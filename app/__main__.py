@@ -12,6 +12,7 @@ from app.main import create_app
 from app.ops.logs import logging_config
 from app.server import DrainingServer, uvicorn_options
 from app.settings import SettingsError, load_settings
+from app.store.database import StoreError, prepare
 
 
 def main() -> int:
@@ -20,6 +21,12 @@ def main() -> int:
     except SettingsError as exc:
         print(f"hubbub: {exc}", file=sys.stderr)
         return 2
+    if settings.database_url is not None:
+        try:
+            prepare(settings.database_url)
+        except StoreError as exc:
+            print(f"hubbub: {exc}", file=sys.stderr)
+            return 2
     config = uvicorn.Config(
         create_app(settings),
         host=settings.host,

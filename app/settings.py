@@ -193,6 +193,13 @@ class Settings(BaseSettings):
         description="Timeout of one Redis command (and of connecting); a publish that takes "
         "longer fails with `broker_unavailable`, and the connection it waited on is reopened.",
     )
+    database_url: str | None = Field(
+        None,
+        description="The durable store: `postgresql://user:password@host:port/db` or "
+        "`sqlite:///path/to/chat.db`. Its schema is migrated at startup (once, before the "
+        "workers start); a database that cannot be opened stops the server with a message "
+        "saying why. Unset: no store (issue 20 in progress: messages are not archived yet).",
+    )
     redis_pool_size: int = Field(
         50,
         ge=1,

@@ -26,6 +26,7 @@ from typing import Any
 
 from app.ops.logs import logging_config
 from app.settings import SettingsError, load_settings
+from app.store.database import StoreError, prepare
 
 # Not imported from app.ops.metrics: prometheus_client must not be imported in the master before
 # this is set, or the forked workers would inherit it in single-process mode.
@@ -62,14 +63,20 @@ logconfig_dict = logging_config(_settings)
 
 
 def on_starting(server: Any) -> None:
-    """Refuse several workers with the memory broker; start the metrics afresh; listen on the
-    metrics port (added here, so it holds whatever ``--bind`` says)."""
+    """Refuse several workers with the memory broker; migrate the store; start the metrics
+    afresh; listen on the metrics port (added here, so it holds whatever ``--bind`` says)."""
     if server.cfg.workers > 1 and not _settings.redis_url:
         sys.exit(
             f"hubbub: {server.cfg.workers} workers need a shared broker: set CHAT_REDIS_URL "
             "(the embedded memory broker lives in one process, so workers would not see each "
             "other's messages), or run with --workers 1"
         )
+    if _settings.database_url is not None:
+        # Once, in the master: workers (and pods, under an advisory lock) never race to migrate.
+        try:
+            prepare(_settings.database_url)
+        except StoreError as exc:
+            sys.exit(f"hubbub: {exc}")
     for stale in glob.glob(os.path.join(str(_metrics_dir), "*.db")):
         os.remove(stale)
     if _settings.metrics_port is not None:

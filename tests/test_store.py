@@ -9,13 +9,13 @@ from pathlib import Path
 import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
-from sqlalchemy import Connection, text
+from sqlalchemy import Connection, inspect, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.store.database import StoreError, engine_for, migrate
 from app.store.messages import MessageStore, StoredMessage
 from app.store.schema import metadata
-from tests.processes import PostgresServer
+from tests.processes import AppProcess, PostgresServer
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
@@ -124,3 +124,51 @@ async def test_a_schema_from_a_newer_version_is_refused(tmp_path: Path) -> None:
 def test_a_bad_database_url_is_a_clear_error(url: str, why: str) -> None:
     with pytest.raises(StoreError, match=why):
         engine_for(url)
+
+
+async def _exit_of(app: AppProcess) -> tuple[int, str]:
+    await app.start(wait_ready=False)
+    try:
+        code = await app.wait(timeout=30)
+        return code, app.output()
+    finally:
+        await app.stop()
+
+
+@pytest.mark.parametrize("gunicorn", [False, True], ids=["python -m app", "gunicorn"])
+async def test_a_server_with_an_unusable_database_stops_with_a_clear_message(
+    gunicorn: bool, tmp_path: Path
+) -> None:
+    """A corrupt SQLite file at startup: the server exits at once and says which database and
+    why, in one line, without a traceback, and serves nothing."""
+    path = tmp_path / "chat.db"
+    path.write_bytes(b"not a database" * 100)
+    app = AppProcess(
+        {"CHAT_DATABASE_URL": f"sqlite:///{path}"}, gunicorn_workers=1 if gunicorn else None
+    )
+    code, output = await _exit_of(app)
+    assert code != 0
+    assert f"hubbub: cannot open the store at sqlite+aiosqlite:///{path}" in output
+    assert "file is not a database" in output and "Traceback" not in output
+
+
+async def test_a_server_migrates_its_store_before_it_serves(
+    postgres_server: PostgresServer,
+) -> None:
+    """gunicorn on a fresh PostgreSQL database: the master migrates it before the worker
+    serves."""
+    url = await postgres_server.create_database("chat")
+    app = AppProcess({"CHAT_DATABASE_URL": url}, gunicorn_workers=1)
+    await app.start()
+    try:
+        engine = engine_for(url)
+        try:
+            async with engine.connect() as connection:
+                versions = (await connection.execute(text("SELECT * FROM alembic_version"))).all()
+                tables = await connection.run_sync(lambda sync: inspect(sync).get_table_names())
+        finally:
+            await engine.dispose()
+        assert len(versions) == 1
+        assert {"messages", "read_state"} <= set(tables)
+    finally:
+        await app.stop()

@@ -10,6 +10,7 @@ lets several pods start at once; the second waits, then finds the schema current
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from pathlib import Path
 from typing import Final
@@ -126,3 +127,18 @@ def _redacted(url: str) -> str:
         return make_url(url).render_as_string(hide_password=True)
     except ArgumentError:
         return "<unparseable>"
+
+
+def prepare(url: str) -> str:
+    """Open the store at ``url`` once and migrate it, from synchronous code (``python -m app``
+    before it serves, gunicorn's master before it forks); returns the schema revision.
+    Raises :class:`StoreError` with what to fix."""
+
+    async def run() -> str:
+        engine = engine_for(url)
+        try:
+            return await migrate(engine)
+        finally:
+            await engine.dispose()
+
+    return asyncio.run(run())
