@@ -3,6 +3,7 @@ and SQLite (a file in a temporary directory)."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -12,9 +13,11 @@ from alembic.runtime.migration import MigrationContext
 from sqlalchemy import Connection, inspect, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from app.store.archiver import Archiver
 from app.store.database import StoreError, engine_for, migrate
 from app.store.messages import MessageStore, StoredMessage
 from app.store.schema import metadata
+from tests.helpers import wait_until
 from tests.processes import AppProcess, PostgresServer
 
 
@@ -172,3 +175,49 @@ async def test_a_server_migrates_its_store_before_it_serves(
         assert {"messages", "read_state"} <= set(tables)
     finally:
         await app.stop()
+
+
+async def test_the_archiver_stores_everything_offered_in_order(engine: AsyncEngine) -> None:
+    """Offers never wait; every message lands, in batches of at most batch_max."""
+    store = MessageStore(engine)
+    archiver = Archiver(store, batch_max=400, interval_s=0.05)
+    task = asyncio.create_task(archiver.run())
+    try:
+        for n in range(1_000):
+            archiver.offer(_message("lobby", n))
+        await wait_until(lambda: archiver.lag == 0, timeout=20)
+    finally:
+        task.cancel()
+    assert archiver.stored == 1_000 and archiver.dropped == 0
+    assert [m.id for m in await store.after("lobby", 0, 2_000)] == list(range(1_000, 2_000))
+
+
+async def test_archiving_survives_a_database_outage(postgres_server: PostgresServer) -> None:
+    """PostgreSQL killed while messages keep coming: they wait (the lag grows), and once it is
+    back every one is stored, none twice."""
+    url = await postgres_server.create_database("chat")
+    engine = engine_for(url, timeout_s=1)
+    await migrate(engine)
+    store = MessageStore(engine)
+    archiver = Archiver(store, batch_max=100, interval_s=0.05, retry_max_s=0.5)
+    task = asyncio.create_task(archiver.run())
+    try:
+        for n in range(300):
+            archiver.offer(_message("lobby", n))
+        await wait_until(lambda: archiver.lag == 0, timeout=20)
+        await postgres_server.kill()
+        for n in range(300, 600):
+            archiver.offer(_message("lobby", n))
+        await wait_until(lambda: archiver.failures > 0, timeout=20)
+        assert archiver.lag > 0
+        await postgres_server.resume()
+        await wait_until(lambda: archiver.lag == 0, timeout=30)
+    finally:
+        task.cancel()
+        await engine.dispose()
+    engine = engine_for(url)
+    try:
+        stored = await MessageStore(engine).after("lobby", 0, 1_000)
+    finally:
+        await engine.dispose()
+    assert [m.id for m in stored] == list(range(1_000, 1_600))

@@ -1,0 +1,100 @@
+"""The archiver: moves published messages into the store in batches, off the messages'
+latency path.
+
+Contract:
+- :meth:`Archiver.offer` never blocks and never raises: a publish hands its message over and
+  goes on. Messages are stored in the order offered, in batches of at most ``batch_max``,
+  at least every ``interval_s`` while any wait.
+- A batch that fails (the database is down) is kept and retried, with a jittered backoff up
+  to ``retry_max_s``, until it is stored: nothing offered is skipped. Storing is idempotent
+  (:meth:`app.store.messages.MessageStore.add`), so a batch stored twice is stored once.
+- At most ``max_pending`` messages wait; past that the oldest are dropped and counted
+  (``dropped``): the memory a database outage may cost is bounded, and the loss is visible.
+- ``lag`` is how many wait (the archive-lag metric); :meth:`close` stores what waits, within
+  ``close_timeout_s``.
+
+This is the embedded path (the memory broker: one process, ``make run``): what waits is lost
+if the process is killed. The Redis broker archives from Redis instead (issue 20, to come).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+from collections import deque
+
+from app.store.database import StoreError
+from app.store.messages import MessageStore, StoredMessage
+
+logger = logging.getLogger(__name__)
+
+
+class Archiver:
+    def __init__(
+        self,
+        store: MessageStore,
+        batch_max: int = 1000,
+        interval_s: float = 0.2,
+        retry_max_s: float = 5.0,
+        max_pending: int = 1_000_000,
+    ) -> None:
+        self._store = store
+        self._batch_max = batch_max
+        self._interval_s = interval_s
+        self._retry_max_s = retry_max_s
+        self._max_pending = max_pending
+        self._pending: deque[StoredMessage] = deque()
+        self._wake = asyncio.Event()
+        self.stored = 0
+        self.dropped = 0
+        self.failures = 0
+
+    @property
+    def lag(self) -> int:
+        return len(self._pending)
+
+    def offer(self, message: StoredMessage) -> None:
+        if len(self._pending) >= self._max_pending:
+            self._pending.popleft()
+            self.dropped += 1
+        self._pending.append(message)
+        if len(self._pending) >= self._batch_max:
+            self._wake.set()
+
+    async def run(self) -> None:
+        """Store what is offered until cancelled."""
+        backoff = self._interval_s
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), self._interval_s)
+            self._wake.clear()
+            while self._pending:
+                try:
+                    await self._store_one_batch()
+                    backoff = self._interval_s
+                except StoreError as exc:
+                    self.failures += 1
+                    logger.warning("archiving failed, retrying: %s", exc)
+                    await asyncio.sleep(backoff * (0.5 + random.random()))
+                    backoff = min(self._retry_max_s, backoff * 2)
+
+    async def _store_one_batch(self) -> None:
+        batch = [self._pending[n] for n in range(min(self._batch_max, len(self._pending)))]
+        await self._store.add(batch)
+        # Offers during the write only appended; drops during it took from the front, which
+        # may have been this batch's own messages: remove what is still there of it.
+        for message in batch:
+            if self._pending and self._pending[0] is message:
+                self._pending.popleft()
+        self.stored += len(batch)
+
+    async def close(self, close_timeout_s: float = 5.0) -> None:
+        """Store what waits (best effort, within ``close_timeout_s``)."""
+        try:
+            async with asyncio.timeout(close_timeout_s):
+                while self._pending:
+                    await self._store_one_batch()
+        except (StoreError, TimeoutError) as exc:
+            logger.warning("%d messages not archived at shutdown: %s", self.lag, exc)
