@@ -22,12 +22,13 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from importlib.metadata import version
 from pathlib import Path
 from typing import Any
+
+from loadtest.scrape import samples
 
 ROOT = Path(__file__).resolve().parent.parent
 DOC = ROOT / "docs" / "benchmarks.md"
@@ -282,14 +283,10 @@ def measure(case: Case, kind: str, plot: Path | None) -> dict[str, Any]:
 
 def gc_pauses(port: int) -> dict[str, float]:
     """The server's ``hubbub_gc_pause_seconds`` buckets (all generations summed), by bound."""
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
-        text = response.read().decode()
     buckets: dict[str, float] = {}
-    for line in text.splitlines():
-        if line.startswith("hubbub_gc_pause_seconds_bucket{"):
-            labels, value = line.rsplit(" ", 1)
-            bound = labels.split('le="', 1)[1].split('"', 1)[0]
-            buckets[bound] = buckets.get(bound, 0.0) + float(value)
+    for labels, value in samples(port, "hubbub_gc_pause_seconds_bucket").items():
+        bound = labels.split('le="', 1)[1].split('"', 1)[0]
+        buckets[bound] = buckets.get(bound, 0.0) + value
     return buckets
 
 

@@ -15,35 +15,26 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 
-from loadtest.bench import OPEN_LIMITS
+from loadtest.bench import OPEN_LIMITS, free_port
+from loadtest.scrape import samples, wait_http
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def _pauses(metrics_port: int) -> dict[str, float]:
-    url = f"http://127.0.0.1:{metrics_port}/metrics"
-    with urllib.request.urlopen(url, timeout=10) as response:
-        text = response.read().decode()
-    found = {}
-    for line in text.splitlines():
-        names = ("hubbub_gc_pause_seconds_bucket", "hubbub_gc_collected", "hubbub_connections ")
-        if line.startswith(names):
-            name, value = line.rsplit(" ", 1)
-            found[name] = float(value)
-    return found
+    """The worker's collector figures and open sockets, by series (``name{labels}``)."""
+    names = ("hubbub_gc_pause_seconds_bucket", "hubbub_gc_collected_objects_total",
+             "hubbub_connections")  # fmt: skip
+    return {
+        name + labels: value
+        for name in names
+        for labels, value in samples(metrics_port, name).items()
+    }
 
 
 def measure(
@@ -56,7 +47,7 @@ def measure(
 ) -> dict[str, object]:
     """Run one measurement (``rooms`` publishers, one per room); returns the generator's
     figures and the pauses under traffic."""
-    port, metrics_port = _free_port(), _free_port()
+    port, metrics_port = free_port(), free_port()
     env = (
         os.environ
         | OPEN_LIMITS
@@ -73,15 +64,7 @@ def measure(
         cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip
     try:
-        deadline = time.monotonic() + 20
-        while True:
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=1):
-                    break
-            except OSError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.1)
+        wait_http(f"http://127.0.0.1:{port}/healthz", server, timeout_s=20)
         generator = subprocess.Popen(
             ["taskset", "-c", "1", python, "-m", "loadtest", "fanout",
              "--url", f"ws://127.0.0.1:{port}/ws", "--subscribers", str(subscribers),

@@ -32,12 +32,12 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
 from loadtest.bench import CLIENT_CPU, OPEN_LIMITS, ROOT, SERVER_CPU, free_port
+from loadtest.scrape import samples, wait_http
 
 # Sockets per source address. Linux gives connect() the even half of the ephemeral ports
 # (32768-60999) first: past ~14,000 sockets from one address to one server, each connect scans
@@ -69,21 +69,8 @@ def _sockets(pid: int) -> int:
     return count
 
 
-def _samples(port: int, name: str) -> dict[str, float]:
-    """The samples of metric ``name`` (summed over the workers), by their labels."""
-    url = f"http://127.0.0.1:{port}/metrics"
-    with urllib.request.urlopen(url, timeout=30) as response:
-        text = response.read().decode()
-    found: dict[str, float] = {}
-    for line in text.splitlines():
-        if line.startswith(name + " ") or line.startswith(name + "{"):
-            labels, value = line[len(name) :].rsplit(" ", 1)
-            found[labels] = found.get(labels, 0.0) + float(value)
-    return found
-
-
 def _metric(port: int, name: str) -> float:
-    return sum(_samples(port, name).values())
+    return sum(samples(port, name).values())
 
 
 def _log_summary(server_log: Path, redis_log: Path) -> dict[str, Any]:
@@ -104,20 +91,6 @@ def _log_summary(server_log: Path, redis_log: Path) -> dict[str, Any]:
         if "client" in line.lower() or "buffer" in line.lower()
     ]
     return {"server_warnings": dict(warnings.most_common(10)), "redis": redis[:10]}
-
-
-def _wait_http(url: str, proc: subprocess.Popen[bytes], timeout_s: float = 30) -> None:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        if proc.poll() is not None:
-            raise RuntimeError(f"the server exited with {proc.returncode}")
-        try:
-            with urllib.request.urlopen(url, timeout=1):
-                return
-        except OSError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.1)
 
 
 def hold(
@@ -158,7 +131,7 @@ def hold(
             cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=(tmp / "server.log").open("wb"),
         )  # fmt: skip
         started.append(server)
-        _wait_http(f"http://127.0.0.1:{metrics_port}/metrics", server)
+        wait_http(f"http://127.0.0.1:{metrics_port}/metrics", server)
         deadline = time.monotonic() + 60
         while len(_children(server.pid)) < workers:
             if time.monotonic() > deadline:
@@ -196,8 +169,8 @@ def hold(
         rss_after = {pid: _rss_kib(pid) for pid in pids}
         sockets = {pid: _sockets(pid) for pid in pids}
         open_sockets = _metric(metrics_port, "hubbub_connections")
-        errors = _samples(metrics_port, "hubbub_error_frames_total")
-        refused = _samples(metrics_port, "hubbub_upgrades_refused_total")
+        errors = samples(metrics_port, "hubbub_error_frames_total")
+        refused = samples(metrics_port, "hubbub_upgrades_refused_total")
         out, err = generator.communicate(timeout=seconds + connections / ramp_per_s + 600)
         if generator.returncode != 0:
             raise RuntimeError(f"the load generator failed: {err.decode()[-2000:]}")

@@ -12,8 +12,9 @@ import random
 import resource
 import time
 from collections import Counter
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import uvloop
 
@@ -268,9 +269,30 @@ async def rtt(plan: Plan, part: int) -> Stats:
 
 # -- connections --------------------------------------------------------------------------
 
-# An upgrade a full worker closes with 1013 (try again later), or a join refused for now, is
-# retried, as clients do.
-RETRIES_ON_1013 = 5
+# An upgrade a full worker closes with 1013 (try again later), or a join refused for now
+# (which did not happen: docs/protocol.md), is tried again this many times, as clients do.
+RETRIES = 5
+T = TypeVar("T")
+
+
+def _retryable(exc: Exception) -> bool:
+    if isinstance(exc, Closed):
+        return exc.code == 1013
+    return isinstance(exc, Refused) and exc.code in ("broker_unavailable", "rate_limited")
+
+
+async def _retried(attempt: Callable[[], Awaitable[T]], stats: Stats, counter: str) -> T:
+    """``await attempt()``, again after a jittered pause while it fails in a way the server
+    asks to retry (counted in ``counter``), at most :data:`RETRIES` times."""
+    for _ in range(RETRIES):
+        try:
+            return await attempt()
+        except (Closed, Refused) as exc:
+            if not _retryable(exc):
+                raise
+        stats.counters[counter] += 1
+        await asyncio.sleep(0.5 + random.random())
+    return await attempt()
 
 
 def source_address(plan: Plan, index: int) -> str | None:
@@ -317,31 +339,10 @@ async def connections(plan: Plan, part: int) -> Stats:
         return on_frame
 
     async def connect(i: int) -> Client:
-        for _ in range(RETRIES_ON_1013):
-            try:
-                ws, _ = await open_client(plan.url, f"k{i}", source=source_address(plan, i))
-                return ws
-            except Closed as refused:
-                if refused.code != 1013:
-                    raise
-            stats.counters["retried_1013"] += 1
-            await asyncio.sleep(0.5 + random.random())
         ws, _ = await open_client(plan.url, f"k{i}", source=source_address(plan, i))
         return ws
 
     async def join(ws: Client, room: str) -> None:
-        # A join refused with broker_unavailable or rate_limited did not happen: clients send
-        # it again later (docs/protocol.md).
-        for _ in range(RETRIES_ON_1013):
-            ws.send({"type": "join", "room": room})
-            try:
-                await until(ws, "joined")
-                return
-            except Refused as refused:
-                if refused.code not in ("broker_unavailable", "rate_limited"):
-                    raise
-            stats.counters["retried_join"] += 1
-            await asyncio.sleep(0.5 + random.random())
         ws.send({"type": "join", "room": room})
         await until(ws, "joined")
 
@@ -356,13 +357,13 @@ async def connections(plan: Plan, part: int) -> Stats:
         async with gate:
             begin = loop.time()
             try:
-                ws = await connect(i)
+                ws = await _retried(lambda: connect(i), stats, "retried_1013")
             except Exception as exc:
                 stats.counters[f"failed:{_failure(exc)}"] += 1
                 return
             if plan.room_size:
                 try:
-                    await join(ws, room_of(n))
+                    await _retried(lambda: join(ws, room_of(n)), stats, "retried_join")
                 except Exception as exc:
                     stats.counters[f"failed:join {_failure(exc)}"] += 1
                     ws.abort()

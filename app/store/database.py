@@ -101,9 +101,10 @@ def _upgrade(connection: Connection) -> str:
     config = Config()
     config.set_main_option("script_location", str(MIGRATIONS))
     config.attributes["connection"] = connection
-    head = ScriptDirectory.from_config(config).get_current_head()
+    scripts = ScriptDirectory.from_config(config)
+    head = scripts.get_current_head()
     current = MigrationContext.configure(connection).get_current_revision()
-    known = {script.revision for script in ScriptDirectory.from_config(config).walk_revisions()}
+    known = {script.revision for script in scripts.walk_revisions()}
     if current is not None and current not in known:
         raise StoreError(
             f"the database is at schema revision {current!r}, which this version of Hubbub "
