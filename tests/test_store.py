@@ -13,7 +13,9 @@ from alembic.runtime.migration import MigrationContext
 from sqlalchemy import Connection, inspect, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from app.conversation import direct
 from app.store.archiver import Archiver
+from app.store.inbox import Inbox
 from app.store.database import StoreError, engine_for, migrate
 from app.store.messages import MessageStore, StoredMessage
 from app.store.schema import metadata
@@ -221,3 +223,51 @@ async def test_archiving_survives_a_database_outage(postgres_server: PostgresSer
     finally:
         await engine.dispose()
     assert [m.id for m in stored] == list(range(1_000, 1_600))
+
+
+async def test_ranges_counts_and_retention(engine: AsyncEngine) -> None:
+    store = MessageStore(engine)
+    await store.add([_message("lobby", n) for n in range(20)])
+    between = await store.between("lobby", 1_004, 1_010, 100)
+    assert [m.id for m in between] == list(range(1_005, 1_011))
+    assert [m.id for m in await store.between("lobby", 1_004, 1_010, 2)] == [1_005, 1_006]
+    assert await store.count_between("lobby", 1_004, 1_010, cap=100) == 6
+    assert await store.count_between("lobby", 1_004, 1_010, cap=3) == 4  # counts to cap + 1
+    # Retention: the messages sent before a time go, a page at a time.
+    assert await store.delete_older_than(1_795_000_000_000 + 5, limit=3) == 3
+    assert await store.delete_older_than(1_795_000_000_000 + 5, limit=3) == 2
+    assert await store.delete_older_than(1_795_000_000_000 + 5, limit=3) == 0
+    assert [m.id for m in await store.after("lobby", 0, 100)] == list(range(1_005, 1_020))
+
+
+async def test_inboxes_list_conversations_with_their_last_message_and_unread_count(
+    engine: AsyncEngine,
+) -> None:
+    """Both users of a direct conversation have it; a room is in the inbox of who wrote in it
+    or marked it read; read positions only move forward; unread counts stop at the cap."""
+    store, inbox = MessageStore(engine), Inbox(engine)
+    dm = direct("bob", "alice")
+    assert dm == "@alice:bob" == direct("alice", "bob")
+    await store.add(
+        [StoredMessage(dm, 10 + n, "alice", f"hi {n}", 1_000 + n) for n in range(5)]
+        + [StoredMessage("lobby", 100 + n, "carol", "yo", 2_000 + n) for n in range(3)]
+    )
+    bob = await inbox.entries("bob", limit=10, unread_cap=99)
+    assert [(e.conversation, e.unread, e.last_read) for e in bob] == [(dm, 5, 0)]
+    assert bob[0].last is not None and bob[0].last.text == "hi 4"
+    assert await inbox.mark_read("bob", dm, 12) == 12
+    assert await inbox.mark_read("bob", dm, 11) == 12  # never backwards
+    assert await inbox.mark_read("bob", "lobby", 100) == 100
+    bob = await inbox.entries("bob", limit=10, unread_cap=99)
+    # The lobby's newest message is newer than the DM's: it comes first.
+    assert [(e.conversation, e.unread, e.last_read) for e in bob] == [
+        ("lobby", 2, 100),
+        (dm, 2, 12),
+    ]
+    assert [e.conversation for e in await inbox.entries("bob", limit=1, unread_cap=99)] == [
+        "lobby"
+    ]
+    assert [e.unread for e in await inbox.entries("alice", limit=10, unread_cap=3)] == [4]
+    carol = await inbox.entries("carol", limit=10, unread_cap=99)
+    assert [(e.conversation, e.unread) for e in carol] == [("lobby", 3)]
+    assert await inbox.entries("nobody", limit=10, unread_cap=99) == []

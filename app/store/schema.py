@@ -15,8 +15,8 @@ metadata: Final = MetaData(
     }
 )
 
-# One row per message. ``conversation`` is a room's name, or ``dm:<a>:<b>`` for the direct
-# messages between users a and b (a < b); ``id`` is the message id clients see (increasing
+# One row per message. ``conversation`` is a room's name, or ``@<a>:<b>`` for the direct
+# messages between users a and b (a < b; no room name can start with ``@``); ``id`` is the message id clients see (increasing
 # within the conversation, below 2^53), so (conversation, id) is unique and archiving the same
 # message twice is a no-op.
 messages: Final = Table(
@@ -39,4 +39,13 @@ read_state: Final = Table(
     Column("user", String(100), primary_key=True),
     Column("conversation", String(200), primary_key=True),
     Column("last_read_id", BigInteger, nullable=False),
+)
+
+# The conversations each user takes part in (their inbox): both users of a direct
+# conversation, the authors of a room's messages, and whoever marked a room read.
+participants: Final = Table(
+    "participants",
+    metadata,
+    Column("user", String(100), primary_key=True),
+    Column("conversation", String(200), primary_key=True),
 )

@@ -1,0 +1,29 @@
+"""Conversation names: a room is its own name; the direct messages between two users are the
+conversation ``@<a>:<b>`` (the two names in order). No room name can start with ``@`` and no
+user name can hold ``:`` (:data:`app.protocol.ROOM_PATTERN`, :data:`~app.protocol.USER_PATTERN`),
+so a name means one conversation only: nobody can join a room that reads someone's DMs.
+"""
+
+from __future__ import annotations
+
+
+def direct(user: str, other: str) -> str:
+    """The conversation of ``user`` and ``other`` (the same from either side)."""
+    a, b = sorted((user, other))
+    return f"@{a}:{b}"
+
+
+def is_direct(conversation: str) -> bool:
+    return conversation.startswith("@")
+
+
+def members_of_direct(conversation: str) -> tuple[str, str]:
+    """The two users of a direct conversation."""
+    a, _, b = conversation[1:].partition(":")
+    return a, b
+
+
+def peer(conversation: str, user: str) -> str:
+    """The other user of a direct conversation ``user`` is in."""
+    a, b = members_of_direct(conversation)
+    return b if a == user else a

@@ -1,0 +1,134 @@
+"""Inboxes and read state: the conversations each user takes part in, the newest message of
+each, and how many they have not read.
+
+Contract:
+- A user's read position in a conversation only moves forward: :meth:`Inbox.mark_read` with
+  an id below the stored one changes nothing. Marking a conversation read makes it part of
+  the user's inbox.
+- Unread counts are the stored messages after the read position, counted no further than
+  ``unread_cap + 1`` (a client shows "N+"). They follow the archive: a message not archived
+  yet (see the archive lag metric) is not counted yet.
+- Every call raises :class:`~app.store.database.StoreError` when the database fails.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sqlalchemy import and_, func, select, tuple_
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from app.store.database import StoreError
+from app.store.messages import DATABASE_ERRORS, StoredMessage, insert_ignoring_duplicates
+from app.store.schema import messages, participants, read_state
+
+
+@dataclass(frozen=True, slots=True)
+class InboxEntry:
+    """One conversation of an inbox: its newest stored message (None: none stored yet), the
+    user's read position (0: nothing read) and how many stored messages follow it."""
+
+    conversation: str
+    last: StoredMessage | None
+    last_read: int
+    unread: int
+
+
+class Inbox:
+    def __init__(self, engine: AsyncEngine) -> None:
+        self._engine = engine
+
+    async def mark_read(self, user: str, conversation: str, message_id: int) -> int:
+        """Move ``user``'s read position in ``conversation`` up to ``message_id``; returns the
+        position now stored (higher than ``message_id`` when it already was)."""
+        row = {"user": user, "conversation": conversation, "last_read_id": message_id}
+        if self._engine.dialect.name == "postgresql":
+            upsert_pg = postgresql.insert(read_state).values(row)
+            upsert: postgresql.Insert | sqlite.Insert = upsert_pg.on_conflict_do_update(
+                index_elements=[read_state.c.user, read_state.c.conversation],
+                set_={"last_read_id": func.greatest(read_state.c.last_read_id, message_id)},
+            )
+        else:
+            upsert = (
+                sqlite.insert(read_state)
+                .values(row)
+                .on_conflict_do_update(
+                    index_elements=[read_state.c.user, read_state.c.conversation],
+                    set_={"last_read_id": func.max(read_state.c.last_read_id, message_id)},
+                )
+            )
+        try:
+            async with self._engine.begin() as connection:
+                await connection.execute(upsert)
+                await connection.execute(
+                    insert_ignoring_duplicates(self._engine, participants),
+                    [{"user": user, "conversation": conversation}],
+                )
+                stored = await connection.execute(
+                    select(read_state.c.last_read_id).where(
+                        read_state.c.user == user, read_state.c.conversation == conversation
+                    )
+                )
+                return int(stored.scalar_one())
+        except DATABASE_ERRORS as exc:
+            raise StoreError(f"storing a read position failed: {exc!r}") from exc
+
+    async def entries(self, user: str, limit: int, unread_cap: int) -> list[InboxEntry]:
+        """``user``'s conversations, the most recently active first, at most ``limit``."""
+        newest = messages.alias("newest")
+        last_id = (
+            select(func.max(newest.c.id))
+            .where(newest.c.conversation == participants.c.conversation)
+            .scalar_subquery()
+        )
+        after = messages.alias("after_read")
+        unread_rows = (
+            select(after.c.id)
+            .where(
+                after.c.conversation == participants.c.conversation,
+                after.c.id > func.coalesce(read_state.c.last_read_id, 0),
+            )
+            .limit(unread_cap + 1)
+            .correlate(participants, read_state)  # a FROM subquery is not correlated unasked
+            .subquery()
+        )
+        unread = select(func.count()).select_from(unread_rows).scalar_subquery()
+        query = (
+            select(
+                participants.c.conversation,
+                func.coalesce(read_state.c.last_read_id, 0),
+                last_id,
+                unread,
+            )
+            .select_from(
+                participants.outerjoin(
+                    read_state,
+                    and_(
+                        read_state.c.user == participants.c.user,
+                        read_state.c.conversation == participants.c.conversation,
+                    ),
+                )
+            )
+            .where(participants.c.user == user)
+            .order_by(last_id.desc().nulls_last(), participants.c.conversation)
+            .limit(limit)
+        )
+        try:
+            async with self._engine.connect() as connection:
+                rows = (await connection.execute(query)).all()
+                keys = [(row[0], row[2]) for row in rows if row[2] is not None]
+                last: dict[str, StoredMessage] = {}
+                if keys:
+                    found = await connection.execute(
+                        select(messages).where(
+                            tuple_(messages.c.conversation, messages.c.id).in_(keys)
+                        )
+                    )
+                    last = {row[0]: StoredMessage._make(row) for row in found.all()}
+        except DATABASE_ERRORS as exc:
+            raise StoreError(f"reading the inbox of {user!r} failed: {exc!r}") from exc
+        return [
+            InboxEntry(conversation, last.get(conversation), int(read), int(count))
+            for conversation, read, _, count in rows
+        ]
