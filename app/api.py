@@ -1,5 +1,5 @@
-"""HTTP routes (``/rooms/{room}/messages``, ``/healthz``, ``/readyz``) and the chat socket,
-``/ws``."""
+"""HTTP routes (``/rooms/{room}/messages``, ``/dms/{peer}/messages``, ``/inbox``,
+``/healthz``, ``/readyz``) and the chat socket, ``/ws``."""
 
 from __future__ import annotations
 
@@ -10,11 +10,14 @@ from fastapi import APIRouter, HTTPException, Path, Query, Request, Response, We
 from fastapi.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from app.access.auth import AuthError
+from app.access.auth import AuthError, Identity
+from app.conversation import direct
 from app.errors import BrokerUnavailable
-from app.protocol import ROOM_PATTERN
+from app.history import HistoryUnavailable, inbox_entry
+from app.protocol import ROOM_PATTERN, USER_PATTERN
 from app.session import serve
 from app.state import ChatState
+from app.store.database import StoreError
 
 router = APIRouter()
 
@@ -54,41 +57,98 @@ async def room_messages(
     limit: Annotated[int, Query(ge=1)] = 50,
 ) -> Response:
     """A page of a room's history, oldest first: up to ``limit`` messages with ids below
-    ``before`` (the newest ones without it). Page backwards with ``before`` = the first id.
+    ``before`` (the newest ones without it). Page backwards with ``before`` = the first id;
+    with a store, paging reaches the room's first stored message.
 
     In ``jwt`` mode it takes the same token as the socket (``Authorization: Bearer``; 401
     without a valid one) and honours its rooms claim (403)."""
     state = _state(request)
     reader = _authorize_room(state, request, room)
+    return await _page(state, reader, room, b'{"room":' + orjson.dumps(room), before, limit)
+
+
+async def _page(
+    state: ChatState, reader: str, conversation: str, head: bytes, before: int | None, limit: int
+) -> Response:
+    """A page of ``conversation``'s history as JSON: ``head`` (its name) and ``messages``."""
     if not await state.quotas.allow("history", reader):
         raise HTTPException(429, "too many history reads, slow down", headers={"Retry-After": "1"})
     limit = min(limit, state.settings.history_page_max)
     try:
-        messages = await state.broker.history_before(room, before, limit)
+        messages = await state.history.history_before(conversation, before, limit)
     except BrokerUnavailable:
         raise HTTPException(503, "history unavailable: the broker is not connected") from None
-    body = b'{"room":' + orjson.dumps(room) + b',"messages":['
+    except HistoryUnavailable:
+        raise HTTPException(503, "history unavailable: the store cannot be read") from None
     frames = b",".join(message.payload for message in messages)
-    return Response(body + frames + b"]}", media_type="application/json")
+    return Response(head + b',"messages":[' + frames + b"]}", media_type="application/json")
+
+
+@router.get("/dms/{peer}/messages")
+async def direct_messages(
+    request: Request,
+    peer: Annotated[str, Path(pattern=USER_PATTERN)],
+    before: Annotated[int | None, Query(ge=1, lt=2**63)] = None,
+    limit: Annotated[int, Query(ge=1)] = 50,
+) -> Response:
+    """A page of the direct messages between the token's user and ``peer``, as
+    ``/rooms/{room}/messages`` pages a room's. Needs ``jwt`` mode and a bearer token."""
+    state = _state(request)
+    user = _token_user(state, request)
+    head = b'{"with":' + orjson.dumps(peer)
+    return await _page(state, user, direct(user, peer), head, before, limit)
+
+
+@router.get("/inbox")
+async def inbox(request: Request) -> Response:
+    """The token's user's conversations, the most recently active first: each with its newest
+    message, the user's read position and the unread count (as the ``inbox`` frame). Needs a
+    store (404 without) and ``jwt`` mode with a bearer token."""
+    state = _state(request)
+    user = _token_user(state, request)
+    if state.store is None:
+        raise HTTPException(404, "this server keeps no inboxes (no store: CHAT_DATABASE_URL)")
+    settings = state.settings
+    try:
+        entries = await state.store.inbox.entries(
+            user, settings.inbox_max_conversations, settings.unread_count_cap
+        )
+    except StoreError:
+        raise HTTPException(503, "inbox unavailable: the store cannot be read") from None
+    body = orjson.dumps({"conversations": [inbox_entry(entry, user) for entry in entries]})
+    return Response(body, media_type="application/json")
+
+
+def _token_user(state: ChatState, request: Request) -> str:
+    """The user of the request's bearer token (401 without a valid one); per-user routes
+    exist in ``jwt`` mode only (403 in the others, where the socket's frames serve)."""
+    if state.authenticator is None:
+        raise HTTPException(403, "per-user routes need CHAT_AUTH_MODE=jwt")
+    return _bearer_identity(state, request).user
 
 
 def _authorize_room(state: ChatState, request: Request, room: str) -> str:
     """Raise 401/403 unless the request may read ``room`` (only in ``jwt`` mode); return who
     reads, for the quota: the user, or (without tokens) the client address."""
-    authenticator = state.authenticator
-    if authenticator is None:
+    if state.authenticator is None:
         return f"address:{request.client.host if request.client else '-'}"
+    identity = _bearer_identity(state, request)
+    if not identity.may_use(room):
+        raise HTTPException(403, f"your token does not allow room {room!r}")
+    return identity.user
+
+
+def _bearer_identity(state: ChatState, request: Request) -> Identity:
+    """The identity of the request's bearer token; 401 without a valid one."""
+    assert state.authenticator is not None
     scheme, _, token = request.headers.get("authorization", "").partition(" ")
     challenge = {"WWW-Authenticate": "Bearer"}
     if scheme.lower() != "bearer" or not token:
         raise HTTPException(401, "a bearer token is required", headers=challenge)
     try:
-        identity = authenticator.verify(token.strip())
+        return state.authenticator.verify(token.strip())
     except AuthError as exc:
         raise HTTPException(401, str(exc)[:120], headers=challenge) from None
-    if not identity.may_use(room):
-        raise HTTPException(403, f"your token does not allow room {room!r}")
-    return identity.user
 
 
 @router.get("/healthz")

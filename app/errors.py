@@ -70,6 +70,8 @@ class ErrorCode(StrEnum):
     BROKER_UNAVAILABLE = "broker_unavailable"
     RESYNC = "resync"
     FORBIDDEN = "forbidden"
+    STORE_UNAVAILABLE = "store_unavailable"
+    NO_STORE = "no_store"
 
 
 class FrameError(Exception):

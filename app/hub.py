@@ -33,7 +33,7 @@ from app.errors import BrokerUnavailable, CloseCode, ErrorCode
 from app.ops.metrics import HubSnapshot, Metrics
 from app.presence import Presence
 from app.protocol import error_frame, joined_frame
-from app.replay import HistoryPages, Pacing, Replay, retrieve_exception
+from app.replay import HistoryPages, HistorySource, Pacing, Replay, retrieve_exception
 from app.transport.budget import OutboxBudget
 
 logger = logging.getLogger(__name__)
@@ -66,7 +66,9 @@ class Hub:
         metrics: Metrics,
         pacing: Pacing,
         outbox_budget_bytes: int = 2**62,
+        history: HistorySource | None = None,
     ) -> None:
+        """``history``: where replays read (the broker's own history without it)."""
         self._broker = broker
         self._presence = presence
         self._metrics = metrics
@@ -77,7 +79,7 @@ class Hub:
         self._present: Counter[tuple[str, str]] = Counter()
         self._linked = asyncio.Event()
         self._linked.set()  # clear from link_lost to resubscribed (joins check broker.ready)
-        self.pages = HistoryPages(broker, pacing.page)
+        self.pages = HistoryPages(history or broker, pacing.page)
         self.connections: set[Connection] = set()
         self.draining = False
         # Every outbox of this worker counts here (app.transport.budget); over it, the slowest

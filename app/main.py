@@ -25,6 +25,7 @@ from app.admin import router as admin_router
 from app.api import ChatSocket, router
 from app.broker import create_broker
 from app.heartbeat import run_heartbeat
+from app.history import ConversationHistory
 from app.hub import Hub
 from app.ops.descriptors import connection_cap, raise_soft_limit
 from app.ops.gc_tuning import GcTuning, keep_freezing
@@ -36,6 +37,7 @@ from app.redisio import redis_seam
 from app.replay import Pacing
 from app.settings import Settings, load_settings
 from app.state import ChatState
+from app.store.running import RunningStore
 from app.transport import uvicorn_seam
 
 logger = logging.getLogger(__name__)
@@ -78,8 +80,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        broker = create_broker(settings)
+        store = RunningStore(settings) if settings.database_url else None
+        archiver = store.embedded_archiver() if store and not settings.redis_url else None
+        broker = create_broker(settings, archiver)
         presence = create_presence(settings, broker)
+        history = ConversationHistory(broker, store.messages if store else None, settings)
         hub = Hub(
             broker,
             presence,
@@ -87,24 +92,33 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             metrics,
             Pacing.of(settings),
             settings.worker_outbox_max_bytes,
+            history,
         )
         quotas = create_quotas(settings)
         authenticator = Authenticator(settings) if settings.auth_mode == "jwt" else None
         origins = OriginPolicy(settings.allowed_origins)
         pending_auth = PendingAuth(settings.max_pending_auth, settings.max_pending_auth_per_address)
         state = ChatState(
-            settings, broker, hub, presence, metrics, quotas, origins, authenticator, pending_auth
-        )
+            settings, broker, hub, presence, metrics, quotas, origins, authenticator,
+            pending_auth, history, store,
+        )  # fmt: skip
         app.state.chat = state
+        if store is not None:
+            await store.open()
         await broker.start(hub)
         await presence.start()
+        if store is not None:
+            store.start()
         background = [
             asyncio.create_task(
                 run_heartbeat(hub, settings.heartbeat_interval_s, settings.heartbeat_timeout_s),
                 name="heartbeat",
             ),
             asyncio.create_task(
-                run_metrics_sync(metrics, hub.snapshot, broker), name="metrics-sync"
+                run_metrics_sync(
+                    metrics, hub.snapshot, broker, store.archive_stats if store else None
+                ),
+                name="metrics-sync",
             ),
             asyncio.create_task(
                 keep_counts(quotas, hub, settings.presence_ttl_s / 3), name="quota-upkeep"
@@ -147,15 +161,17 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
             # Each step runs whatever the one before raised (Redis may be down by now).
-            for step in (hub.close, presence.stop, broker.stop, quotas.close):
+            steps = [hub.close, presence.stop, broker.stop, quotas.close]
+            if store is not None:
+                steps.append(store.stop)  # after the broker: nothing more is offered
+            for step in steps:
                 try:
                     await step()
                 except Exception:
                     logger.exception("shutdown: %s failed", step.__qualname__)
             gc_tuning.stop()
-            metrics.sync(
-                hub.snapshot(), broker
-            )  # the last counts, before the worker's files go quiet
+            # The last counts, before the worker's files go quiet.
+            metrics.sync(hub.snapshot(), broker, store.archive_stats() if store else None)
 
     app = FastAPI(title="Hubbub", version=__version__, lifespan=lifespan, docs_url=None)
     app.include_router(router)

@@ -91,11 +91,59 @@ class Pong(_Frame):
     type: Literal["pong"]
 
 
-ClientFrame = Join | Leave | Send | Typing | Auth | Ping | Pong
+MessageId = Annotated[int, Field(ge=0, lt=2**63)]
+
+
+class _Conversation(_Frame):
+    """Names a conversation: a room (``room``) or the direct messages with a user (``with``)."""
+
+    model_config = ConfigDict(strict=True, extra="ignore", frozen=True, populate_by_name=True)
+    room: RoomName | None = None
+    peer: UserName | None = Field(None, alias="with")
+
+    @model_validator(mode="after")
+    def _one_conversation(self) -> _Conversation:
+        if (self.room is None) == (self.peer is None):
+            raise ValueError("give exactly one of room or with")
+        return self
+
+
+class HistoryRequest(_Conversation):
+    """A page of a conversation's history: the newest ``limit`` before ``before`` (the newest
+    of all without it), or the oldest ``limit`` after ``after`` (recovery)."""
+
+    type: Literal["history"]
+    before: MessageId | None = None
+    after: MessageId | None = None
+    limit: Annotated[int, Field(ge=1, le=1000)] = 50
+
+    @model_validator(mode="after")
+    def _one_direction(self) -> HistoryRequest:
+        if self.before is not None and self.after is not None:
+            raise ValueError("give at most one of before or after")
+        return self
+
+
+class Read(_Conversation):
+    """Everything up to message ``id`` of a conversation is read."""
+
+    type: Literal["read"]
+    id: MessageId
+
+
+class InboxRequest(_Frame):
+    type: Literal["inbox"]
+
+
+ClientFrame = (
+    Join | Leave | Send | Typing | Auth | Ping | Pong | HistoryRequest | Read | InboxRequest
+)
 _CLIENT_FRAME: Final[TypeAdapter[ClientFrame]] = TypeAdapter(
     Annotated[ClientFrame, Field(discriminator="type")]
 )
-CLIENT_TYPES: Final = ("join", "leave", "send", "typing", "auth", "ping", "pong")
+CLIENT_TYPES: Final = (
+    "join", "leave", "send", "typing", "auth", "ping", "pong", "history", "read", "inbox",
+)  # fmt: skip
 
 
 def parse_client_frame(data: str) -> ClientFrame:
@@ -237,6 +285,34 @@ def joined_frame(
     if users is not None:
         frame["users"] = users
     return encode(frame)
+
+
+def conversation_fields(room: str | None, peer: str | None) -> bytes:
+    """``"room":R`` or ``"with":U``: how server frames name a conversation."""
+    if room is not None:
+        return b'"room":' + orjson.dumps(room)
+    return b'"with":' + orjson.dumps(peer)
+
+
+def history_frame(
+    room: str | None,
+    peer: str | None,
+    messages: list[bytes],
+    more: bool,
+    recovered: bool | None = None,
+) -> str:
+    """``history``: a page of ``message`` frames, oldest first (as stored: forwarded as-is).
+    ``recovered`` only for a page ``after`` an id: False when messages after it are gone."""
+    head = b'{"type":"history",' + conversation_fields(room, peer)
+    if recovered is not None:
+        head += b',"recovered":' + (b"true" if recovered else b"false")
+    head += b',"more":' + (b"true" if more else b"false")
+    return (head + b',"messages":[' + b",".join(messages) + b"]}").decode()
+
+
+def inbox_frame(conversations: list[dict[str, Any]]) -> str:
+    """``inbox``: the user's conversations, the most recently active first."""
+    return encode({"type": "inbox", "conversations": conversations})
 
 
 def left_frame(room: str) -> str:

@@ -32,7 +32,7 @@ import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
-from app.broker import Broker, History, Message
+from app.broker import History, Message
 from app.errors import BrokerUnavailable
 from app.settings import Settings
 
@@ -87,6 +87,13 @@ class ReplayHost(Protocol):
         ...
 
 
+class HistorySource(Protocol):
+    """Where replays read history: the broker, or :class:`app.history.ConversationHistory`
+    (the broker's, continued into the store)."""
+
+    async def history_since(self, room: str, since: int, limit: int) -> History: ...
+
+
 class HistoryPages:
     """History pages for replays: one broker call for every replay of a room that asks for
     the same page in the same loop iteration (after an outage, a room's members all start
@@ -98,8 +105,8 @@ class HistoryPages:
     ones; a page fetched earlier could.
     """
 
-    def __init__(self, broker: Broker, page: int) -> None:
-        self._broker = broker
+    def __init__(self, source: HistorySource, page: int) -> None:
+        self._source = source
         self._page = page
         self._fetching: dict[tuple[str, int], asyncio.Future[History]] = {}
 
@@ -108,7 +115,7 @@ class HistoryPages:
         key = (room, since)
         fetching = self._fetching.get(key)
         if fetching is None:
-            fetching = asyncio.ensure_future(self._broker.history_since(room, since, self._page))
+            fetching = asyncio.ensure_future(self._source.history_since(room, since, self._page))
             fetching.add_done_callback(retrieve_exception)
             self._fetching[key] = fetching
             asyncio.get_running_loop().call_soon(self._fetching.pop, key, None)

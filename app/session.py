@@ -22,6 +22,7 @@ from app.access.admission import Refused, admit, admit_address, identify
 from app.access.auth import AuthError, Identity
 from app.access.ratelimit import RateLimiter, Verdict
 from app.connection import Connection
+from app.conversation import direct
 from app.errors import (
     BrokerUnavailable,
     CloseCode,
@@ -30,20 +31,26 @@ from app.errors import (
     QuotaExceeded,
     close_reason,
 )
+from app.history import HistoryUnavailable, inbox_entry
 from app.ops.metrics import Metrics
 from app.presence import RoomPresence
 from app.protocol import (
     PONG_FRAME,
     Auth,
+    HistoryRequest,
+    InboxRequest,
     Join,
     Leave,
     Ping,
+    Read,
     Send,
     Typing,
     ack_frame,
     authenticated_frame,
     error_frame,
     hello_frame,
+    history_frame,
+    inbox_frame,
     joined_frame,
     left_frame,
     parse_client_frame,
@@ -51,6 +58,8 @@ from app.protocol import (
 )
 from app.settings import Settings
 from app.state import ChatState
+from app.store.database import StoreError
+from app.store.running import RunningStore
 from app.transport.outbox import Outbox
 from app.transport.uvicorn_seam import FALLBACK_NO_PROTOCOL, DirectSocket
 
@@ -69,14 +78,14 @@ _TOO_MANY_MESSAGES = "too many messages, slow down"
 class Session:
     """Handles the frames of one connection. Created by :func:`serve`."""
 
-    __slots__ = ("_broker", "_hub", "_settings", "_state", "conn", "metrics")
+    __slots__ = ("_broker", "_hub", "_state", "conn", "metrics", "settings")
 
     def __init__(self, conn: Connection, state: ChatState) -> None:
         self.conn = conn
         self._state = state
         self._hub = state.hub
         self._broker = state.broker
-        self._settings = state.settings
+        self.settings = state.settings
         self.metrics = state.metrics
 
     async def handle_text(self, text: str) -> None:
@@ -99,6 +108,12 @@ class Session:
                 await self._typing(frame)
             elif isinstance(frame, Auth):
                 await self._reauthenticate(frame)
+            elif isinstance(frame, HistoryRequest):
+                await self._history(frame)
+            elif isinstance(frame, Read):
+                await self._read(frame)
+            elif isinstance(frame, InboxRequest):
+                await self.send_inbox()
             elif isinstance(frame, Ping):
                 self.conn.offer(PONG_FRAME)
             # Pong: nothing to do; receiving it already refreshed last_seen.
@@ -111,10 +126,10 @@ class Session:
         ``since`` again. A refused join changes nothing: a member stays a member."""
         conn = self.conn
         rejoin = frame.room in conn.rooms
-        if not rejoin and len(conn.rooms) >= self._settings.max_rooms_per_connection:
+        if not rejoin and len(conn.rooms) >= self.settings.max_rooms_per_connection:
             raise FrameError(
                 ErrorCode.TOO_MANY_ROOMS,
-                f"a connection may be in at most {self._settings.max_rooms_per_connection} rooms",
+                f"a connection may be in at most {self.settings.max_rooms_per_connection} rooms",
             )
         if not conn.identity.may_use(frame.room):
             raise FrameError(ErrorCode.FORBIDDEN, f"your token does not allow room {frame.room!r}")
@@ -183,17 +198,83 @@ class Session:
             conn.offer(left_frame(room))
         conn.offer(authenticated_frame(identity.user, identity.expires_at))
 
+    def _conversation(self, frame: HistoryRequest | Read) -> str:
+        """The conversation a frame names, if this user may read it."""
+        if frame.room is not None:
+            if not self.conn.identity.may_use(frame.room):
+                raise FrameError(
+                    ErrorCode.FORBIDDEN, f"your token does not allow room {frame.room!r}"
+                )
+            return frame.room
+        assert frame.peer is not None  # the model guarantees room xor with
+        return direct(self.conn.user, frame.peer)
+
+    async def _history(self, frame: HistoryRequest) -> None:
+        """A page of history (rooms need not be joined: the token's rooms are what counts)."""
+        conversation = self._conversation(frame)
+        if not await self._state.quotas.allow("history", self.conn.user):
+            raise FrameError(ErrorCode.RATE_LIMITED, "too many history reads, slow down")
+        limit = min(frame.limit, self.settings.history_page_max)
+        history = self._state.history
+        recovered: bool | None = None
+        try:
+            if frame.after is not None:
+                page = await history.history_since(conversation, frame.after, limit)
+                messages, more, recovered = page.messages, page.more, page.recovered
+            else:
+                messages = await history.history_before(conversation, frame.before, limit)
+                more = len(messages) == limit
+        except BrokerUnavailable:
+            raise FrameError(
+                ErrorCode.BROKER_UNAVAILABLE, "history unavailable, try again"
+            ) from None
+        except HistoryUnavailable:
+            raise FrameError(
+                ErrorCode.STORE_UNAVAILABLE, "history unavailable, try again"
+            ) from None
+        payloads = [message.payload for message in messages]
+        self.conn.offer(history_frame(frame.room, frame.peer, payloads, more, recovered))
+
+    def _running_store(self) -> RunningStore:
+        store = self._state.store
+        if store is None:
+            raise FrameError(ErrorCode.NO_STORE, "this server keeps no read state (no store)")
+        return store
+
+    async def _read(self, frame: Read) -> None:
+        """Move the read position; nothing is sent back."""
+        conversation = self._conversation(frame)
+        store = self._running_store()
+        try:
+            await store.inbox.mark_read(self.conn.user, conversation, frame.id)
+        except StoreError:
+            raise FrameError(
+                ErrorCode.STORE_UNAVAILABLE, "read position not stored, try again"
+            ) from None
+
+    async def send_inbox(self) -> None:
+        """Queue the ``inbox`` frame: the user's conversations, newest activity first."""
+        store = self._running_store()
+        settings = self.settings
+        try:
+            entries = await store.inbox.entries(
+                self.conn.user, settings.inbox_max_conversations, settings.unread_count_cap
+            )
+        except StoreError:
+            raise FrameError(ErrorCode.STORE_UNAVAILABLE, "inbox unavailable, try again") from None
+        self.conn.offer(inbox_frame([inbox_entry(entry, self.conn.user) for entry in entries]))
+
     async def _send(self, frame: Send) -> None:
         conn = self.conn
         if frame.room is not None and not conn.identity.may_use(frame.room):
             raise FrameError(ErrorCode.FORBIDDEN, f"your token does not allow room {frame.room!r}")
         if frame.room is not None and frame.room not in conn.rooms:
             raise FrameError(ErrorCode.NOT_JOINED, f"join room {frame.room!r} before sending")
-        if len(frame.text) > self._settings.max_text_chars:
+        if len(frame.text) > self.settings.max_text_chars:
             raise FrameError(
                 ErrorCode.TEXT_TOO_LONG,
                 f"text is {len(frame.text)} characters, at most "
-                f"{self._settings.max_text_chars} are allowed",
+                f"{self.settings.max_text_chars} are allowed",
             )
         if not self._broker.ready:
             # Redis may take the publish, but this worker would not hear it: no ack for a
@@ -235,6 +316,9 @@ def _ref(text: str) -> dict[str, object] | None:
     room = getattr(frame, "room", None)
     if room is not None:
         ref["room"] = room
+    peer = getattr(frame, "peer", None)
+    if peer is not None:
+        ref["with"] = peer
     if isinstance(frame, Send) and frame.cid is not None:
         ref["cid"] = frame.cid
     return ref
@@ -337,7 +421,10 @@ async def serve(ws: WebSocket, state: ChatState) -> None:
         )
         # From now on the heartbeat pings it (never before `hello`, the first frame).
         conn.last_seen, conn.greeted = loop.time(), True
-        code = await _read_frames(ws, Session(conn, state), settings, loop)
+        session = Session(conn, state)
+        if state.store is not None:
+            await _push_inbox(session)
+        code = await _read_frames(ws, session, settings, loop)
         code = conn.close_code or code
     finally:
         duration = loop.time() - conn.opened_at
@@ -360,6 +447,19 @@ async def serve(ws: WebSocket, state: ChatState) -> None:
                 logger.warning("could not release the connection slot", exc_info=True)
         await hub.remove(conn)
         conn.discard()
+
+
+async def _push_inbox(session: Session) -> None:
+    """The ``inbox`` after ``hello`` (what came while the user was away: DMs, unread
+    counts). Best effort: a store that fails or is slow costs this frame only (an error
+    frame, ``store_unavailable``; the client may ask again with ``inbox``)."""
+    try:
+        async with asyncio.timeout(session.settings.database_timeout_s):
+            await session.send_inbox()
+    except (FrameError, TimeoutError) as exc:
+        code = exc.code if isinstance(exc, FrameError) else ErrorCode.STORE_UNAVAILABLE
+        session.metrics.error_sent(code)
+        session.conn.offer(error_frame(code, "inbox unavailable, ask again", {"ref": "inbox"}))
 
 
 def _direct_socket(ws: WebSocket, metrics: Metrics) -> DirectSocket | None:

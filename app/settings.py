@@ -196,9 +196,52 @@ class Settings(BaseSettings):
     database_url: str | None = Field(
         None,
         description="The durable store: `postgresql://user:password@host:port/db` or "
-        "`sqlite:///path/to/chat.db`. Its schema is migrated at startup (once, before the "
-        "workers start); a database that cannot be opened stops the server with a message "
-        "saying why. Unset: no store (issue 20 in progress: messages are not archived yet).",
+        "`sqlite:///path/to/chat.db`. Every message (rooms and DMs) is archived there, off the "
+        "messages' latency path; it serves history past Redis' tail, inboxes and read state. "
+        "Its schema is migrated at startup (once, before the workers start); a database that "
+        "cannot be opened stops the server with a message saying why. Unset: no store "
+        "(history is what Redis or the process keeps; no inbox, no read state).",
+    )
+    database_timeout_s: float = Field(
+        10.0,
+        gt=0,
+        description="Timeout of connecting to the store and of one statement.",
+    )
+    archive_batch_max: int = Field(
+        1_000, ge=1, description="Most messages archived into the store in one transaction."
+    )
+    archive_interval_s: float = Field(
+        0.2,
+        gt=0,
+        description="How long the archiver waits for a batch to fill before storing what came.",
+    )
+    archive_backlog_max: int = Field(
+        1_000_000,
+        ge=1_000,
+        description="Most messages waiting to be archived (the Redis archive stream, or the "
+        "embedded archiver's queue) while the store is down; past it the oldest are dropped "
+        "(counted in `hubbub_archive_dropped_total`). At ~300 bytes each, the default is "
+        "~300 MB of Redis memory.",
+    )
+    archive_lease_s: float = Field(
+        10.0,
+        gt=0,
+        description="One worker of a deployment archives at a time, under a lease in Redis "
+        "renewed every third of this; when its holder dies another takes over within it.",
+    )
+    retention_days: float = Field(
+        0.0,
+        ge=0,
+        description="Stored messages older than this are deleted (0: kept forever).",
+    )
+    inbox_max_conversations: int = Field(
+        50, ge=1, description="Most conversations in an `inbox` frame or `GET /inbox`."
+    )
+    unread_count_cap: int = Field(
+        999,
+        ge=1,
+        description="Unread counts are counted up to this; above it an inbox says cap + 1 "
+        "(show it as `999+`).",
     )
     redis_pool_size: int = Field(
         50,
@@ -236,9 +279,10 @@ class Settings(BaseSettings):
         "dropped first).",
     )
     recovery_max_messages: int = Field(
-        500,
+        5_000,
         ge=0,
-        description="Most messages replayed on a join with `since`; more missed means "
+        description="Most messages replayed on a join with `since` (from Redis' history, then "
+        "from the store when `since` is older than Redis' tail); more missed means "
         '`"recovered": false`.',
     )
     recovery_page_messages: int = Field(

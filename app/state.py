@@ -10,10 +10,12 @@ from app.access.origin import OriginPolicy
 from app.access.pending import PendingAuth
 from app.access.quotas import Quotas
 from app.broker import Broker
+from app.history import ConversationHistory
 from app.hub import Hub
 from app.ops.metrics import Metrics
 from app.presence import Presence
 from app.settings import Settings
+from app.store.running import RunningStore
 from app.transport.flusher import Flusher
 
 
@@ -28,6 +30,8 @@ class ChatState:
     origins: OriginPolicy
     authenticator: Authenticator | None  # None unless in jwt mode
     pending_auth: PendingAuth  # sockets waiting to send their token
+    history: ConversationHistory  # the broker's history, continued into the store
+    store: RunningStore | None  # None without CHAT_DATABASE_URL
     failed_logins: FailedLogins = field(
         default_factory=lambda: FailedLogins(MAX_FAILURES, FAILURE_WINDOW_S)
     )

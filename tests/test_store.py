@@ -264,9 +264,7 @@ async def test_inboxes_list_conversations_with_their_last_message_and_unread_cou
         ("lobby", 2, 100),
         (dm, 2, 12),
     ]
-    assert [e.conversation for e in await inbox.entries("bob", limit=1, unread_cap=99)] == [
-        "lobby"
-    ]
+    assert [e.conversation for e in await inbox.entries("bob", limit=1, unread_cap=99)] == ["lobby"]
     assert [e.unread for e in await inbox.entries("alice", limit=10, unread_cap=3)] == [4]
     carol = await inbox.entries("carol", limit=10, unread_cap=99)
     assert [(e.conversation, e.unread) for e in carol] == [("lobby", 3)]

@@ -9,9 +9,12 @@ The interface is a :class:`typing.Protocol` so mypy checks each implementation s
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import NamedTuple, Protocol
+from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 from app.settings import Settings
+
+if TYPE_CHECKING:
+    from app.store.archiver import Archiver
 
 
 class BrokerHandler(Protocol):
@@ -66,11 +69,17 @@ class Published:
 class History:
     """A page of the messages after a client's ``since``, oldest first: ``recovered`` is False
     when some are gone (or more than the replay limit), and then ``messages`` is empty and the
-    client must resync; ``more`` is True when messages after the page's last one follow."""
+    client must resync; ``more`` is True when messages after the page's last one follow.
+
+    A broker whose history no longer holds ``since`` but knows the store holds every message
+    up to ``store_upto`` (and it holds every one after that) answers not recovered with
+    ``store_upto`` set: :class:`app.history.ConversationHistory` reads that part from the
+    store."""
 
     recovered: bool
     messages: list[Message]
     more: bool = False
+    store_upto: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,7 +147,9 @@ class Broker(Protocol):
     async def publish_direct(
         self, sender: str, to: str, text: str, cid: str | int | None
     ) -> Published:
-        """As :meth:`publish`, to one user (and the sender's other connections); not stored."""
+        """As :meth:`publish`, in the direct conversation of ``sender`` and ``to``
+        (:func:`app.conversation.direct`: ids, history and archiving like a room's), delivered
+        to ``to``'s connections and ``sender``'s."""
         ...
 
     async def broadcast(self, room: str, payload: bytes) -> None:
@@ -176,12 +187,13 @@ class Broker(Protocol):
         ...
 
 
-def create_broker(settings: Settings) -> Broker:
-    """The broker the settings ask for."""
+def create_broker(settings: Settings, archiver: Archiver | None = None) -> Broker:
+    """The broker the settings ask for; the memory broker hands every message to
+    ``archiver`` (the Redis broker's are archived from Redis: app.store.stream_archiver)."""
     if settings.redis_url:
         from app.broker.redis import RedisBroker
 
         return RedisBroker(settings)
     from app.broker.memory import MemoryBroker
 
-    return MemoryBroker(settings)
+    return MemoryBroker(settings, archiver=archiver)

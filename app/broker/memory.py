@@ -10,9 +10,12 @@ from dataclasses import dataclass, field
 from app.access.buckets import TokenBuckets
 from app.broker import BrokerHandler, BrokerStats, History, Message, Published
 from app.broker.dedup import RecentIds
+from app.conversation import direct
 from app.errors import BrokerUnavailable, QuotaExceeded
 from app.protocol import message_frame, message_frame_parts
 from app.settings import Settings
+from app.store.archiver import Archiver
+from app.store.messages import StoredMessage
 
 
 @dataclass(slots=True)
@@ -37,12 +40,20 @@ class MemoryBroker:
     frame is always queued before its ``ack``. Ids come from one counter for all rooms that is
     never below ``1000 * (ms since the epoch)``: they increase within every room and, as long
     as the clock does not go back, across restarts too. History lives in this process (lost on
-    restart). Only valid with a single worker: other processes never see these messages, and
-    Gunicorn refuses to start several workers with it.
+    restart; with a store, every message is archived there too, conversations' direct
+    messages included). Only valid with a single worker: other processes never see these
+    messages, and Gunicorn refuses to start several workers with it.
     """
 
-    def __init__(self, settings: Settings, clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        clock: Callable[[], float] = time.time,
+        archiver: Archiver | None = None,
+    ) -> None:
+        """``archiver``: where every published message goes to be stored (with a store)."""
         self._settings = settings
+        self._archiver = archiver
         self._handler: BrokerHandler | None = None
         self._rooms: set[str] = set()
         self._users: set[str] = set()
@@ -112,6 +123,8 @@ class MemoryBroker:
             return Published(message_id, duplicate=True)
         payload = message_frame(message_frame_parts("room", room, user, text), message_id, ts_ms)
         self._remember(room, message_id, payload)
+        if self._archiver is not None:
+            self._archiver.offer(StoredMessage(room, message_id, user, text, ts_ms))
         if room in self._rooms:
             handler.deliver_room(room, message_id, payload)
         return Published(message_id, ts_ms)
@@ -121,11 +134,16 @@ class MemoryBroker:
     ) -> Published:
         handler = self._running()
         self._take_token(sender)
-        key = None if cid is None else ("u", to, sender, cid)
+        conversation = direct(sender, to)
+        key = None if cid is None else ("r", conversation, sender, cid)
+        self._log(conversation)
         message_id, ts_ms, duplicate = self._next_id(key)
         if duplicate:
             return Published(message_id, duplicate=True)
         payload = message_frame(message_frame_parts("to", to, sender, text), message_id, ts_ms)
+        self._remember(conversation, message_id, payload)
+        if self._archiver is not None:
+            self._archiver.offer(StoredMessage(conversation, message_id, sender, text, ts_ms))
         for user in {to, sender}:
             if user in self._users:
                 handler.deliver_user(user, message_id, payload)
@@ -165,7 +183,12 @@ class MemoryBroker:
     async def history_since(self, room: str, since: int, limit: int) -> History:
         self._running()
         log = self._log(room)
-        if since > log.last or since < log.trimmed:
+        if since > log.last or since < log.origin:
+            return History(False, [])
+        if since < log.trimmed:
+            archived = 0 if self._archiver is None else self._archiver.archived(room)
+            if archived >= log.trimmed:
+                return History(False, [], store_upto=log.trimmed)
             return History(False, [])
         after = [message for message in log.messages if message.id > since]
         if len(after) > self._settings.recovery_max_messages:

@@ -28,6 +28,7 @@ from redis.asyncio import Redis
 
 from app.broker import BrokerHandler, BrokerStats, History, Message, Published
 from app.broker import redis_scripts as scripts
+from app.conversation import direct
 from app.errors import BrokerUnavailable, QuotaExceeded
 from app.protocol import message_frame_parts, message_id_of
 from app.redisio.autopipeline import AutoPipeline
@@ -39,6 +40,12 @@ logger = logging.getLogger(__name__)
 
 _MEMORY_READ_INTERVAL_S = 5.0
 _REFUSED_BY_QUOTA = 2  # the PUBLISH script's second reply, as published (0) or duplicate (1)
+_FROM_THE_STORE = 2  # HISTORY_SINCE's first reply: the page is the store's
+
+
+def archive_stream_key(prefix: str) -> str:
+    """The stream every published frame is archived from (redis_scripts)."""
+    return f"{prefix}:archive"
 
 
 class RedisBroker:
@@ -279,23 +286,39 @@ class RedisBroker:
 
     async def publish(self, room: str, user: str, text: str, cid: str | int | None) -> Published:
         head, body = message_frame_parts("room", room, user, text)
-        dedup = "" if cid is None else self._room_key(room, f"cid:{user}:{cid!r}")
-        log = "" if self._settings.history_size == 0 else self._room_key(room, "log")
-        keys = [self._room_key(room, "meta"), log, dedup, self._quota_key(user)]
-        return await self._publish(keys, self._room_channel(room), head, body, "")
+        keys = self._publish_keys(room, user, cid)
+        return await self._publish(keys, room, self._room_channel(room), head, body, "")
 
     async def publish_direct(
         self, sender: str, to: str, text: str, cid: str | int | None
     ) -> Published:
         head, body = message_frame_parts("to", to, sender, text)
-        tag = f"{self._prefix}:{{u:{to}}}"
-        dedup = "" if cid is None else f"{tag}:cid:{sender}:{cid!r}"
+        conversation = direct(sender, to)
+        keys = self._publish_keys(conversation, sender, cid)
         channel, copy = self._user_channel(to), self._user_channel(sender)
-        keys = [f"{tag}:meta", "", dedup, self._quota_key(sender)]
-        return await self._publish(keys, channel, head, body, copy)
+        return await self._publish(keys, conversation, channel, head, body, copy)
+
+    def _publish_keys(self, conversation: str, user: str, cid: str | int | None) -> list[str]:
+        """The PUBLISH script's keys (see redis_scripts)."""
+        dedup = "" if cid is None else self._room_key(conversation, f"cid:{user}:{cid!r}")
+        log = "" if self._settings.history_size == 0 else self._room_key(conversation, "log")
+        archive = "" if self._settings.database_url is None else self.archive_key
+        meta = self._room_key(conversation, "meta")
+        return [meta, log, dedup, self._quota_key(user), archive]
+
+    @property
+    def archive_key(self) -> str:
+        """The stream every published frame is archived from (with a store)."""
+        return archive_stream_key(self._prefix)
 
     async def _publish(
-        self, keys: list[str], channel: str, head: bytes, body: bytes, copy_channel: str
+        self,
+        keys: list[str],
+        conversation: str,
+        channel: str,
+        head: bytes,
+        body: bytes,
+        copy_channel: str,
     ) -> Published:
         settings = self._settings
         args: list[Any] = [
@@ -308,6 +331,8 @@ class RedisBroker:
             copy_channel,
             settings.user_messages_per_s,
             settings.user_message_burst,
+            conversation,
+            settings.archive_backlog_max,
         ]
         try:
             reply = await self._pipeline.submit(self._scripts["PUBLISH"], keys, args)
@@ -323,6 +348,8 @@ class RedisBroker:
         settings = self._settings
         args = [since, limit, settings.recovery_max_messages, int(settings.history_ttl_s * 1000)]
         result = await call_redis(lambda: self._scripts["HISTORY_SINCE"](keys=keys, args=args))
+        if result[0] == _FROM_THE_STORE:
+            return History(False, [], store_upto=int(result[1]))
         if not result[0]:
             return History(False, [])
         pairs = result[2:]  # id, frame, id, frame...

@@ -5,7 +5,12 @@ Key layout for a room R (the hash tag keeps a room's keys in one cluster slot):
 ``INCARNATION``}, ``{prefix}:{r:R}:log`` the stream of the newest ``CHAT_HISTORY_SIZE + 1``
 frames (the oldest marks where recovery can start), whose entry ids are ``<message id>-0``,
 ``{prefix}:{r:R}:cid:<user>:<cid>`` a dedup marker; the presence keys share the hash tag
-(see :mod:`app.presence.redis`).
+(see :mod:`app.presence.redis`). The meta hash also holds ``archived``: every message of the
+room up to that id is in the store (:mod:`app.store.stream_archiver` raises it). A direct
+conversation has the same keys under its conversation name (``@a:b``, :mod:`app.conversation`).
+
+With a store, every published frame is also appended to ``{prefix}:archive``, the stream the
+archiver consumes (fields ``c``: the conversation, ``f``: the frame).
 """
 
 from __future__ import annotations
@@ -77,9 +82,10 @@ PUBLISH: Final = (
     + TOKEN_BUCKET
     + INCARNATION
     + """
--- KEYS: meta, log (or '' for no history), dedup (or ''), the sender's message quota bucket
+-- KEYS: meta, log (or '' for no history), dedup (or ''), the sender's message quota bucket,
+--       the archive stream (or '' without a store)
 -- ARGV: channel, head, body, log length (history size + 1), ttl_ms, dedup_ttl_ms,
---       second channel (or ''), quota rate per s, quota burst
+--       second channel (or ''), quota rate per s, quota burst, conversation, archive length
 -- -> {id, 0 published | 1 duplicate | 2 refused by the quota, ts_ms}
 if take(KEYS[4], tonumber(ARGV[8]), tonumber(ARGV[9]), now) == 0 then
   return {0, 2, 0}
@@ -98,6 +104,9 @@ if KEYS[2] ~= '' then
   redis.call('XADD', KEYS[2], 'MAXLEN', ARGV[4], id .. '-0', 'f', payload)
   redis.call('PEXPIRE', KEYS[2], ARGV[5])
 end
+if KEYS[5] ~= '' then
+  redis.call('XADD', KEYS[5], 'MAXLEN', '~', ARGV[11], '*', 'c', ARGV[10], 'f', payload)
+end
 -- Subscribers get the frame itself: workers of the previous release read it too (a rolling
 -- deploy runs both), and the broker reads the id from it (app.protocol.message_id_of).
 redis.call('PUBLISH', ARGV[1], payload)
@@ -109,7 +118,9 @@ return {id, 0, now}
 
 # One page of the replay after `since`: {1, more, id, frame, id, frame...} when every message
 # after `since` is still retained (and there are at most `cap` of them), with at most `page`
-# messages and more = 1 when others follow; {0, 0} when the client must resync. The log is a
+# messages and more = 1 when others follow; {2, upto} when the log holds every message after
+# `upto` and the store every one up to it (`archived`), so the page comes from the store;
+# {0, 0} when the client must resync. The log is a
 # contiguous run of the newest messages of the incarnation (see INCARNATION), trimmed from its
 # oldest end: the messages after `since` are all in it when `since` is not older than its oldest
 # entry, or when nothing was trimmed since the origin. A log that is gone (history off, expired)
@@ -128,7 +139,12 @@ if not oldest then return {0, 0} end
 if since < tonumber(string.sub(oldest[1], 1, -3)) then
   local added = entries_added(KEYS[2])
   local length = redis.call('XLEN', KEYS[2])
-  if not added or base < 0 or added - base > length then return {0, 0} end  -- trimmed
+  if not added or base < 0 or added - base > length then  -- trimmed: from the store?
+    local archived = tonumber(redis.call('HGET', KEYS[1], 'archived') or '0')
+    local upto = tonumber(string.sub(oldest[1], 1, -3))
+    if archived >= upto then return {2, string.format('%.0f', upto)} end
+    return {0, 0}
+  end
 end
 local page, cap = tonumber(ARGV[2]), tonumber(ARGV[3])
 local start = string.format('%.0f', since + 1) .. '-0'
@@ -153,3 +169,16 @@ LAST_ID: Final = (
 return string.format('%.0f', incarnation(KEYS[1], KEYS[2], ARGV[1]))
 """
 )
+
+# Raise conversations' `archived` marks (never lower them), for the rooms whose meta exists
+# (an expired room is not brought back by its archiving).
+# KEYS: meta of each conversation   ARGV: the id archived up to, for each
+ARCHIVED: Final = """
+for i, meta in ipairs(KEYS) do
+  if redis.call('EXISTS', meta) == 1 then
+    local mark = tonumber(redis.call('HGET', meta, 'archived') or '0')
+    if tonumber(ARGV[i]) > mark then redis.call('HSET', meta, 'archived', ARGV[i]) end
+  end
+end
+return 0
+"""

@@ -41,6 +41,7 @@ from app.errors import CloseCode, ErrorCode
 
 if TYPE_CHECKING:
     from app.broker import Broker
+    from app.store.archiver import ArchiveStats
 
 MULTIPROC_ENV: Final = "PROMETHEUS_MULTIPROC_DIR"
 CONTENT_TYPE: Final = CONTENT_TYPE_PLAIN_0_0_4  # the text format every Prometheus reads
@@ -245,6 +246,33 @@ class Metrics:
             "hubbub_broker_publish_failures_total", "Publishes refused: the broker was down."
         )
 
+        # -- the store's archive
+        self.archive_lag_messages = gauge(
+            "hubbub_archive_lag_messages",
+            "Messages published and not yet stored (the archive stream's length), as a worker "
+            "last read it (every 2 s).",
+            "liveall",
+        )
+        self.archive_lag = gauge(
+            "hubbub_archive_lag_seconds",
+            "Age of the oldest message not yet stored (0: none waits), as a worker last read "
+            "it. Grows while the store is down.",
+            "liveall",
+        )
+        self.archived = counter("hubbub_archived_total", "Messages stored by this worker.")
+        self.archive_failures = counter(
+            "hubbub_archive_failures_total", "Batches the store refused (each is retried)."
+        )
+        self.archive_dropped = counter(
+            "hubbub_archive_dropped_total",
+            "Messages that will never be stored: dropped past CHAT_ARCHIVE_BACKLOG_MAX.",
+        )
+        self.archive_leading = gauge(
+            "hubbub_archive_leader",
+            "1 on the worker that archives (one per deployment), else 0.",
+            "liveall",
+        )
+
         # -- the worker
         self.ready = gauge(
             "hubbub_ready",
@@ -305,6 +333,7 @@ class Metrics:
         self.gc_pauses_since_sync: list[tuple[int, float, int]] = []
         self._broker_reconnects = 0
         self._broker_deaf = 0
+        self._archive_counts = (0, 0, 0)  # stored, failures, dropped: as last synced
         self._next_latency_sample = 0.0
         self._next_publish_sample = 0.0
 
@@ -345,8 +374,8 @@ class Metrics:
 
     # -- once a second ----------------------------------------------------------------------
 
-    def sync(self, hub: HubSnapshot, broker: Broker) -> None:
-        """Publish the hot-path counters and sample the gauges."""
+    def sync(self, hub: HubSnapshot, broker: Broker, archive: ArchiveStats | None = None) -> None:
+        """Publish the hot-path counters and sample the gauges (``archive``: with a store)."""
         if self.delivered_since_sync:
             self.delivered.inc(self.delivered_since_sync)
             self.delivered_since_sync = 0
@@ -389,9 +418,27 @@ class Metrics:
             self.broker_reconnects.labels("error").inc(errors)
         self._broker_reconnects, self._broker_deaf = stats.reconnects, stats.deaf_reconnects
 
+        if archive is not None:
+            self._sync_archive(archive)
+
         usage = resource.getrusage(resource.RUSAGE_SELF)
         self.cpu.set(usage.ru_utime + usage.ru_stime)
         self.memory.set(_resident_bytes())
+
+    def _sync_archive(self, archive: ArchiveStats) -> None:
+        self.archive_lag_messages.set(archive.lag_messages)
+        self.archive_lag.set(archive.lag_seconds)
+        self.archive_leading.set(1 if archive.leading else 0)
+        counts = (archive.stored, archive.failures, archive.dropped)
+        for counter, now, before in zip(
+            (self.archived, self.archive_failures, self.archive_dropped),
+            counts,
+            self._archive_counts,
+            strict=True,
+        ):
+            if now > before:
+                counter.inc(now - before)
+        self._archive_counts = counts
 
     def render(self) -> bytes:
         """The exposition for a scrape (the whole server's, in multiprocess mode)."""
@@ -407,10 +454,13 @@ def _resident_bytes() -> int:
 
 
 async def run_metrics_sync(
-    metrics: Metrics, snapshot: Callable[[], HubSnapshot], broker: Broker
+    metrics: Metrics,
+    snapshot: Callable[[], HubSnapshot],
+    broker: Broker,
+    archive: Callable[[], ArchiveStats] | None = None,
 ) -> None:
-    """Call :meth:`Metrics.sync` with a fresh ``snapshot()`` every :data:`SYNC_INTERVAL_S`
-    until cancelled."""
+    """Call :meth:`Metrics.sync` with a fresh ``snapshot()`` (and ``archive()``) every
+    :data:`SYNC_INTERVAL_S` until cancelled."""
     while True:
-        metrics.sync(snapshot(), broker)
+        metrics.sync(snapshot(), broker, archive() if archive is not None else None)
         await asyncio.sleep(SYNC_INTERVAL_S)

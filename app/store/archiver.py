@@ -12,9 +12,12 @@ Contract:
   (``dropped``): the memory a database outage may cost is bounded, and the loss is visible.
 - ``lag`` is how many wait (the archive-lag metric); :meth:`close` stores what waits, within
   ``close_timeout_s``.
+- ``archived(conversation)``: every message of the conversation offered up to that id is
+  stored (batches are stored in offer order), which lets recovery read them from the store.
 
 This is the embedded path (the memory broker: one process, ``make run``): what waits is lost
-if the process is killed. The Redis broker archives from Redis instead (issue 20, to come).
+if the process is killed. The Redis broker archives from Redis instead
+(:mod:`app.store.stream_archiver`).
 """
 
 from __future__ import annotations
@@ -23,12 +26,28 @@ import asyncio
 import contextlib
 import logging
 import random
+import time
 from collections import deque
+from dataclasses import dataclass
 
 from app.store.database import StoreError
 from app.store.messages import MessageStore, StoredMessage
 
 logger = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class ArchiveStats:
+    """For the metrics: messages waiting to be stored and the age of the oldest (the lag),
+    messages stored, failed attempts to store a batch, messages dropped unstored, and whether
+    this worker is the one archiving."""
+
+    lag_messages: int = 0
+    lag_seconds: float = 0.0
+    stored: int = 0
+    failures: int = 0
+    dropped: int = 0
+    leading: bool = False
 
 
 class Archiver:
@@ -47,6 +66,10 @@ class Archiver:
         self._max_pending = max_pending
         self._pending: deque[StoredMessage] = deque()
         self._wake = asyncio.Event()
+        self._closing = False
+        self._running = False
+        self._stopped = asyncio.Event()
+        self._marks: dict[str, int] = {}
         self.stored = 0
         self.dropped = 0
         self.failures = 0
@@ -55,22 +78,50 @@ class Archiver:
     def lag(self) -> int:
         return len(self._pending)
 
+    @property
+    def stats(self) -> ArchiveStats:
+        oldest = self._pending[0].ts_ms / 1000 if self._pending else None
+        return ArchiveStats(
+            lag_messages=len(self._pending),
+            lag_seconds=0.0 if oldest is None else max(0.0, time.time() - oldest),
+            stored=self.stored,
+            failures=self.failures,
+            dropped=self.dropped,
+            leading=True,
+        )
+
+    def archived(self, conversation: str) -> int:
+        """Every message of ``conversation`` offered up to this id is stored (0: none known)."""
+        return self._marks.get(conversation, 0)
+
     def offer(self, message: StoredMessage) -> None:
         if len(self._pending) >= self._max_pending:
-            self._pending.popleft()
+            lost = self._pending.popleft()
             self.dropped += 1
+            # The marks must not vouch past a message that was never stored.
+            self._marks[lost.conversation] = -1
         self._pending.append(message)
         if len(self._pending) >= self._batch_max:
             self._wake.set()
 
     async def run(self) -> None:
-        """Store what is offered until cancelled."""
+        """Store what is offered until :meth:`close` (or cancelled: do not cancel it in the
+        middle of a batch if you can help it, a database may hold its write lock for a
+        while)."""
+        self._running = True
+        try:
+            await self._keep_storing()
+        finally:
+            self._running = False
+            self._stopped.set()
+
+    async def _keep_storing(self) -> None:
         backoff = self._interval_s
-        while True:
+        while not self._closing:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), self._interval_s)
             self._wake.clear()
-            while self._pending:
+            while self._pending and not self._closing:
                 try:
                     await self._store_one_batch()
                     backoff = self._interval_s
@@ -83,6 +134,9 @@ class Archiver:
     async def _store_one_batch(self) -> None:
         batch = [self._pending[n] for n in range(min(self._batch_max, len(self._pending)))]
         await self._store.add(batch)
+        for message in batch:
+            if self._marks.get(message.conversation, 0) >= 0:
+                self._marks[message.conversation] = message.id
         # Offers during the write only appended; drops during it took from the front, which
         # may have been this batch's own messages: remove what is still there of it.
         for message in batch:
@@ -91,9 +145,14 @@ class Archiver:
         self.stored += len(batch)
 
     async def close(self, close_timeout_s: float = 5.0) -> None:
-        """Store what waits (best effort, within ``close_timeout_s``)."""
+        """Have :meth:`run` return after the batch it is storing, then store what waits (best
+        effort, within ``close_timeout_s``)."""
+        self._closing = True
+        self._wake.set()
         try:
             async with asyncio.timeout(close_timeout_s):
+                if self._running:
+                    await self._stopped.wait()
                 while self._pending:
                     await self._store_one_batch()
         except (StoreError, TimeoutError) as exc:

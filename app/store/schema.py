@@ -16,9 +16,9 @@ metadata: Final = MetaData(
 )
 
 # One row per message. ``conversation`` is a room's name, or ``@<a>:<b>`` for the direct
-# messages between users a and b (a < b; no room name can start with ``@``); ``id`` is the message id clients see (increasing
-# within the conversation, below 2^53), so (conversation, id) is unique and archiving the same
-# message twice is a no-op.
+# messages between users a and b (a < b; no room name can start with ``@``); ``id`` is the
+# message id clients see (increasing within the conversation, below 2^53), so
+# (conversation, id) is unique and archiving the same message twice is a no-op.
 messages: Final = Table(
     "messages",
     metadata,

@@ -1,0 +1,103 @@
+"""The store as a worker runs it: opened from the settings, archived into (by the archiver
+that matches the broker), and pruned by retention.
+
+Contract: :meth:`RunningStore.open` checks the schema (raises
+:class:`~app.store.database.StoreError`); :meth:`RunningStore.start` returns at once (tasks
+run in the background); :meth:`RunningStore.stop` stops them, stores what the embedded
+archiver still holds (best effort, bounded), and closes the database's connections.
+Retention runs on the worker that archives only (one per deployment), every
+``_RETENTION_INTERVAL_S``, a bounded batch at a time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+
+from app.settings import Settings
+from app.store.archiver import Archiver, ArchiveStats
+from app.store.database import StoreError, engine_for, migrate
+from app.store.inbox import Inbox
+from app.store.messages import MessageStore
+
+logger = logging.getLogger(__name__)
+
+_RETENTION_INTERVAL_S = 300.0
+_RETENTION_BATCH = 10_000
+
+
+class RunningStore:
+    def __init__(self, settings: Settings) -> None:
+        assert settings.database_url is not None
+        self._settings = settings
+        self.engine = engine_for(settings.database_url, settings.database_timeout_s)
+        self.messages = MessageStore(self.engine)
+        self.inbox = Inbox(self.engine)
+        # The embedded broker's archiver; the Redis broker's is a StreamArchiver.
+        self.archiver: Archiver | None = None
+        self._stats: Callable[[], ArchiveStats] = ArchiveStats
+        self._tasks: list[asyncio.Task[None]] = []
+        self._close_redis: Callable[[], Awaitable[None]] | None = None
+
+    async def open(self) -> None:
+        """Check the schema is current (migrating it if not: a worker started without
+        ``python -m app`` or gunicorn, e.g. ``uvicorn --factory``). Raises StoreError."""
+        await migrate(self.engine)
+
+    def embedded_archiver(self) -> Archiver:
+        """The archiver the memory broker offers every message to."""
+        settings = self._settings
+        self.archiver = Archiver(
+            self.messages,
+            batch_max=settings.archive_batch_max,
+            interval_s=settings.archive_interval_s,
+            max_pending=settings.archive_backlog_max,
+        )
+        return self.archiver
+
+    def archive_stats(self) -> ArchiveStats:
+        return self._stats()
+
+    def start(self) -> None:
+        settings = self._settings
+        if self.archiver is not None:
+            archiver = self.archiver
+            self._stats = lambda: archiver.stats
+            self._tasks.append(asyncio.create_task(archiver.run(), name="archiver"))
+        else:
+            from app.redisio.clients import command_client
+            from app.store.stream_archiver import StreamArchiver
+
+            redis = command_client(settings)
+            self._close_redis = redis.aclose
+            streamer = StreamArchiver(redis, self.messages, settings)
+            self._stats = lambda: streamer.stats
+            self._tasks.append(asyncio.create_task(streamer.run(), name="archiver"))
+        if settings.retention_days > 0:
+            self._tasks.append(asyncio.create_task(self._keep_retention(), name="retention"))
+
+    async def _keep_retention(self) -> None:
+        days = self._settings.retention_days
+        while True:
+            if self.archive_stats().leading:
+                cutoff_ms = int((time.time() - days * 86_400) * 1000)
+                try:
+                    deleted = _RETENTION_BATCH
+                    while deleted == _RETENTION_BATCH:  # a full batch: more may be due
+                        deleted = await self.messages.delete_older_than(cutoff_ms, _RETENTION_BATCH)
+                except StoreError as exc:
+                    logger.warning("retention: %s", exc)
+            await asyncio.sleep(_RETENTION_INTERVAL_S)
+
+    async def stop(self) -> None:
+        if self.archiver is not None:
+            # Not cancelled mid-batch (SQLite would keep its write lock): it stops after one.
+            await self.archiver.close(self._settings.close_timeout_s)
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self._close_redis is not None:
+            await self._close_redis()
+        await self.engine.dispose()

@@ -1,0 +1,250 @@
+"""StreamArchiver: moves every published message from Redis into the store, in batches, off
+the messages' latency path (the Redis broker's half of archiving).
+
+The PUBLISH script appends each frame to the archive stream (``{prefix}:archive``, see
+:mod:`app.broker.redis_scripts`) in the same atomic step that numbers and publishes it: a
+message that was acked is in the stream. Every worker runs a StreamArchiver; one of them at a
+time leads, under a lease (a Redis key it renews every third of ``CHAT_ARCHIVE_LEASE_S``), and
+consumes the stream through a consumer group:
+
+- it first claims what earlier leaders left pending (they died between reading and acking),
+  then reads new entries, always in stream order, one batch at a time;
+- a batch is stored (idempotently: :meth:`~app.store.messages.MessageStore.add`), then the
+  conversations' ``archived`` marks are raised, then its entries are acked and deleted;
+- a batch the store refuses is retried, with a jittered backoff, until it is stored or the
+  lease is lost (then the next leader claims it). Nothing is acked before it is stored.
+
+Delivery guarantee: at least once into the store, each message stored once (idempotent by
+conversation and id). Because one leader stores batches in stream order, and the stream is in
+each conversation's id order, a conversation's ``archived`` mark means every message up to it
+is stored: recovery may read those from the store (:class:`app.history.ConversationHistory`).
+What is lost: entries trimmed from the stream past ``CHAT_ARCHIVE_BACKLOG_MAX`` while the store
+is down (counted), and entries Redis loses with its data (a restart without persistence).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import random
+import socket
+import time
+from typing import Any, cast
+
+import orjson
+from redis.asyncio import Redis
+from redis.exceptions import ResponseError
+
+from app.broker import redis_scripts as scripts
+from app.conversation import is_direct
+from app.redisio.clients import REDIS_ERRORS
+from app.settings import Settings
+from app.store.archiver import ArchiveStats
+from app.store.database import StoreError
+from app.store.messages import MessageStore, StoredMessage
+
+logger = logging.getLogger(__name__)
+
+GROUP = "archivers"
+# An entry as XREADGROUP returns it: its id, and its fields (None once deleted).
+_Entry = tuple[bytes, dict[bytes, bytes] | None]
+_LAG_READ_INTERVAL_S = 2.0
+
+# Renew the lease if this worker still holds it. KEYS: lease  ARGV: holder, lease ms
+_RENEW = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('PEXPIRE', KEYS[1], ARGV[2])
+end
+return 0
+"""
+
+
+class LeaseLost(Exception):
+    """Another worker leads now (or Redis could not confirm this one still does)."""
+
+
+class StreamArchiver:
+    """See the module's contract. ``run`` until cancelled; ``stats`` for the metrics."""
+
+    def __init__(self, redis: Redis, store: MessageStore, settings: Settings) -> None:
+        self._redis = redis
+        self._store = store
+        self._settings = settings
+        self._prefix = settings.redis_prefix
+        self.key = f"{self._prefix}:archive"
+        self._lease_key = f"{self._prefix}:archive:lease"
+        self.name = f"{socket.gethostname()}:{os.getpid()}:{id(self):x}"
+        self._renew = redis.register_script(_RENEW)
+        self._mark = redis.register_script(scripts.ARCHIVED)
+        self._stats = ArchiveStats()
+        self._leading = False
+
+    @property
+    def stats(self) -> ArchiveStats:
+        return self._stats
+
+    async def run(self) -> None:
+        """Lead when the lease is free, follow (reading the lag) when it is not."""
+        lease_s = self._settings.archive_lease_s
+        lag_task = asyncio.create_task(self._watch_lag(), name="archive-lag")
+        try:
+            while True:
+                try:
+                    if await self._acquire():
+                        await self._lead()
+                except LeaseLost as exc:
+                    logger.warning("archiving: no longer leading (%s)", exc)
+                except REDIS_ERRORS as exc:
+                    logger.warning("archiving: redis unavailable: %r", exc)
+                except Exception:  # a bug must not stop archiving for good: log, try again
+                    logger.exception("archiving failed")
+                finally:
+                    self._leading = False
+                    self._stats.leading = False
+                await asyncio.sleep(random.uniform(lease_s / 6, lease_s / 3))
+        finally:
+            lag_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await lag_task
+
+    async def _acquire(self) -> bool:
+        lease_ms = int(self._settings.archive_lease_s * 1000)
+        taken = await self._redis.set(self._lease_key, self.name, nx=True, px=lease_ms)
+        return bool(taken)
+
+    async def _lead(self) -> None:
+        """Consume the stream while the lease holds; raises LeaseLost when it does not."""
+        logger.info("archiving: this worker leads (%s)", self.name)
+        self._leading = True
+        self._stats.leading = True
+        with contextlib.suppress(ResponseError):  # BUSYGROUP: it exists
+            await self._redis.xgroup_create(self.key, GROUP, id="0", mkstream=True)
+        renewing = asyncio.create_task(self._keep_lease(), name="archive-lease")
+        consuming = asyncio.create_task(self._consume(), name="archive-consume")
+        try:
+            done, _ = await asyncio.wait({renewing, consuming}, return_when=asyncio.FIRST_COMPLETED)
+            for task in done:
+                task.result()  # raises what ended it
+            raise LeaseLost("stopped")
+        finally:
+            for task in (renewing, consuming):
+                task.cancel()
+            await asyncio.gather(renewing, consuming, return_exceptions=True)
+
+    async def _keep_lease(self) -> None:
+        lease_s = self._settings.archive_lease_s
+        while True:
+            await asyncio.sleep(lease_s / 3)
+            try:
+                renewed = await self._renew(
+                    keys=[self._lease_key], args=[self.name, int(lease_s * 1000)]
+                )
+            except REDIS_ERRORS as exc:
+                raise LeaseLost(f"cannot renew: {exc!r}") from exc
+            if not renewed:
+                raise LeaseLost("the lease expired")
+
+    async def _consume(self) -> None:
+        settings = self._settings
+        await self._claim_pending()
+        # Entries this consumer holds (just claimed) first, then new ones: stream order.
+        position = "0"
+        while True:
+            block = None if position == "0" else int(settings.archive_interval_s * 1000)
+            reply: Any = await self._redis.xreadgroup(
+                GROUP, self.name, {self.key: position}, count=settings.archive_batch_max,
+                block=block,
+            )  # fmt: skip
+            # RESP2: [[stream, [(entry id, fields or None when deleted), ...]]]
+            entries = cast(list[_Entry], reply[0][1]) if reply else []
+            if not entries:
+                if position == "0":
+                    position = ">"
+                continue
+            await self._archive(entries)
+            if position == ">" and len(entries) < settings.archive_batch_max:
+                await asyncio.sleep(settings.archive_interval_s)  # let the next batch fill
+
+    async def _claim_pending(self) -> None:
+        """Take over what earlier leaders read and did not ack (they died, or lost the lease)."""
+        start = "0-0"
+        while True:
+            # [next start, claimed entries, deleted ids]: only the cursor matters here.
+            reply: Any = await self._redis.xautoclaim(
+                self.key, GROUP, self.name, min_idle_time=0, start_id=start,
+                count=self._settings.archive_batch_max,
+            )  # fmt: skip
+            start = reply[0].decode() if isinstance(reply[0], bytes) else str(reply[0])
+            if start == "0-0":
+                return
+
+    async def _archive(self, entries: list[_Entry]) -> None:
+        batch: list[StoredMessage] = []
+        for _, fields in entries:
+            message = _stored(fields)
+            if message is None:
+                self._stats.dropped += 1  # trimmed while pending, or not ours
+            else:
+                batch.append(message)
+        await self._store_until_stored(batch)
+        marks: dict[str, int] = {}
+        for message in batch:
+            marks[message.conversation] = message.id  # the batch is in id order
+        if marks:
+            metas = [scripts.room_key(self._prefix, c, "meta") for c in marks]
+            await self._mark(keys=metas, args=list(marks.values()))
+        ids = [entry_id for entry_id, _ in entries]
+        async with self._redis.pipeline(transaction=False) as pipe:
+            pipe.xack(self.key, GROUP, *ids)
+            pipe.xdel(self.key, *ids)
+            await pipe.execute()
+        self._stats.stored += len(batch)
+
+    async def _store_until_stored(self, batch: list[StoredMessage]) -> None:
+        backoff = self._settings.archive_interval_s
+        while True:
+            try:
+                await self._store.add(batch)
+                return
+            except StoreError as exc:
+                self._stats.failures += 1
+                logger.warning("archiving %d messages failed, retrying: %s", len(batch), exc)
+                await asyncio.sleep(backoff * random.uniform(0.5, 1.5))
+                backoff = min(backoff * 2, 5.0)
+
+    async def _watch_lag(self) -> None:
+        """Every worker reads how far archiving is behind: the stream's length, and the age
+        of its oldest entry (entries are deleted once stored)."""
+        while True:
+            with contextlib.suppress(*REDIS_ERRORS):
+                async with self._redis.pipeline(transaction=False) as pipe:
+                    pipe.xlen(self.key)
+                    pipe.xrange(self.key, "-", "+", count=1)
+                    length, oldest = await pipe.execute()
+                self._stats.lag_messages = int(length)
+                self._stats.lag_seconds = _age_s(oldest[0][0]) if oldest else 0.0
+            await asyncio.sleep(_LAG_READ_INTERVAL_S)
+
+
+def _age_s(entry_id: bytes) -> float:
+    """How long ago a stream entry was added (its id starts with Redis' time in ms)."""
+    return max(0.0, time.time() - int(entry_id.split(b"-")[0]) / 1000)
+
+
+def _stored(fields: dict[bytes, bytes] | None) -> StoredMessage | None:
+    """The message an archive entry holds (None for a deleted or malformed entry)."""
+    if not fields or b"c" not in fields or b"f" not in fields:
+        return None
+    try:
+        frame: dict[str, Any] = orjson.loads(fields[b"f"])
+        conversation = fields[b"c"].decode()
+        if not is_direct(conversation) and frame.get("room") != conversation:
+            return None
+        return StoredMessage(
+            conversation, int(frame["id"]), str(frame["user"]), str(frame["text"]),
+            int(frame["ts"]),
+        )  # fmt: skip
+    except (ValueError, KeyError, TypeError):
+        return None
