@@ -20,7 +20,7 @@ import pytest
 from app.state import ChatState
 from app.store.database import engine_for
 from app.store.messages import MessageStore
-from tests.helpers import ChatClient, Frame, LiveServer, make_settings, run_server, wait_until
+from tests.helpers import ChatClient, LiveServer, make_settings, run_server, wait_until
 from tests.processes import AppProcess, PostgresServer, RedisServer
 
 pytestmark = pytest.mark.timeout(120)

@@ -15,8 +15,8 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.conversation import direct
 from app.store.archiver import Archiver
-from app.store.inbox import Inbox
 from app.store.database import StoreError, engine_for, migrate
+from app.store.inbox import Inbox
 from app.store.messages import MessageStore, StoredMessage
 from app.store.schema import metadata
 from tests.helpers import wait_until
