@@ -168,12 +168,16 @@ async def test_compose_file_follows_the_compose_specification() -> None:
 
 def test_compose_stack_is_wired_together() -> None:
     services = _compose()["services"]
-    assert set(services) == {"redis", "app", "nginx", "prometheus", "grafana"}
+    assert set(services) == {"redis", "postgres", "app", "nginx", "prometheus", "grafana"}
     app = services["app"]
     assert app["deploy"]["replicas"] == 2
-    assert app["depends_on"]["redis"]["condition"] == "service_healthy"
-    assert "healthcheck" in services["redis"]
+    for store in ("redis", "postgres"):
+        assert app["depends_on"][store]["condition"] == "service_healthy"
+        assert "healthcheck" in services[store]
     assert app["environment"]["CHAT_REDIS_URL"].startswith("redis://redis:6379")
+    # PostgreSQL keeps its data in a volume, and the app reaches it by its service name.
+    assert "postgres-data:/var/lib/postgresql/data" in services["postgres"]["volumes"]
+    assert "@postgres:5432/hubbub" in app["environment"]["CHAT_DATABASE_URL"]
     assert "ports" not in app  # reachable through nginx only
     assert services["nginx"]["ports"] == ["8080:8080"]
     assert "./nginx/nginx.conf:/etc/nginx/nginx.conf:ro" in services["nginx"]["volumes"]
@@ -201,11 +205,16 @@ def test_compose_takes_its_secrets_from_the_environment(monkeypatch: pytest.Monk
     no default admin password (compose refuses to start without one) and, like Prometheus, is
     published on loopback only."""
     secret = "5f" * 32
-    env = {"CHAT_JWT_SECRET": secret, "GRAFANA_ADMIN_PASSWORD": "g" * 32}
+    database = {"POSTGRES_PASSWORD": "d0" * 16}
+    env = {"CHAT_JWT_SECRET": secret, "GRAFANA_ADMIN_PASSWORD": "g" * 32} | database
     with pytest.raises(ComposeRefuses, match="GRAFANA_ADMIN_PASSWORD"):
-        _interpolate(_compose(), {"CHAT_JWT_SECRET": secret})
+        _interpolate(_compose(), {"CHAT_JWT_SECRET": secret} | database)
     with pytest.raises(ComposeRefuses, match="GRAFANA_ADMIN_PASSWORD"):
-        _interpolate(_compose(), {"CHAT_JWT_SECRET": secret, "GRAFANA_ADMIN_PASSWORD": ""})
+        _interpolate(
+            _compose(), {"CHAT_JWT_SECRET": secret, "GRAFANA_ADMIN_PASSWORD": ""} | database
+        )
+    with pytest.raises(ComposeRefuses, match="POSTGRES_PASSWORD"):
+        _interpolate(_compose(), {"CHAT_JWT_SECRET": secret, "GRAFANA_ADMIN_PASSWORD": "g" * 32})
 
     services = _interpolate(_compose(), env)["services"]
     app_env = services["app"]["environment"]
@@ -213,8 +222,14 @@ def test_compose_takes_its_secrets_from_the_environment(monkeypatch: pytest.Monk
     assert settings.auth_mode == "jwt" and settings.jwt_secret is not None
     assert settings.jwt_secret.get_secret_value() == secret
     assert settings.admin_token is None  # no CHAT_ADMIN_TOKEN: the moderation API is off
+    assert settings.database_url == (
+        f"postgresql://hubbub:{database['POSTGRES_PASSWORD']}@postgres:5432/hubbub"
+    )
+    assert services["postgres"]["environment"]["POSTGRES_PASSWORD"] == database["POSTGRES_PASSWORD"]
 
-    no_secret = _interpolate(_compose(), {"GRAFANA_ADMIN_PASSWORD": "g" * 32})["services"]
+    no_secret = _interpolate(_compose(), {"GRAFANA_ADMIN_PASSWORD": "g" * 32} | database)[
+        "services"
+    ]
     assert no_secret["app"]["environment"]["CHAT_AUTH_MODE"] == "jwt"
     with pytest.raises(SettingsError, match="CHAT_JWT_SECRET"):
         _settings_from(no_secret["app"]["environment"], monkeypatch)
@@ -257,6 +272,8 @@ TEST_SECRETS = {
     "CHAT_ADMIN_TOKEN": "ad" * 32,
     "CHAT_REDIS_URL": "redis://:external-redis-password@redis.example.internal:6379/0",
     "REDIS_PASSWORD": "0123456789abcdef0123456789abcdef",
+    "CHAT_DATABASE_URL": "postgresql://hubbub:external-pg-password@pg.example.internal:5432/chat",
+    "POSTGRES_PASSWORD": "fedcba9876543210fedcba9876543210",
 }
 SECRETS_EXAMPLE = ROOT / "k8s/base/secrets.env.example"
 # Every kustomization that must run under Pod Security "restricted"; node-tuning is opt-in.
@@ -414,6 +431,14 @@ async def test_kubernetes_objects_agree_with_each_other_and_the_app() -> None:
     assert _container_env(dev, dev_container)["CHAT_REDIS_URL"] == (
         f"redis://:{TEST_SECRETS['REDIS_PASSWORD']}@{redis_service['metadata']['name']}:"
         f"{redis_service['spec']['ports'][0]['port']}/0"
+    )
+    # The store: production's URL from the Secret; the bundled PostgreSQL's built likewise.
+    assert env["CHAT_DATABASE_URL"] == TEST_SECRETS["CHAT_DATABASE_URL"]
+    postgres_service = _one(dev, "Service", "hubbub-postgres")
+    assert _container_env(dev, dev_container)["CHAT_DATABASE_URL"] == (
+        f"postgresql://hubbub:{TEST_SECRETS['POSTGRES_PASSWORD']}@"
+        f"{postgres_service['metadata']['name']}:{postgres_service['spec']['ports'][0]['port']}"
+        "/hubbub"
     )
 
 
@@ -653,7 +678,7 @@ async def test_ingress_routes_only_what_clients_use() -> None:
     assert not [key for key in annotations if "snippet" in key or "use-regex" in key]
     assert "defaultBackend" not in ingress["spec"]
     app = create_app(DEFAULTS)
-    client_paths = {"/", "/rooms/{room}/messages"}
+    client_paths = {"/", "/rooms/{room}/messages", "/dms/{peer}/messages", "/inbox"}
     internal_paths = {"/healthz", "/readyz", app.openapi_url, app.docs_url, app.redoc_url}
     app_paths = set(app.openapi()["paths"])
     app_paths |= {route.path for route in page.router.routes if isinstance(route, APIRoute)}
@@ -661,6 +686,7 @@ async def test_ingress_routes_only_what_clients_use() -> None:
     assert admin.router.prefix == "/admin"
 
     routed = ["/", "/ws", "/rooms/lobby/messages", "/rooms/team-1/messages"]
+    routed += ["/dms/alice/messages", "/inbox"]
     routed += [f"/static/{f.name}" for f in (ROOT / "app/static").iterdir()]
     static = (ROOT / "app/static/index.html").read_text()
     assert set(re.findall(r'(?:href|src)="(/[^"]*)"', static)) <= set(routed)
@@ -672,7 +698,7 @@ async def test_ingress_routes_only_what_clients_use() -> None:
     refused = [
         "/admin", "/admin/", "/admin/users/troll/kick", "/admin/users/troll/ban",
         DEFAULTS.metrics_path, "/metrics", "/healthz", "/readyz", "/openapi.json", "/redoc",
-        "/docs", "/index.html", "/wsx", "/ws/x", "/staticx", "/rooms-x",
+        "/docs", "/index.html", "/wsx", "/ws/x", "/staticx", "/rooms-x", "/dmsx", "/inbox/x",
     ]  # fmt: skip
     for path in refused:
         assert _ingress_backend(ingress, path) is None, path
