@@ -39,8 +39,9 @@ deb-deps:  ## install the Debian packages the tests need, when missing (needs ro
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing >/dev/null; \
 	fi
 
-run: $(STAMP)  ## serve the chat on http://127.0.0.1:8000 (memory broker, one worker, guests)
-	CHAT_AUTH_MODE=$${CHAT_AUTH_MODE:-guest} $(VENV)/bin/python -m app
+run: $(STAMP)  ## serve the chat on http://127.0.0.1:8000 (memory broker, SQLite store in data/, guests)
+	CHAT_AUTH_MODE=$${CHAT_AUTH_MODE:-guest} CHAT_DATABASE_URL=$${CHAT_DATABASE_URL:-sqlite:///data/hubbub.db} \
+	  $(VENV)/bin/python -m app
 
 test: $(STAMP) deb-deps  ## install everything the tests need, then run the whole suite
 	$(VENV)/bin/python -m pytest

@@ -219,9 +219,10 @@ class Settings(BaseSettings):
         1_000_000,
         ge=1_000,
         description="Most messages waiting to be archived (the Redis archive stream, or the "
-        "embedded archiver's queue) while the store is down; past it the oldest are dropped "
-        "(counted in `hubbub_archive_dropped_total`). At ~300 bytes each, the default is "
-        "~300 MB of Redis memory.",
+        "embedded archiver's queue) while the store is down; past it messages are not "
+        "archived (Redis: the newest; embedded: the oldest), counted in "
+        "`hubbub_archive_dropped_total` (alert HubbubArchiveDropping). At ~300 bytes each, "
+        "the default is ~300 MB of Redis memory.",
     )
     archive_lease_s: float = Field(
         10.0,

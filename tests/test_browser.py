@@ -10,6 +10,7 @@ import contextlib
 import shutil
 import signal
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import pytest
 from playwright.async_api import Browser, Page, async_playwright, expect
@@ -284,3 +285,61 @@ async def test_guests_keep_their_identity_and_cannot_take_anothers(browser: Brow
         finally:
             await ada.close()
             await other.close()
+
+
+async def test_stored_history_loads_on_scroll_and_direct_messages_wait_for_who_was_away(
+    browser: Browser, tmp_path: Path
+) -> None:
+    """With a store (make run's SQLite): the broker keeps 20 messages of the room, the store
+    all 120; scrolling up loads them all, in order. A DM sent while bob was away waits in his
+    inbox: the page shows it with an unread badge, opening it marks it read, and his reply
+    reaches ada."""
+    settings = make_settings(database_url=f"sqlite:///{tmp_path}/data/hubbub.db", history_size=20)
+    async with run_server(settings) as live, ChatClient.connect(live.ws_url("ada")) as ada:
+        state = live.state.store
+        assert state is not None
+        await ada.expect("inbox")
+        await ada.join("lobby")
+        for n in range(120):
+            await ada.say("lobby", f"m{n}")
+        await ada.say_to("bob", "are you there, bob?")
+        async with asyncio.timeout(20):
+            while await state.messages.count("lobby") < 120 or not await state.messages.count(
+                "@ada:bob"
+            ):
+                await asyncio.sleep(0.05)
+
+        bob = await ChatPage.open(browser, live.http_url, "bob", "lobby")
+        try:
+            texts = bob.page.locator("#messages .message .text")
+            await expect(texts.last).to_have_text("m119", timeout=UI_TIMEOUT_MS)
+            async with asyncio.timeout(30):
+                while await texts.count() < 120:
+                    await bob.page.evaluate("document.getElementById('messages').scrollTop = 0")
+                    await asyncio.sleep(0.2)
+            await bob.shows([f"m{n}" for n in range(120)])
+            await expect(bob.page.locator("#history-state")).to_have_text(
+                "Beginning of the conversation"
+            )
+
+            dm = bob.page.locator('#dms li[data-room="@ada"]')
+            await expect(dm.locator(".unread")).to_have_text("1")
+            await dm.get_by_role("button", name="ada").click()
+            await expect(bob.page.locator("#room-title")).to_have_text("@ada")
+            await bob.shows(["are you there, bob?"])
+            await expect(dm.locator(".unread")).to_be_hidden()
+            await bob.say("back now")
+            # Her own messages (the room's, and her DM's copy) come first.
+            reply = (await ada.messages_until("back now"))[-1]
+            assert (reply["to"], reply["user"]) == ("ada", "bob")
+            ARTIFACTS.mkdir(exist_ok=True)
+            await bob.page.screenshot(path=ARTIFACTS / "chat-direct.png", full_page=True)
+            # Opening it marked it read: the inbox says so.
+            async with asyncio.timeout(10):
+                while True:
+                    inbox = await state.inbox.entries("bob", limit=10, unread_cap=99)
+                    if [(e.conversation, e.unread) for e in inbox] == [("@ada:bob", 0)]:
+                        break
+                    await asyncio.sleep(0.1)
+        finally:
+            await bob.close()

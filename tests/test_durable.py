@@ -316,3 +316,34 @@ async def _leaders(app: AppProcess, count: int) -> list[int]:
             if len(pids) >= count:
                 return pids
             await asyncio.sleep(0.1)
+
+
+async def test_a_full_archive_backlog_is_counted_never_silent(tmp_path: Path) -> None:
+    """While the store is down the backlog stops at CHAT_ARCHIVE_BACKLOG_MAX: chat goes on,
+    the messages past it are not archived, and each is counted (the metric the
+    HubbubArchiveDropping alert reads)."""
+    redis, postgres = RedisServer(), PostgresServer()
+    await redis.start()
+    await postgres.start()
+    try:
+        url = await postgres.create_database("chat")
+        settings = make_settings(
+            redis_url=redis.url, database_url=url, database_timeout_s=1,
+            archive_backlog_max=1_000,
+        )  # fmt: skip
+        async with run_server(settings) as live:
+            await postgres.kill()
+            store = live.state.store
+            assert store is not None
+            async with ChatClient.connect(live.ws_url("alice")) as alice:
+                error = await alice.expect("error")  # no inbox: the store is down
+                assert error["code"] == "store_unavailable" and error["ref"] == "inbox"
+                await alice.join("lobby")
+                await wait_until(lambda: store.archive_stats().leading, timeout=20)
+                acked = await send_acked(alice, 1_100, room="lobby")
+                assert len(set(acked)) == 1_100
+                await wait_until(lambda: store.archive_stats().dropped == 100, timeout=20)
+                assert store.archive_stats().lag_messages == 1_000
+    finally:
+        await postgres.stop()
+        await redis.stop()

@@ -24,14 +24,16 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture
-async def served() -> AsyncIterator[str]:
+async def served(tmp_path: Path) -> AsyncIterator[str]:
     port = free_port()
-    # As `make run` starts it: guests (CHAT_AUTH_MODE=guest), memory broker, one worker.
+    # As `make run` starts it: guests (CHAT_AUTH_MODE=guest), memory broker, one worker, an
+    # SQLite store.
     env = {
         **os.environ,
         "CHAT_PORT": str(port),
         "CHAT_LOG_LEVEL": "warning",
         "CHAT_AUTH_MODE": "guest",
+        "CHAT_DATABASE_URL": f"sqlite:///{tmp_path}/data/hubbub.db",
     }
     proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "app", cwd=ROOT, env=env)
     base = f"127.0.0.1:{port}"
@@ -58,6 +60,8 @@ async def test_make_run_serves_chat(served: str) -> None:
         ChatClient.connect(f"ws://{served}/ws?name=ann") as ann,
         ChatClient.connect(f"ws://{served}/ws?name=ben") as ben,
     ):
+        assert (await ann.expect("inbox"))["conversations"] == []  # the store is there
+        await ben.expect("inbox")
         await ann.join("lobby")
         await ben.join("lobby")
         await ann.say("lobby", "hello ben")

@@ -302,14 +302,9 @@ class RedisBroker:
         """The PUBLISH script's keys (see redis_scripts)."""
         dedup = "" if cid is None else self._room_key(conversation, f"cid:{user}:{cid!r}")
         log = "" if self._settings.history_size == 0 else self._room_key(conversation, "log")
-        archive = "" if self._settings.database_url is None else self.archive_key
+        archive = "" if self._settings.database_url is None else archive_stream_key(self._prefix)
         meta = self._room_key(conversation, "meta")
-        return [meta, log, dedup, self._quota_key(user), archive]
-
-    @property
-    def archive_key(self) -> str:
-        """The stream every published frame is archived from (with a store)."""
-        return archive_stream_key(self._prefix)
+        return [meta, log, dedup, self._quota_key(user), archive, f"{archive}:dropped"]
 
     async def _publish(
         self,

@@ -10,7 +10,8 @@ room up to that id is in the store (:mod:`app.store.stream_archiver` raises it).
 conversation has the same keys under its conversation name (``@a:b``, :mod:`app.conversation`).
 
 With a store, every published frame is also appended to ``{prefix}:archive``, the stream the
-archiver consumes (fields ``c``: the conversation, ``f``: the frame).
+archiver consumes (fields ``c``: the conversation, ``f``: the frame), unless it already holds
+``CHAT_ARCHIVE_BACKLOG_MAX`` entries: then ``{prefix}:archive:dropped`` counts it instead.
 """
 
 from __future__ import annotations
@@ -83,7 +84,7 @@ PUBLISH: Final = (
     + INCARNATION
     + """
 -- KEYS: meta, log (or '' for no history), dedup (or ''), the sender's message quota bucket,
---       the archive stream (or '' without a store)
+--       the archive stream (or '' without a store), its count of messages not archived
 -- ARGV: channel, head, body, log length (history size + 1), ttl_ms, dedup_ttl_ms,
 --       second channel (or ''), quota rate per s, quota burst, conversation, archive length
 -- -> {id, 0 published | 1 duplicate | 2 refused by the quota, ts_ms}
@@ -105,7 +106,11 @@ if KEYS[2] ~= '' then
   redis.call('PEXPIRE', KEYS[2], ARGV[5])
 end
 if KEYS[5] ~= '' then
-  redis.call('XADD', KEYS[5], 'MAXLEN', '~', ARGV[11], '*', 'c', ARGV[10], 'f', payload)
+  if redis.call('XLEN', KEYS[5]) < tonumber(ARGV[11]) then
+    redis.call('XADD', KEYS[5], '*', 'c', ARGV[10], 'f', payload)
+  else  -- the backlog is full (the store has been down for long): counted, not archived
+    redis.call('INCR', KEYS[6])
+  end
 end
 -- Subscribers get the frame itself: workers of the previous release read it too (a rolling
 -- deploy runs both), and the broker reads the id from it (app.protocol.message_id_of).

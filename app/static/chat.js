@@ -1,20 +1,40 @@
-// The chat page: rooms, messages, presence, typing, connection state — on top of hubbub.js.
-// Messages are kept per room by id and shown in id order, so a message replayed after a
-// reconnect or reloaded over HTTP appears exactly once. Text is always set as text, never HTML.
+// The chat page: rooms, direct messages, presence, typing, unread counts, connection state — on
+// top of hubbub.js. Messages are kept per conversation (a room, or "@user" for the direct
+// messages with a user) by id and shown in id order, so a message replayed after a reconnect or
+// reloaded over HTTP appears exactly once; scrolling up loads older ones. Text is always set as
+// text, never HTML.
 import { HubbubClient, displayName } from "./hubbub.js";
 
 // A display name (what guest servers take; other modes take it too).
 const NAME = /^[A-Za-z0-9][A-Za-z0-9_.]{0,14}$/;
 const ROOM = /^[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}$/;
+const USER = /^[A-Za-z0-9][A-Za-z0-9_.-]{0,31}$/;
 const TYPING_EVERY_MS = 3000;
 const TYPING_SHOWN_MS = 4000;
+const PAGE = 50; // messages per history page
+const READ_EVERY_MS = 1000;
 const $ = (id) => document.getElementById(id);
 
-/** room -> {messages: Map<id, frame>, count, users: Set|null, unread, typing: Map<user, timer>} */
+/** conversation ("lobby", or "@user" for direct messages) -> {kind: "room"|"dm", peer?,
+ * messages: Map<id, frame>, count, users: Set|null, unread, typing: Map<user, timer>,
+ * complete: no older history, loading} */
 const rooms = new Map();
 let active = null;
 let client = null;
 let lastTyping = 0;
+let hasStore = false; // the server sent an inbox: read positions are kept
+let readTimer = null;
+
+function conversationOf(frame) {
+  if (frame.room !== undefined) return frame.room;
+  const me = client.hello?.user;
+  return `@${frame.user === me ? frame.to : frame.user}`;
+}
+
+function newConversation(kind, peer) {
+  return { kind, peer, messages: new Map(), count: 0, users: kind === "room" ? new Set() : null,
+           unread: 0, typing: new Map(), complete: false, loading: false };
+}
 
 function el(tag, className, text) {
   const node = document.createElement(tag);
@@ -40,9 +60,15 @@ function start(name) {
   });
   client.addEventListener("joined", (e) => onJoined(e.detail));
   client.addEventListener("message", (e) => addMessage(e.detail));
+  client.addEventListener("direct", (e) => {
+    const key = conversationOf(e.detail);
+    openDirect(key.slice(1), false);
+    addMessage(e.detail);
+  });
+  client.addEventListener("inbox", (e) => onInbox(e.detail));
   client.addEventListener("resync", (e) => {
     if (e.detail.room) loadHistory(e.detail.room);
-    else showAlert("the connection to the server was interrupted: direct messages may be missing");
+    else showAlert(`direct messages with ${displayName(e.detail.to)} may be missing: reopen the conversation`);
   });
   client.addEventListener("presence", (e) => onPresence(e.detail));
   client.addEventListener("typing", (e) => onTyping(e.detail));
@@ -74,9 +100,10 @@ $("name-form").addEventListener("submit", (event) => {
     // A new name is a new connection: keep the rooms.
     client.close();
     for (const state of rooms.values()) state.messages.clear();
-    const joined = [...rooms.keys()];
+    const joined = [...rooms.keys()].filter((key) => rooms.get(key).kind === "room");
     rooms.clear();
     $("rooms").replaceChildren();
+    $("dms").replaceChildren();
     localStorage.setItem("hubbub.rooms", JSON.stringify(joined));
   }
   start(name);
@@ -98,7 +125,7 @@ function showState({ state, delayMs, code, reason }) {
     closed: `Disconnected${reason ? `: ${reason}` : ""}${code ? ` (${code})` : ""}`,
   };
   status.textContent = texts[state] ?? state;
-  const usable = state === "open" && active !== null;
+  const usable = (state ?? client?.state) === "open" && active !== null;
   $("composer-input").disabled = !usable;
   $("send-button").disabled = !usable;
 }
@@ -119,27 +146,63 @@ function showAlert(text) {
 
 // -- rooms ---------------------------------------------------------------------------------
 
+function sidebarItem(list, key, label, title) {
+  const item = el("li");
+  item.dataset.room = key;
+  const open = el("button", "room", label);
+  open.type = "button";
+  if (title) open.title = title;
+  open.addEventListener("click", () => setActive(key));
+  const unread = el("span", "unread");
+  unread.hidden = true;
+  item.append(open, unread);
+  list.append(item);
+  return item;
+}
+
 function joinRoom(room) {
   if (!rooms.has(room)) {
-    rooms.set(room, { messages: new Map(), count: 0, users: new Set(), unread: 0, typing: new Map() });
-    const item = el("li");
-    item.dataset.room = room;
-    const open = el("button", "room", room);
-    open.type = "button";
-    open.addEventListener("click", () => setActive(room));
-    const unread = el("span", "unread");
-    unread.hidden = true;
+    rooms.set(room, newConversation("room"));
+    const item = sidebarItem($("rooms"), room, room);
     const leave = el("button", "leave", "×");
     leave.type = "button";
     leave.setAttribute("aria-label", `Leave ${room}`);
     leave.addEventListener("click", () => leaveRoom(room));
-    item.append(open, unread, leave);
-    $("rooms").append(item);
+    item.append(leave);
     client.join(room);
     saveRooms();
     loadHistory(room);
   }
   setActive(room);
+}
+
+/** The direct conversation with `user` in the sidebar (made if new); shown when `show`. */
+function openDirect(user, show = true) {
+  const key = `@${user}`;
+  if (!rooms.has(key)) {
+    rooms.set(key, newConversation("dm", user));
+    sidebarItem($("dms"), key, displayName(user), user);
+  }
+  if (show) setActive(key);
+}
+
+function onInbox({ conversations }) {
+  hasStore = true;
+  for (const entry of conversations) {
+    if (entry.with === undefined) continue;
+    openDirect(entry.with, false);
+    const state = rooms.get(`@${entry.with}`);
+    if (active !== `@${entry.with}` && entry.unread > state.unread) showUnread(`@${entry.with}`, entry.unread);
+  }
+}
+
+function showUnread(key, count) {
+  const state = rooms.get(key);
+  state.unread = count;
+  const badge = document.querySelector(`[data-room="${CSS.escape(key)}"] .unread`);
+  if (!badge) return;
+  badge.textContent = count > 999 ? "999+" : String(count);
+  badge.hidden = count === 0;
 }
 
 function leaveRoom(room) {
@@ -154,21 +217,26 @@ function saveRooms() {
   localStorage.setItem("hubbub.rooms", JSON.stringify([...rooms.keys()]));
 }
 
-function setActive(room) {
-  active = room;
-  $("room-title").textContent = room ?? "No room";
-  for (const item of $("rooms").children) {
-    const current = item.dataset.room === room;
+function setActive(key) {
+  active = key;
+  const state = key === null ? null : rooms.get(key);
+  $("room-title").textContent = key === null ? "No room" : state.kind === "dm" ? `@${displayName(state.peer)}` : key;
+  $("room-title").title = state?.kind === "dm" ? state.peer : "";
+  for (const item of [...$("rooms").children, ...$("dms").children]) {
+    const current = item.dataset.room === key;
     item.querySelector(".room").setAttribute("aria-current", String(current));
-    if (current) {
-      rooms.get(room).unread = 0;
-      item.querySelector(".unread").hidden = true;
-    }
   }
+  if (state) showUnread(key, 0);
+  $("history-state").textContent = "";
   renderMessages();
   renderPresence();
   renderTyping();
   showState({ state: client.state });
+  if (state?.kind === "dm" && !state.loaded) {
+    state.loaded = true;
+    loadOlder(key);
+  }
+  markReadSoon();
 }
 
 async function loadHistory(room) {
@@ -178,6 +246,64 @@ async function loadHistory(room) {
     showAlert(`Could not load the history of ${room}: ${error.message}`);
   }
 }
+
+/** One page of older messages of conversation `key` (before the oldest shown). */
+async function loadOlder(key) {
+  const state = rooms.get(key);
+  if (!state || state.complete || state.loading || client.state !== "open") return;
+  state.loading = true;
+  if (key === active) $("history-state").textContent = "Loading older messages…";
+  const ids = [...state.messages.keys()];
+  const before = ids.length ? Math.min(...ids) : undefined;
+  try {
+    const page = state.kind === "dm"
+      ? (await client.directHistory(state.peer, { before, limit: PAGE })).messages
+      : await client.history(key, { before, limit: PAGE });
+    if (page.length < PAGE) state.complete = true;
+    const list = $("messages");
+    const fromBottom = list.scrollHeight - list.scrollTop;
+    for (const frame of page) addMessage(frame, true);
+    if (key === active) {
+      list.scrollTop = list.scrollHeight - fromBottom; // what was shown stays in place
+      $("history-state").textContent = state.complete ? "Beginning of the conversation" : "";
+    }
+  } catch (error) {
+    if (key === active) $("history-state").textContent = "";
+    showAlert(`Could not load older messages: ${error.message}`);
+  } finally {
+    state.loading = false;
+  }
+}
+
+$("messages").addEventListener("scroll", () => {
+  if (active !== null && $("messages").scrollTop < 40) loadOlder(active);
+});
+
+/** Tell the server the newest message of the shown conversation is read (with a store). */
+function markReadSoon() {
+  if (!hasStore || readTimer !== null) return;
+  readTimer = setTimeout(() => {
+    readTimer = null;
+    const state = active === null ? null : rooms.get(active);
+    if (!state || !state.messages.size || client.state !== "open") return;
+    const newest = Math.max(...state.messages.keys());
+    if (newest <= (state.readUpTo ?? 0)) return;
+    state.readUpTo = newest;
+    client.markRead(state.kind === "dm" ? { with: state.peer } : active, newest);
+  }, READ_EVERY_MS);
+}
+
+$("dm-form").addEventListener("submit", (event) => {
+  event.preventDefault();
+  const input = $("dm-input");
+  const user = input.value.trim();
+  if (!USER.test(user)) {
+    showAlert("A user is letters, digits and _ . - (starting with a letter or digit)");
+    return;
+  }
+  input.value = "";
+  openDirect(user);
+});
 
 $("join-form").addEventListener("submit", (event) => {
   event.preventDefault();
@@ -204,16 +330,16 @@ function messageItem(frame) {
   return item;
 }
 
-function addMessage(frame) {
-  const state = rooms.get(frame.room);
+function addMessage(frame, older = false) {
+  const key = conversationOf(frame);
+  const state = rooms.get(key);
   if (!state || state.messages.has(frame.id)) return; // exactly once
   state.messages.set(frame.id, frame);
-  if (frame.room !== active) {
-    state.unread += 1;
-    const badge = document.querySelector(`#rooms li[data-room="${CSS.escape(frame.room)}"] .unread`);
-    if (badge) { badge.textContent = String(state.unread); badge.hidden = false; }
+  if (key !== active) {
+    if (!older && frame.user !== client.hello?.user) showUnread(key, state.unread + 1);
     return;
   }
+  markReadSoon();
   const list = $("messages");
   const atBottom = list.scrollHeight - list.scrollTop - list.clientHeight < 40;
   const item = messageItem(frame);
@@ -223,7 +349,7 @@ function addMessage(frame) {
     next = node;
   }
   list.insertBefore(item, next);
-  if (atBottom || frame.user === client.hello?.user) list.scrollTop = list.scrollHeight;
+  if (!older && (atBottom || frame.user === client.hello?.user)) list.scrollTop = list.scrollHeight;
 }
 
 function renderMessages() {
@@ -261,7 +387,7 @@ function renderPresence() {
   const list = $("presence");
   list.replaceChildren();
   const state = rooms.get(active);
-  $("presence-count").textContent = state ? `(${state.count})` : "";
+  $("presence-count").textContent = state?.kind === "room" ? `(${state.count})` : "";
   if (!state || !state.users) return;
   for (const user of [...state.users].sort()) {
     const item = el("li", "", displayName(user));
@@ -292,7 +418,9 @@ function sendCurrent() {
   const input = $("composer-input");
   const text = input.value.trim();
   if (!text || !active || client.state !== "open") return;
-  client.send(active, text);
+  const state = rooms.get(active);
+  if (state.kind === "dm") client.sendTo(state.peer, text);
+  else client.send(active, text);
   input.value = "";
   lastTyping = 0;
 }
@@ -309,7 +437,7 @@ $("composer-input").addEventListener("keydown", (event) => {
 });
 $("composer-input").addEventListener("input", () => {
   const now = Date.now();
-  if (active && client.state === "open" && now - lastTyping > TYPING_EVERY_MS) {
+  if (active && rooms.get(active)?.kind === "room" && client.state === "open" && now - lastTyping > TYPING_EVERY_MS) {
     lastTyping = now;
     client.typing(active);
   }

@@ -18,9 +18,11 @@ const HEARTBEAT_SLACK_MS = 5_000;
  * - `joined`   {room, count, users, recovered | last}
  * - `left`     {room}
  * - `message`  a room message frame, at most once per id and in id order per room
- * - `direct`   a direct message frame (`to` instead of `room`), at most once per id
+ * - `direct`   a direct message frame (`to` instead of `room`), at most once per id; after
+ *               a reconnect the ones missed meanwhile are fetched and delivered too
+ * - `inbox`    {conversations: [{room} | {with, last, unread, read}]} (servers with a store)
  * - `resync`   {room}: messages may be missing; reload the room with `history(room)`;
- *               {to}: direct messages to you may be missing (they have no history)
+ *               {to}: direct messages may be missing (the server could not recover them)
  * - `presence` a presence frame; `typing` {room, user}
  * - `ack`      {cid, id, duplicate}; `error` an error frame {code, message, ref?, cid?}
  */
@@ -62,6 +64,9 @@ export class HubbubClient extends EventTarget {
     this._stableTimer = null;
     this._pending = new Map(); // cid -> send frame, until acknowledged
     this._seenDirect = new Set();
+    /** @type {Map<string, number>} newest direct message id seen per other user */
+    this.lastDirect = new Map();
+    this._answers = new Map(); // "history:<conversation>" -> [resolve, ...] in request order
     this._stopped = false;
   }
 
@@ -128,7 +133,69 @@ export class HubbubClient extends EventTarget {
     return messages;
   }
 
+  /** A page of direct messages with `user`, over the socket, oldest first: the newest
+   * `limit` before `before` (the newest of all without it), or the oldest after `after`.
+   * Resolves to the `history` frame ({messages, more, recovered?}). */
+  directHistory(user, { before, after, limit = 50 } = {}) {
+    const frame = { type: "history", with: user, limit };
+    if (before !== undefined) frame.before = before;
+    if (after !== undefined) frame.after = after;
+    return this._ask(`history:@${user}`, frame);
+  }
+
+  /** Everything up to message `id` is read, in `room` or (`{with: user}`) a direct
+   * conversation. Needs a server with a store; the position never moves back. */
+  markRead(conversation, id) {
+    const target = typeof conversation === "string" ? { room: conversation } : { with: conversation.with };
+    this._send({ type: "read", ...target, id });
+  }
+
+  /** Ask for the inbox again (it also comes by itself after every `hello`). */
+  refreshInbox() {
+    this._send({ type: "inbox" });
+  }
+
   // -- internals ------------------------------------------------------------------------
+
+  _ask(key, frame) {
+    return new Promise((resolve, reject) => {
+      if (this.state !== "open") { reject(new Error("not connected")); return; }
+      const waiting = this._answers.get(key) ?? [];
+      waiting.push({ resolve, reject });
+      this._answers.set(key, waiting);
+      this._send(frame);
+    });
+  }
+
+  _answer(key, value, failed = false) {
+    const waiting = this._answers.get(key);
+    const next = waiting?.shift();
+    if (!next) return false;
+    if (!waiting.length) this._answers.delete(key);
+    if (failed) next.reject(value); else next.resolve(value);
+    return true;
+  }
+
+  /** After a reconnect: fetch the direct messages that came while this client was away. */
+  async _catchUpDirect(user) {
+    let after = this.lastDirect.get(user);
+    for (;;) {
+      const page = await this.directHistory(user, { after, limit: 100 });
+      if (page.recovered === false) { this._emit("resync", { to: user }); return; }
+      for (const frame of page.messages) this._deliverDirect(frame);
+      if (!page.more || !page.messages.length) return;
+      after = page.messages[page.messages.length - 1].id;
+    }
+  }
+
+  _deliverDirect(frame) {
+    if (this._seenDirect.has(frame.id)) return;
+    this._seenDirect.add(frame.id);
+    if (this._seenDirect.size > 1000) this._seenDirect.delete(this._seenDirect.values().next().value);
+    const peer = frame.user === this.hello?.user ? frame.to : frame.user;
+    if (frame.id > (this.lastDirect.get(peer) ?? 0)) this.lastDirect.set(peer, frame.id);
+    this._emit("direct", frame);
+  }
 
   _open() {
     clearTimeout(this._retryTimer);
@@ -164,6 +231,10 @@ export class HubbubClient extends EventTarget {
   _closed(code, reason) {
     this._ws = null;
     this._clearTimers();
+    for (const waiting of this._answers.values()) {
+      for (const { reject } of waiting) reject(new Error("disconnected"));
+    }
+    this._answers.clear();
     if (this._stopped) return;
     if (TERMINAL_CLOSE_CODES.has(code)) {
       this._setState("closed", { code, reason: reason || "closed by the server" });
@@ -188,6 +259,9 @@ export class HubbubClient extends EventTarget {
         this.dispatchEvent(new CustomEvent("hello", { detail: frame }));
         for (const room of this.rooms) this._joinFrame(room);
         for (const pending of this._pending.values()) this._send(pending);
+        for (const user of this.lastDirect.keys()) {
+          this._catchUpDirect(user).catch(() => {}); // a later reconnect tries again
+        }
         break;
       case "ping":
         this._send({ type: "pong" });
@@ -206,11 +280,23 @@ export class HubbubClient extends EventTarget {
           if (frame.id <= (this.lastId.get(frame.room) ?? 0)) return; // already delivered
           this.lastId.set(frame.room, frame.id);
           this._emit("message", frame);
-        } else if (!this._seenDirect.has(frame.id)) {
-          this._seenDirect.add(frame.id);
-          if (this._seenDirect.size > 1000) this._seenDirect.delete(this._seenDirect.values().next().value);
-          this._emit("direct", frame);
+        } else {
+          this._deliverDirect(frame);
         }
+        break;
+      case "history": {
+        const key = `history:${frame.room ?? `@${frame.with}`}`;
+        this._answer(key, frame);
+        break;
+      }
+      case "inbox":
+        for (const entry of frame.conversations) {
+          // Where a reconnect's catch-up of each direct conversation starts.
+          if (entry.with !== undefined && !this.lastDirect.has(entry.with)) {
+            this.lastDirect.set(entry.with, entry.last ? entry.last.id : entry.read);
+          }
+        }
+        this._emit("inbox", frame);
         break;
       case "joined":
         // A room that had no message for us yet: recover from where it stood at the join.
@@ -231,9 +317,15 @@ export class HubbubClient extends EventTarget {
           return;
         }
         if (frame.code === "resync" && frame.to) {
-          // Direct messages have no history to recover from: say that some may be missing.
-          this._emit("resync", { to: frame.to });
+          // Live direct messages may have been missed: fetch them from the history.
+          for (const user of this.lastDirect.keys()) {
+            this._catchUpDirect(user).catch(() => this._emit("resync", { to: user }));
+          }
           return;
+        }
+        if (frame.ref === "history") {
+          const key = `history:${frame.room ?? `@${frame.with}`}`;
+          if (this._answer(key, new Error(`${frame.code}: ${frame.message}`), true)) return;
         }
         if (frame.ref === "join" && frame.room && RETRY_JOIN_CODES.has(frame.code)) {
           // The join did not happen: try again later (from our position), or the room would

@@ -18,8 +18,9 @@ Delivery guarantee: at least once into the store, each message stored once (idem
 conversation and id). Because one leader stores batches in stream order, and the stream is in
 each conversation's id order, a conversation's ``archived`` mark means every message up to it
 is stored: recovery may read those from the store (:class:`app.history.ConversationHistory`).
-What is lost: entries trimmed from the stream past ``CHAT_ARCHIVE_BACKLOG_MAX`` while the store
-is down (counted), and entries Redis loses with its data (a restart without persistence).
+What is lost: messages published while the stream holds ``CHAT_ARCHIVE_BACKLOG_MAX`` entries
+(the store has been down long: counted, see ``_count_dropped``), and entries Redis loses with
+its data (a restart without persistence).
 """
 
 from __future__ import annotations
@@ -74,6 +75,8 @@ class StreamArchiver:
         self._settings = settings
         self._prefix = settings.redis_prefix
         self.key = f"{self._prefix}:archive"
+        self._dropped_key = f"{self.key}:dropped"  # counted by the PUBLISH script
+        self._dropped_seen: int | None = None
         self._lease_key = f"{self._prefix}:archive:lease"
         self.name = f"{socket.gethostname()}:{os.getpid()}:{id(self):x}"
         self._renew = redis.register_script(_RENEW)
@@ -222,10 +225,19 @@ class StreamArchiver:
                 async with self._redis.pipeline(transaction=False) as pipe:
                     pipe.xlen(self.key)
                     pipe.xrange(self.key, "-", "+", count=1)
-                    length, oldest = await pipe.execute()
+                    pipe.get(self._dropped_key)
+                    length, oldest, dropped = await pipe.execute()
                 self._stats.lag_messages = int(length)
                 self._stats.lag_seconds = _age_s(oldest[0][0]) if oldest else 0.0
+                self._count_dropped(int(dropped or 0))
             await asyncio.sleep(_LAG_READ_INTERVAL_S)
+
+    def _count_dropped(self, total: int) -> None:
+        """The leader counts the deployment's drops (the PUBLISH script's counter) as its
+        own, from when it first read it: every drop is counted once, by one worker."""
+        if self._leading and self._dropped_seen is not None and total > self._dropped_seen:
+            self._stats.dropped += total - self._dropped_seen
+        self._dropped_seen = total
 
 
 def _age_s(entry_id: bytes) -> float:

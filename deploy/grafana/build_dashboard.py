@@ -350,6 +350,30 @@ def build() -> dict[str, Any]:
         "short",
     )
 
+    d.row("Store")
+    d.graph(
+        "Archive lag",
+        "Age of the oldest message not yet stored in PostgreSQL (alert "
+        "HubbubArchiveLagging), and how many wait. Grows while the store is down; chat goes on.",
+        [
+            _q(f"max(hubbub_archive_lag_seconds{{{SEL}}})", "oldest waiting (s)"),
+        ],
+        "s",
+    )
+    d.graph(
+        "Archiving",
+        "Messages stored per second, batches the store refused (each retried), and "
+        "messages dropped past CHAT_ARCHIVE_BACKLOG_MAX (never stored).",
+        [
+            _q(f"sum(rate(hubbub_archived_total{{{SEL}}}[{RATE}]))", "stored/s"),
+            _q(f"sum(rate(hubbub_archive_failures_total{{{SEL}}}[{RATE}]))", "failures/s"),
+            _q(f"sum(rate(hubbub_archive_dropped_total{{{SEL}}}[{RATE}]))", "dropped/s"),
+            _q(f"max(hubbub_archive_lag_messages{{{SEL}}})", "waiting"),
+            _q(f"sum(hubbub_archive_leader{{{SEL}}})", "archiving workers (should be 1)"),
+        ],
+        "short",
+    )
+
     d.row("Workers")
     d.graph(
         "CPU per worker",
