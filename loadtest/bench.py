@@ -10,6 +10,7 @@ scenario tiny and once, into a scratch file: the test suite does that.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
 import json
 import os
@@ -21,8 +22,9 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Coroutine, Iterator
 from dataclasses import dataclass, field
 from importlib.metadata import version
 from pathlib import Path
@@ -72,15 +74,44 @@ def _wait_port(port: int, proc: subprocess.Popen[bytes], what: str) -> None:
     raise RuntimeError(f"{what} did not listen on {port}")
 
 
+class Postgres:
+    """A PostgreSQL of its own for one measurement (tests.processes.PostgresServer, with
+    ``fsync`` on as in production), on the load generator's core like Redis; its asyncio
+    calls run on a loop in a thread of their own."""
+
+    def __init__(self) -> None:
+        from tests.processes import PostgresServer
+
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
+        self._thread.start()
+        self.server = PostgresServer(fsync=True)
+
+    def _call(self, coroutine: Coroutine[Any, Any, Any]) -> Any:
+        return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result(timeout=120)
+
+    def start(self) -> str:
+        """Start it; returns the URL of a fresh database."""
+        self._call(self.server.start())
+        os.sched_setaffinity(self.server.pid, {int(CLIENT_CPU)})  # its backends inherit it
+        return str(self._call(self.server.create_database("bench")))
+
+    def stop(self) -> None:
+        self._call(self.server.stop())
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=10)
+
+
 @dataclass
 class Server:
     """One server under test (and its helpers), started fresh for each measurement."""
 
-    kind: str  # hubbub | baseline | hubbub-redis | hubbub-nginx
+    kind: str  # hubbub | baseline | hubbub-redis | hubbub-redis-store | hubbub-nginx
     procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
     tmp: Path | None = None
     port: int = 0
     pid: int = 0  # the process whose memory is measured
+    postgres: Postgres | None = None
 
     @property
     def url(self) -> str:
@@ -105,7 +136,11 @@ class Server:
             proc = self._spawn(
                 [python, "-m", "loadtest.baselines.tutorial", "--port", str(app_port)]
             )
-        elif self.kind == "hubbub-redis":
+        elif self.kind.startswith("hubbub-redis"):
+            if self.kind == "hubbub-redis-store":
+                # Every message archived into PostgreSQL, by one of the workers (issue 20).
+                self.postgres = Postgres()
+                env |= {"CHAT_DATABASE_URL": self.postgres.start()}
             redis_port = free_port()
             # Redis is not the server under test: in production it has cores of its own.
             # Here the only other core is the load generator's (it needs little for these
@@ -145,7 +180,7 @@ class Server:
     def rss_kib(self) -> int:
         """Resident memory of the measured process (and its children, for gunicorn)."""
         pids = [self.pid]
-        if self.kind == "hubbub-redis":
+        if self.kind.startswith("hubbub-redis"):
             children = Path(f"/proc/{self.pid}/task/{self.pid}/children")
             pids += [int(p) for p in children.read_text().split()] if children.exists() else []
         total = 0
@@ -167,6 +202,8 @@ class Server:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+        if self.postgres is not None:
+            self.postgres.stop()
         if self.tmp is not None:
             shutil.rmtree(self.tmp, ignore_errors=True)
 
@@ -261,6 +298,16 @@ def cases(smoke: bool) -> list[Case]:
              ["hubbub-redis", "hubbub"], "deliveries_per_s"),
         Case("redis-rtt", "Redis broker (gunicorn, 2 workers) vs memory: rtt closed loop",
              ["rtt", "--clients", "100", "--seconds", s], ["hubbub-redis", "hubbub"],
+             "messages_per_s"),
+        # The same two rows with every message archived into PostgreSQL (issue 20's budget:
+        # at least 0.9 of them without).
+        Case("store-redis-fanout",
+             "Redis broker archiving into PostgreSQL vs not: fan-out, 10 publishers × 10 msg/s",
+             ["fanout", "--subscribers", subs, "--publishers", "10", "--rate", "100",
+              "--seconds", s, "--grace", "3"],
+             ["hubbub-redis-store", "hubbub-redis"], "deliveries_per_s"),
+        Case("store-redis-rtt", "Redis broker archiving into PostgreSQL vs not: rtt closed loop",
+             ["rtt", "--clients", "100", "--seconds", s], ["hubbub-redis-store", "hubbub-redis"],
              "messages_per_s"),
         Case("nginx-rtt", "through nginx vs direct: rtt closed loop",
              ["rtt", "--clients", "100", "--seconds", s], ["hubbub-nginx", "hubbub"],

@@ -94,7 +94,10 @@ class PostgresServer:
 
     USER = "nobody"
 
-    def __init__(self) -> None:
+    def __init__(self, fsync: bool = False) -> None:
+        """``fsync`` off (the tests' default) trades durability across a host crash for speed;
+        a benchmark of the store turns it on, as production runs."""
+        self.fsync = fsync
         self.bin = postgres_binaries()
         self.port = free_port()
         self.dir = tempfile.mkdtemp(prefix="hubbub-pg-")
@@ -127,28 +130,38 @@ class PostgresServer:
         self.proc = await asyncio.create_subprocess_exec(
             *self._as_owner(str(self.bin / "postgres"), "-D", self.data, "-p", str(self.port),
                             "-k", self.dir, "-c", "listen_addresses=127.0.0.1",
-                            "-c", "fsync=off"),
+                            "-c", f"fsync={'on' if self.fsync else 'off'}"),
             stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
         )  # fmt: skip
         await wait_for_port(self.port, self.proc, "postgres")
 
     async def create_database(self, name: str) -> str:
-        """Create database ``name``; returns its URL."""
-        psql = await asyncio.create_subprocess_exec(
-            str(self.bin / "psql"), "-h", "127.0.0.1", "-p", str(self.port), "-U", "postgres",
-            "-v", "ON_ERROR_STOP=1", "-c", f'CREATE DATABASE "{name}"',
-            stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
-        )  # fmt: skip
-        _, err = await psql.communicate()
-        assert psql.returncode == 0, f"CREATE DATABASE failed: {err.decode()}"
-        return self.url(name)
+        """Create database ``name``; returns its URL. Waits (up to 30 s) while the server,
+        listening already, is still starting up."""
+        async with asyncio.timeout(30):
+            while True:
+                psql = await asyncio.create_subprocess_exec(
+                    str(self.bin / "psql"), "-h", "127.0.0.1", "-p", str(self.port),
+                    "-U", "postgres", "-v", "ON_ERROR_STOP=1", "-c", f'CREATE DATABASE "{name}"',
+                    stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
+                )  # fmt: skip
+                _, err = await psql.communicate()
+                if psql.returncode == 0:
+                    return self.url(name)
+                assert b"starting up" in err, f"CREATE DATABASE failed: {err.decode()}"
+                await asyncio.sleep(0.1)
+
+    @property
+    def pid(self) -> int:
+        """The postmaster's PID (what ``postgres`` wrote: under runuser, ``self.proc`` is
+        runuser)."""
+        return int(Path(self.data, "postmaster.pid").read_text().split()[0])
 
     def _signal_postmaster(self, sig: int) -> bool:
         # The postmaster itself, by the PID it wrote: under runuser, self.proc is runuser,
         # which cannot pass a SIGKILL on.
         try:
-            pid = int(Path(self.data, "postmaster.pid").read_text().split()[0])
-            os.kill(pid, sig)
+            os.kill(self.pid, sig)
         except (OSError, ValueError, IndexError):
             return False
         return True
