@@ -10,11 +10,13 @@ import contextlib
 import os
 import re
 import signal
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import httpx2 as httpx
+import jwt
 import pytest
 
 from app.state import ChatState
@@ -347,3 +349,67 @@ async def test_a_full_archive_backlog_is_counted_never_silent(tmp_path: Path) ->
     finally:
         await postgres.stop()
         await redis.stop()
+
+
+async def test_inbox_and_direct_messages_over_http_are_per_user(tmp_path: Path) -> None:
+    """GET /inbox and /dms/{peer}/messages answer for the bearer token's user only (jwt
+    mode); without a valid token 401, in the modes without tokens 403."""
+    secret = "a-test-secret-that-is-long-enough-for-hs256"
+
+    def token(user: str) -> str:
+        return jwt.encode({"sub": user, "exp": int(time.time()) + 60}, secret, "HS256")
+
+    def bearer(user: str) -> dict[str, str]:
+        return {"Authorization": f"Bearer {token(user)}"}
+
+    async with (
+        chat_server("embedded", tmp_path, auth_mode="jwt", jwt_secret=secret) as live,
+        httpx.AsyncClient(base_url=live.http_url) as http,
+    ):
+        async with connected(f"{live.ws_url()}?token={token('ada')}") as ada:
+            sent = await send_acked(ada, 3, to="bob")
+        await wait_stored(store_of(live), "@ada:bob", 3, timeout=20)
+
+        inbox = (await http.get("/inbox", headers=bearer("bob"))).json()
+        assert [(c["with"], c["unread"], c["last"]["id"]) for c in inbox["conversations"]] == [
+            ("ada", 3, sent[-1])
+        ]
+        page = (await http.get("/dms/ada/messages", headers=bearer("bob"))).json()
+        assert page["with"] == "ada" and [m["id"] for m in page["messages"]] == sent
+        page = (
+            await http.get("/dms/ada/messages", params={"before": sent[-1]}, headers=bearer("bob"))
+        ).json()
+        assert [m["id"] for m in page["messages"]] == sent[:2]
+        # Carol's conversation with ada is her own: empty.
+        assert (await http.get("/dms/ada/messages", headers=bearer("carol"))).json()[
+            "messages"
+        ] == []
+        assert (await http.get("/inbox")).status_code == 401
+        assert (
+            await http.get("/inbox", headers={"Authorization": "Bearer nope"})
+        ).status_code == 401
+        assert (await http.get("/dms/not a user/messages", headers=bearer("bob"))).status_code in (
+            404,
+            422,
+        )
+    async with (
+        run_server(make_settings()) as live,
+        httpx.AsyncClient(base_url=live.http_url) as http,
+    ):
+        assert (await http.get("/inbox")).status_code == 403
+
+
+async def test_retention_deletes_what_is_older_than_it(tmp_path: Path) -> None:
+    """CHAT_RETENTION_DAYS: stored messages older than it go (here 2 s), newer ones stay."""
+    async with chat_server("embedded", tmp_path, retention_days=2 / 86_400) as live:
+        store = store_of(live)
+        async with connected(live.ws_url("ada")) as ada:
+            await ada.join("lobby")
+            await send_acked(ada, 5, room="lobby")
+            await wait_stored(store, "lobby", 5, timeout=10)
+            async with asyncio.timeout(15):
+                while await store.count("lobby"):
+                    await asyncio.sleep(0.1)
+            await send_acked(ada, 1, start=5, room="lobby")
+            await wait_stored(store, "lobby", 1, timeout=10)
+            assert [m.text for m in await store.after("lobby", 0, 10)] == ["5"]

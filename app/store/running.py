@@ -6,7 +6,8 @@ Contract: :meth:`RunningStore.open` checks the schema (raises
 run in the background); :meth:`RunningStore.stop` stops them, stores what the embedded
 archiver still holds (best effort, bounded), and closes the database's connections.
 Retention runs on the worker that archives only (one per deployment), every
-``_RETENTION_INTERVAL_S``, a bounded batch at a time.
+``_RETENTION_INTERVAL_S`` (or a quarter of the retention, if shorter), a bounded batch at a
+time.
 """
 
 from __future__ import annotations
@@ -80,6 +81,7 @@ class RunningStore:
 
     async def _keep_retention(self) -> None:
         days = self._settings.retention_days
+        interval_s = min(_RETENTION_INTERVAL_S, days * 86_400 / 4)
         while True:
             if self.archive_stats().leading:
                 cutoff_ms = int((time.time() - days * 86_400) * 1000)
@@ -89,7 +91,7 @@ class RunningStore:
                         deleted = await self.messages.delete_older_than(cutoff_ms, _RETENTION_BATCH)
                 except StoreError as exc:
                     logger.warning("retention: %s", exc)
-            await asyncio.sleep(_RETENTION_INTERVAL_S)
+            await asyncio.sleep(interval_s)
 
     async def stop(self) -> None:
         if self.archiver is not None:

@@ -49,8 +49,9 @@ from app.store.messages import MessageStore, StoredMessage
 logger = logging.getLogger(__name__)
 
 GROUP = "archivers"
-# An entry as XREADGROUP returns it: its id, and its fields (None once deleted).
-_Entry = tuple[bytes, dict[bytes, bytes] | None]
+# An entry as XREADGROUP returns it, unparsed: its id, and its fields as a flat list
+# [b"c", conversation, b"f", frame] (None once deleted).
+_Entry = tuple[bytes, list[bytes] | None]
 _LAG_READ_INTERVAL_S = 2.0
 
 # Renew the lease if this worker still holds it. KEYS: lease  ARGV: holder, lease ms
@@ -70,6 +71,8 @@ class StreamArchiver:
     """See the module's contract. ``run`` until cancelled; ``stats`` for the metrics."""
 
     def __init__(self, redis: Redis, store: MessageStore, settings: Settings) -> None:
+        """``redis``: a client of the archiver's own (it changes how XREADGROUP replies are
+        parsed)."""
         self._redis = redis
         self._store = store
         self._settings = settings
@@ -79,6 +82,9 @@ class StreamArchiver:
         self._dropped_seen: int | None = None
         self._lease_key = f"{self._prefix}:archive:lease"
         self.name = f"{socket.gethostname()}:{os.getpid()}:{id(self):x}"
+        # redis-py would build a dict per entry; the archiver reads the flat reply itself
+        # (its client is its own: see RunningStore).
+        redis.set_response_callback("XREADGROUP", _unparsed)
         self._renew = redis.register_script(_RENEW)
         self._mark = redis.register_script(scripts.ARCHIVED)
         self._stats = ArchiveStats()
@@ -160,8 +166,7 @@ class StreamArchiver:
                 GROUP, self.name, {self.key: position}, count=settings.archive_batch_max,
                 block=block,
             )  # fmt: skip
-            # RESP2: [[stream, [(entry id, fields or None when deleted), ...]]]
-            entries = cast(list[_Entry], reply[0][1]) if reply else []
+            entries = _entries_of(reply)
             if not entries:
                 if position == "0":
                     position = ">"
@@ -245,13 +250,26 @@ def _age_s(entry_id: bytes) -> float:
     return max(0.0, time.time() - int(entry_id.split(b"-")[0]) / 1000)
 
 
-def _stored(fields: dict[bytes, bytes] | None) -> StoredMessage | None:
+def _unparsed(response: Any, **_: Any) -> Any:
+    return response
+
+
+def _entries_of(reply: Any) -> list[_Entry]:
+    """The entries of an unparsed XREADGROUP reply for one stream: RESP3's map
+    {stream: entries}, RESP2's [[stream, entries]], or nothing (a timeout)."""
+    if not reply:
+        return []
+    entries = next(iter(reply.values())) if isinstance(reply, dict) else reply[0][1]
+    return cast(list[_Entry], entries)
+
+
+def _stored(fields: list[bytes] | None) -> StoredMessage | None:
     """The message an archive entry holds (None for a deleted or malformed entry)."""
-    if not fields or b"c" not in fields or b"f" not in fields:
+    if not fields or len(fields) != 4 or fields[0] != b"c" or fields[2] != b"f":
         return None
     try:
-        frame: dict[str, Any] = orjson.loads(fields[b"f"])
-        conversation = fields[b"c"].decode()
+        frame: dict[str, Any] = orjson.loads(fields[3])
+        conversation = fields[1].decode()
         if not is_direct(conversation) and frame.get("room") != conversation:
             return None
         return StoredMessage(
