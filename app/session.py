@@ -113,6 +113,8 @@ class Session:
             elif isinstance(frame, Read):
                 await self._read(frame)
             elif isinstance(frame, InboxRequest):
+                if not await self._state.quotas.allow("history", self.conn.user):
+                    raise FrameError(ErrorCode.RATE_LIMITED, "too many inbox reads, slow down")
                 await self.send_inbox()
             elif isinstance(frame, Ping):
                 self.conn.offer(PONG_FRAME)
@@ -370,6 +372,7 @@ async def serve(ws: WebSocket, state: ChatState) -> None:
         return
     code: int = CloseCode.INTERNAL_ERROR
     admitted = False
+    inbox_push: asyncio.Task[None] | None = None
     try:
         await ws.accept()
         conn.write_directly(_direct_socket(ws, metrics))
@@ -423,10 +426,13 @@ async def serve(ws: WebSocket, state: ChatState) -> None:
         conn.last_seen, conn.greeted = loop.time(), True
         session = Session(conn, state)
         if state.store is not None:
-            await _push_inbox(session)
+            # Beside the frames, not before them: a slow store must not hold the socket up.
+            inbox_push = loop.create_task(_push_inbox(session))
         code = await _read_frames(ws, session, settings, loop)
         code = conn.close_code or code
     finally:
+        if inbox_push is not None:
+            inbox_push.cancel()
         duration = loop.time() - conn.opened_at
         metrics.connection_closed(code, duration)
         if admitted:
@@ -450,9 +456,10 @@ async def serve(ws: WebSocket, state: ChatState) -> None:
 
 
 async def _push_inbox(session: Session) -> None:
-    """The ``inbox`` after ``hello`` (what came while the user was away: DMs, unread
-    counts). Best effort: a store that fails or is slow costs this frame only (an error
-    frame, ``store_unavailable``; the client may ask again with ``inbox``)."""
+    """The ``inbox`` soon after ``hello`` (what came while the user was away: DMs, unread
+    counts), in a task beside the frames the client sends. Best effort: a store that fails or
+    is slow costs this frame only (an error frame, ``store_unavailable``; the client may ask
+    again with ``inbox``)."""
     try:
         async with asyncio.timeout(session.settings.database_timeout_s):
             await session.send_inbox()
