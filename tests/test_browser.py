@@ -303,13 +303,27 @@ async def test_stored_history_loads_on_scroll_and_direct_messages_wait_for_who_w
         for n in range(120):
             await ada.say("lobby", f"m{n}")
         await ada.say_to("bob", "are you there, bob?")
+        # A room bob has read nothing of yet (it is in his inbox): two messages for him there.
+        await state.inbox.mark_read("bob", "side", 0)
+        await ada.send({"type": "join", "room": "side"})
+        await ada.say("side", "s1")
+        await ada.say("side", "s2")
         async with asyncio.timeout(20):
             while await state.messages.count("lobby") < 120 or not await state.messages.count(
                 "@ada:bob"
             ):
                 await asyncio.sleep(0.05)
 
-        bob = await ChatPage.open(browser, live.http_url, "bob", "lobby")
+        # Bob's browser was in two rooms: "side" (where two messages wait for him) and the
+        # lobby, which the page opens.
+        context = await browser.new_context(viewport={"width": 1200, "height": 800})
+        await context.add_init_script(
+            "localStorage.setItem('hubbub.rooms', JSON.stringify(['side', 'lobby']))"
+        )
+        bob = ChatPage(await context.new_page())
+        await bob.page.goto(f"{live.http_url}/?name=bob")
+        await bob.connected()
+        await expect(bob.page.locator("#room-title")).to_have_text("lobby")
         try:
             texts = bob.page.locator("#messages .message .text")
             await expect(texts.last).to_have_text("m119", timeout=UI_TIMEOUT_MS)
@@ -321,6 +335,17 @@ async def test_stored_history_loads_on_scroll_and_direct_messages_wait_for_who_w
             await expect(bob.page.locator("#history-state")).to_have_text(
                 "Beginning of the conversation"
             )
+            # The unread count of a room comes from the inbox (loading its history does not
+            # count): "side" was shown only while the page started.
+            side = bob.page.locator('#rooms li[data-room="side"]')
+            await expect(side.locator(".unread")).to_have_text("2")
+            # The lobby, shown for a second, is read up to its newest message.
+            async with asyncio.timeout(10):
+                while ("lobby", 0) not in [
+                    (e.conversation, e.unread)
+                    for e in await state.inbox.entries("bob", limit=10, unread_cap=999)
+                ]:
+                    await asyncio.sleep(0.1)
 
             dm = bob.page.locator('#dms li[data-room="@ada"]')
             await expect(dm.locator(".unread")).to_have_text("1")
@@ -329,16 +354,20 @@ async def test_stored_history_loads_on_scroll_and_direct_messages_wait_for_who_w
             await bob.shows(["are you there, bob?"])
             await expect(dm.locator(".unread")).to_be_hidden()
             await bob.say("back now")
-            # Her own messages (the room's, and her DM's copy) come first.
-            reply = (await ada.messages_until("back now"))[-1]
-            assert (reply["to"], reply["user"]) == ("ada", "bob")
+            # Her own frames (rooms, her DM's copy, a join) come first.
+            reply = await ada.next_frame()
+            while reply.get("text") != "back now":
+                reply = await ada.next_frame()
+            assert (reply["type"], reply["to"], reply["user"]) == ("message", "ada", "bob")
+            await bob.shows(["are you there, bob?", "back now"])  # his own copy, in place
             ARTIFACTS.mkdir(exist_ok=True)
             await bob.page.screenshot(path=ARTIFACTS / "chat-direct.png", full_page=True)
             # Opening it marked it read: the inbox says so.
             async with asyncio.timeout(10):
                 while True:
-                    inbox = await state.inbox.entries("bob", limit=10, unread_cap=99)
-                    if [(e.conversation, e.unread) for e in inbox] == [("@ada:bob", 0)]:
+                    inbox = await state.inbox.entries("bob", limit=10, unread_cap=999)
+                    unread = {e.conversation: e.unread for e in inbox}
+                    if unread == {"@ada:bob": 0, "lobby": 0, "side": 2}:
                         break
                     await asyncio.sleep(0.1)
         finally:

@@ -170,3 +170,37 @@ async def test_the_delivery_cost_smoke() -> None:
     )  # fmt: skip
     assert result["deliveries"] == result["writes"] == 20 * 5 * 3
     assert result["ns_per_delivery"] > 0
+
+
+@pytest.mark.timeout(150)
+async def test_the_archiving_benchmarks_smoke(tmp_path: Path) -> None:
+    """``python -m loadtest.archive``, tiny: both archivers store every message once and a
+    rate comes out; and ``make bench``'s store row (a PostgreSQL per measurement) runs."""
+    out = tmp_path / "archive.json"
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "loadtest.archive", "--messages", "3000", "--rooms", "30",
+        "--batch", "500", "--json", str(out), cwd=ROOT,
+        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    async with asyncio.timeout(60):
+        _, err = await proc.communicate()
+    assert proc.returncode == 0, err.decode()
+    results = json.loads(out.read_text())
+    assert [r["store"] for r in results] == ["postgresql", "sqlite (embedded)"]
+    for result in results:
+        assert result["stored_rows"] == result["messages"] == 3000, result
+        assert result["messages_per_s"] > 0 and result["archiver_cpu_us_per_message"] > 0
+
+    report = tmp_path / "benchmarks.md"
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "loadtest.bench", "--smoke", "--only", "store-redis-rtt",
+        "--out", str(report), cwd=ROOT,
+        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    async with asyncio.timeout(80):
+        _, err = await proc.communicate()
+    assert proc.returncode == 0, err.decode()
+    raw = json.loads(report.with_suffix(".json").read_text())
+    rows = raw["store-redis-rtt"]
+    assert set(rows) == {"hubbub-redis-store", "hubbub-redis"}
+    assert all(run["messages_per_s"] > 0 for runs in rows.values() for run in runs)

@@ -23,7 +23,6 @@ let active = null;
 let client = null;
 let lastTyping = 0;
 let hasStore = false; // the server sent an inbox: read positions are kept
-let readTimer = null;
 
 function conversationOf(frame) {
   if (frame.room !== undefined) return frame.room;
@@ -188,8 +187,12 @@ function openDirect(user, show = true) {
 
 function onInbox({ conversations }) {
   hasStore = true;
+  markReadSoon(); // what is shown already
   for (const entry of conversations) {
-    if (entry.with === undefined) continue;
+    if (entry.room !== undefined) {
+      if (rooms.has(entry.room) && entry.room !== active) showUnread(entry.room, entry.unread);
+      continue;
+    }
     openDirect(entry.with, false);
     const state = rooms.get(`@${entry.with}`);
     if (active !== `@${entry.with}` && entry.unread > state.unread) showUnread(`@${entry.with}`, entry.unread);
@@ -241,7 +244,8 @@ function setActive(key) {
 
 async function loadHistory(room) {
   try {
-    for (const frame of await client.history(room, { limit: 100 })) addMessage(frame);
+    // Unread counts come from the inbox (with a store) and from live messages, not from this.
+    for (const frame of await client.history(room, { limit: 100 })) addMessage(frame, false, false);
   } catch (error) {
     showAlert(`Could not load the history of ${room}: ${error.message}`);
   }
@@ -279,17 +283,19 @@ $("messages").addEventListener("scroll", () => {
   if (active !== null && $("messages").scrollTop < 40) loadOlder(active);
 });
 
-/** Tell the server the newest message of the shown conversation is read (with a store). */
+/** Tell the server the newest message of the shown conversation is read (with a store),
+ * once it has been shown for READ_EVERY_MS: a conversation only glanced at stays unread. */
 function markReadSoon() {
-  if (!hasStore || readTimer !== null) return;
-  readTimer = setTimeout(() => {
-    readTimer = null;
-    const state = active === null ? null : rooms.get(active);
-    if (!state || !state.messages.size || client.state !== "open") return;
+  const key = active;
+  const state = key === null ? null : rooms.get(key);
+  if (!hasStore || !state || state.readTimer) return;
+  state.readTimer = setTimeout(() => {
+    state.readTimer = null;
+    if (active !== key || !state.messages.size || client.state !== "open") return;
     const newest = Math.max(...state.messages.keys());
     if (newest <= (state.readUpTo ?? 0)) return;
     state.readUpTo = newest;
-    client.markRead(state.kind === "dm" ? { with: state.peer } : active, newest);
+    client.markRead(state.kind === "dm" ? { with: state.peer } : key, newest);
   }, READ_EVERY_MS);
 }
 
@@ -330,13 +336,13 @@ function messageItem(frame) {
   return item;
 }
 
-function addMessage(frame, older = false) {
+function addMessage(frame, older = false, counts = !older) {
   const key = conversationOf(frame);
   const state = rooms.get(key);
   if (!state || state.messages.has(frame.id)) return; // exactly once
   state.messages.set(frame.id, frame);
   if (key !== active) {
-    if (!older && frame.user !== client.hello?.user) showUnread(key, state.unread + 1);
+    if (counts && frame.user !== client.hello?.user) showUnread(key, state.unread + 1);
     return;
   }
   markReadSoon();
