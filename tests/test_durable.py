@@ -29,6 +29,20 @@ pytestmark = pytest.mark.timeout(120)
 
 
 @contextlib.asynccontextmanager
+async def redis_and_postgres() -> AsyncIterator[tuple[RedisServer, PostgresServer, str]]:
+    """A redis-server and a PostgreSQL for this test only (it may kill them), and the URL of
+    a fresh database."""
+    redis, postgres = RedisServer(), PostgresServer()
+    await redis.start()
+    await postgres.start()
+    try:
+        yield redis, postgres, await postgres.create_database("chat")
+    finally:
+        await postgres.stop()
+        await redis.stop()
+
+
+@contextlib.asynccontextmanager
 async def chat_server(kind: str, tmp_path: Path, **settings: Any) -> AsyncIterator[LiveServer]:
     """A server with a store: ``embedded`` (memory broker, SQLite) or ``redis`` (Redis and
     PostgreSQL, both started here)."""
@@ -37,17 +51,10 @@ async def chat_server(kind: str, tmp_path: Path, **settings: Any) -> AsyncIterat
         async with run_server(make_settings(database_url=url, **settings)) as live:
             yield live
         return
-    redis, postgres = RedisServer(), PostgresServer()
-    await redis.start()
-    await postgres.start()
-    try:
-        url = await postgres.create_database("chat")
+    async with redis_and_postgres() as (redis, _, url):
         overrides = {"redis_url": redis.url, "database_url": url} | settings
         async with run_server(make_settings(**overrides)) as live:
             yield live
-    finally:
-        await postgres.stop()
-        await redis.stop()
 
 
 @contextlib.asynccontextmanager
@@ -224,11 +231,7 @@ async def test_postgresql_down_under_traffic_chat_goes_on_and_nothing_is_lost(
     """PostgreSQL SIGKILLed while messages keep coming: every send is still acked and
     delivered live, the lag grows (and shows in the metrics), and once PostgreSQL is back
     every acked message is stored exactly once."""
-    redis, postgres = RedisServer(), PostgresServer()
-    await redis.start()
-    await postgres.start()
-    try:
-        url = await postgres.create_database("chat")
+    async with redis_and_postgres() as (redis, postgres, url):
         settings = make_settings(
             redis_url=redis.url, database_url=url, database_timeout_s=1, history_size=20
         )
@@ -268,9 +271,6 @@ async def test_postgresql_down_under_traffic_chat_goes_on_and_nothing_is_lost(
             await engine.dispose()
         assert [m.id for m in stored] == acked
         assert [m.text for m in stored] == [str(n) for n in range(300)]
-    finally:
-        await postgres.stop()
-        await redis.stop()
 
 
 async def test_archiving_moves_to_another_worker_when_its_leader_is_killed(
@@ -324,11 +324,7 @@ async def test_a_full_archive_backlog_is_counted_never_silent(tmp_path: Path) ->
     """While the store is down the backlog stops at CHAT_ARCHIVE_BACKLOG_MAX: chat goes on,
     the messages past it are not archived, and each is counted (the metric the
     HubbubArchiveDropping alert reads)."""
-    redis, postgres = RedisServer(), PostgresServer()
-    await redis.start()
-    await postgres.start()
-    try:
-        url = await postgres.create_database("chat")
+    async with redis_and_postgres() as (redis, postgres, url):
         settings = make_settings(
             redis_url=redis.url, database_url=url, database_timeout_s=1,
             archive_backlog_max=1_000,
@@ -346,9 +342,6 @@ async def test_a_full_archive_backlog_is_counted_never_silent(tmp_path: Path) ->
                 assert len(set(acked)) == 1_100
                 await wait_until(lambda: store.archive_stats().dropped == 100, timeout=20)
                 assert store.archive_stats().lag_messages == 1_000
-    finally:
-        await postgres.stop()
-        await redis.stop()
 
 
 async def test_inbox_and_direct_messages_over_http_are_per_user(tmp_path: Path) -> None:
