@@ -20,7 +20,7 @@ import jwt
 import pytest
 
 from app.state import ChatState
-from app.store.database import engine_for
+from app.store.database import StoreError, engine_for
 from app.store.messages import MessageStore
 from tests.helpers import ChatClient, LiveServer, make_settings, run_server, wait_until
 from tests.processes import AppProcess, PostgresServer, RedisServer
@@ -84,8 +84,13 @@ async def send_acked(client: ChatClient, count: int, start: int = 0, **target: A
 
 
 async def wait_stored(store: MessageStore, conversation: str, count: int, timeout: float) -> None:
+    """Until ``count`` messages of ``conversation`` are stored (the database may still be
+    starting up)."""
     async with asyncio.timeout(timeout):
-        while await store.count(conversation) < count:
+        while True:
+            with contextlib.suppress(StoreError):
+                if await store.count(conversation) >= count:
+                    return
             await asyncio.sleep(0.05)
 
 
@@ -323,11 +328,13 @@ async def _leaders(app: AppProcess, count: int) -> list[int]:
 async def test_a_full_archive_backlog_is_counted_never_silent(tmp_path: Path) -> None:
     """While the store is down the backlog stops at CHAT_ARCHIVE_BACKLOG_MAX: chat goes on,
     the messages past it are not archived, and each is counted (the metric the
-    HubbubArchiveDropping alert reads)."""
+    HubbubArchiveDropping alert reads). Recovery never reads across that hole in the store:
+    once Redis' history has moved past the unarchived messages, a `since` before them is
+    `recovered: false`, and one after them is recovered from the store."""
     async with redis_and_postgres() as (redis, postgres, url):
         settings = make_settings(
             redis_url=redis.url, database_url=url, database_timeout_s=1,
-            archive_backlog_max=1_000,
+            archive_backlog_max=1_000, history_size=50,
         )  # fmt: skip
         async with run_server(settings) as live:
             await postgres.kill()
@@ -336,12 +343,26 @@ async def test_a_full_archive_backlog_is_counted_never_silent(tmp_path: Path) ->
             async with ChatClient.connect(live.ws_url("alice")) as alice:
                 error = await alice.expect("error")  # no inbox: the store is down
                 assert error["code"] == "store_unavailable" and error["ref"] == "inbox"
-                await alice.join("lobby")
+                origin = (await alice.join("lobby"))["last"]
                 await wait_until(lambda: store.archive_stats().leading, timeout=20)
                 acked = await send_acked(alice, 1_100, room="lobby")
                 assert len(set(acked)) == 1_100
                 await wait_until(lambda: store.archive_stats().dropped == 100, timeout=20)
                 assert store.archive_stats().lag_messages == 1_000
+
+                await postgres.resume()
+                await wait_stored(store.messages, "lobby", 1_000, timeout=60)
+                acked += await send_acked(alice, 60, start=1_100, room="lobby")
+                await wait_stored(store.messages, "lobby", 1_060, timeout=60)
+                for since, recovered in ((origin, False), (acked[1_099], True)):
+                    await alice.send({"type": "join", "room": "lobby", "since": since})
+                    frame = await alice.next_frame(skip=("ping", "presence", "message"))
+                    assert (frame["type"], frame["recovered"]) == ("joined", recovered)
+                await alice.send({"type": "history", "room": "lobby", "after": acked[1_099]})
+                page = await alice.next_frame(skip=("ping", "presence", "message"))
+                # The store's part, up to where Redis' 50 (+1) begin: messages 1,100-1,109.
+                assert page["recovered"] is True and page["more"] is True
+                assert [m["id"] for m in page["messages"]] == acked[1_100:1_110]
 
 
 async def test_inbox_and_direct_messages_over_http_are_per_user(tmp_path: Path) -> None:

@@ -6,7 +6,8 @@ Key layout for a room R (the hash tag keeps a room's keys in one cluster slot):
 frames (the oldest marks where recovery can start), whose entry ids are ``<message id>-0``,
 ``{prefix}:{r:R}:cid:<user>:<cid>`` a dedup marker; the presence keys share the hash tag
 (see :mod:`app.presence.redis`). The meta hash also holds ``archived``: every message of the
-room up to that id is in the store (:mod:`app.store.stream_archiver` raises it). A direct
+room up to that id is in the store (:mod:`app.store.stream_archiver` raises it), except
+``unarchived``: the newest message that was not archived (the backlog was full). A direct
 conversation has the same keys under its conversation name (``@a:b``, :mod:`app.conversation`).
 
 With a store, every published frame is also appended to ``{prefix}:archive``, the stream the
@@ -108,8 +109,10 @@ end
 if KEYS[5] ~= '' then
   if redis.call('XLEN', KEYS[5]) < tonumber(ARGV[11]) then
     redis.call('XADD', KEYS[5], '*', 'c', ARGV[10], 'f', payload)
-  else  -- the backlog is full (the store has been down for long): counted, not archived
+  else  -- the backlog is full (the store has been down for long): counted, not archived,
+    -- and the room's store history has a hole here that recovery must not read across
     redis.call('INCR', KEYS[6])
+    redis.call('HSET', KEYS[1], 'unarchived', id)
   end
 end
 -- Subscribers get the frame itself: workers of the previous release read it too (a rolling
@@ -124,8 +127,9 @@ return {id, 0, now}
 # One page of the replay after `since`: {1, more, id, frame, id, frame...} when every message
 # after `since` is still retained (and there are at most `cap` of them), with at most `page`
 # messages and more = 1 when others follow; {2, upto} when the log holds every message after
-# `upto` and the store every one up to it (`archived`), so the page comes from the store;
-# {0, 0} when the client must resync. The log is a
+# `upto` and the store every one up to it (`archived`, and none after `since` was left out of
+# the archive: `unarchived`), so the page comes from the store; {0, 0} when the client must
+# resync. The log is a
 # contiguous run of the newest messages of the incarnation (see INCARNATION), trimmed from its
 # oldest end: the messages after `since` are all in it when `since` is not older than its oldest
 # entry, or when nothing was trimmed since the origin. A log that is gone (history off, expired)
@@ -145,9 +149,10 @@ if since < tonumber(string.sub(oldest[1], 1, -3)) then
   local added = entries_added(KEYS[2])
   local length = redis.call('XLEN', KEYS[2])
   if not added or base < 0 or added - base > length then  -- trimmed: from the store?
-    local archived = tonumber(redis.call('HGET', KEYS[1], 'archived') or '0')
+    local marks = redis.call('HMGET', KEYS[1], 'archived', 'unarchived')
+    local archived, hole = tonumber(marks[1] or '0'), tonumber(marks[2] or '0')
     local upto = tonumber(string.sub(oldest[1], 1, -3))
-    if archived >= upto then return {2, string.format('%.0f', upto)} end
+    if archived >= upto and since >= hole then return {2, string.format('%.0f', upto)} end
     return {0, 0}
   end
 end

@@ -396,7 +396,17 @@ function renderPresence() {
   $("presence-count").textContent = state?.kind === "room" ? `(${state.count})` : "";
   if (!state || !state.users) return;
   for (const user of [...state.users].sort()) {
-    const item = el("li", "", displayName(user));
+    const item = el("li");
+    if (user === client.hello?.user) {
+      item.textContent = displayName(user);
+    } else {
+      // A guest's id is not what people type: clicking a name opens the conversation.
+      const open = el("button", "link", displayName(user));
+      open.type = "button";
+      open.title = `Message ${user}`;
+      open.addEventListener("click", () => openDirect(user));
+      item.append(open);
+    }
     item.title = user;
     list.append(item);
   }
