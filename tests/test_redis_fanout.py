@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import signal
 from collections.abc import AsyncIterator
 from typing import Any
@@ -392,3 +393,20 @@ async def test_a_burst_of_joins_waits_for_redis_connections_instead_of_failing(
         # connection per join.
         clients_info = await redis.info("clients")
         assert clients_info["connected_clients"] <= 12, clients_info
+
+
+async def test_periodic_scripts_are_in_redis_from_the_start(
+    redis_server: RedisServer, redis: Redis
+) -> None:
+    """The scripts that only periodic upkeep runs (presence refresh and sweep, connection
+    counts) are loaded when a worker starts: their first run, many seconds later, does not
+    fail with NOSCRIPT (an exception a worker should not have to make)."""
+    from app.access import quotas
+    from app.presence import redis as presence
+
+    scripts = (presence.REFRESH, presence.SWEEP, quotas.REFRESH)
+    shas = [hashlib.sha1(script.encode()).hexdigest() for script in scripts]
+    async with run_server(make_settings(redis_url=redis_server.url)):
+        async with asyncio.timeout(10):
+            while not all(await redis.script_exists(*shas)):
+                await asyncio.sleep(0.05)

@@ -26,7 +26,7 @@ from redis.exceptions import RedisError
 from app.access.buckets import TokenBuckets
 from app.broker.redis_scripts import NOW, TOKEN_BUCKET
 from app.redisio.autopipeline import AutoPipeline
-from app.redisio.clients import command_client
+from app.redisio.clients import command_client, preload
 from app.settings import Settings
 
 if TYPE_CHECKING:
@@ -68,6 +68,11 @@ class Quotas(Protocol):
     async def release(self, user: str, conn_id: str) -> None: ...
 
     async def refresh(self, conns: Iterable[tuple[str, str]]) -> None: ...
+
+    async def prepare(self) -> None:
+        """Get ready for :meth:`refresh` (which runs every few seconds, first long after
+        start)."""
+        ...
 
     async def allow(self, rate: Rate, user: str) -> bool: ...
 
@@ -212,6 +217,9 @@ class RedisQuotas:
             return None
         return Ban(reason.decode(), max(0.0, ttl_ms / 1000))
 
+    async def prepare(self) -> None:
+        await preload(self._redis, self._refresh)
+
     async def close(self) -> None:
         await self._pipeline.close()
         await self._redis.aclose()
@@ -272,6 +280,9 @@ class MemoryQuotas:
             return None
         return Ban(found[0], left)
 
+    async def prepare(self) -> None:
+        return None
+
     async def close(self) -> None:
         return None
 
@@ -279,6 +290,7 @@ class MemoryQuotas:
 async def keep_counts(quotas: Quotas, hub: Hub, interval_s: float) -> None:
     """Refresh this worker's connection counts every ``interval_s`` until cancelled (so those
     of a worker that died expire)."""
+    await quotas.prepare()
     while True:
         await asyncio.sleep(interval_s)
         await quotas.refresh([(conn.user, conn.id) for conn in hub.connections if conn.user])

@@ -22,7 +22,7 @@ from app.broker.redis_scripts import room_key
 from app.errors import BrokerUnavailable
 from app.presence import RoomPresence
 from app.presence.announcer import PresenceAnnouncer
-from app.redisio.clients import REDIS_ERRORS, call_redis, command_client
+from app.redisio.clients import REDIS_ERRORS, call_redis, command_client, preload
 from app.settings import Settings
 
 logger = logging.getLogger(__name__)
@@ -152,6 +152,7 @@ class RedisPresence:
 
     async def _keep_up(self) -> None:
         """Refresh this worker's entries and sweep out users of dead workers, every ttl/3."""
+        await preload(self._redis, self._refresh, self._sweep)
         while True:
             await asyncio.sleep(self._settings.presence_ttl_s / 3)
             try:

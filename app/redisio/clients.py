@@ -5,12 +5,14 @@ pack_with_hiredis`) and one retry on a fresh connection; and how their failures 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Awaitable, Callable
 from typing import Final, TypeVar
 
 from redis.asyncio import BlockingConnectionPool, Redis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
+from redis.commands.core import AsyncScript
 from redis.exceptions import RedisError
 
 from app.errors import BrokerUnavailable
@@ -64,3 +66,12 @@ def subscriber_client(settings: Settings) -> Redis:
             retry=Retry(NoBackoff(), 0),
         )
     )
+
+
+async def preload(redis: Redis, *scripts: AsyncScript) -> None:
+    """Load ``scripts`` into Redis' script cache now, so that their first call (often a
+    periodic one, long after start) runs at once instead of failing with NOSCRIPT and being
+    retried. Best effort: a script missing later (Redis restarted) is loaded on first use."""
+    with contextlib.suppress(*REDIS_ERRORS):
+        for script in scripts:
+            await redis.script_load(script.script)
