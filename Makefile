@@ -62,8 +62,8 @@ k8s-check: $(STAMP) deb-deps  ## server-side dry run of k8s/ on a real kube-apis
 	HUBBUB_REQUIRE_K8S_DRYRUN=1 $(VENV)/bin/python -m pytest -p no:cacheprovider -q \
 	  tests/test_deploy_files.py -k server_side_dry_run
 
-chaos: $(STAMP) deb-deps  ## clients chat through Redis and worker faults (~4 min); fails on a silent loss
-	$(VENV)/bin/python -m loadtest.chaos
+chaos: $(STAMP) deb-deps  ## clients chat through Redis, worker and PostgreSQL faults (~4 min); fails on a silent loss or an acked message not stored
+	$(VENV)/bin/python -m loadtest.chaos --store
 
 lint: $(STAMP)  ## ruff format check + ruff lint
 	$(VENV)/bin/ruff format --check .

@@ -17,7 +17,14 @@ pings. Meanwhile the fault schedule runs, ``--gap`` seconds apart:
 - ``redis_kill_empty``: Redis SIGKILLed and restarted with its data directory emptied;
 - ``redis_stop``: Redis SIGSTOPped for 3 s, then SIGCONTinued;
 - ``worker_kill``: one gunicorn worker SIGKILLed (its master starts another);
-- ``drain``: one instance SIGTERMed (it drains), waited for and restarted on the same port.
+- ``drain``: one instance SIGTERMed (it drains), waited for and restarted on the same port;
+- ``postgres_kill`` (with ``--store``): PostgreSQL SIGKILLed, restarted 5 s later.
+
+``--store`` (``make chaos`` uses it): the instances archive into a PostgreSQL of the run's own
+(``CHAT_DATABASE_URL``), and once the archive has drained the store is checked too: every
+acked message is stored, once. The only ones allowed to be missing are those acked in the
+3 s before a ``redis_kill_empty``: an emptied Redis loses what it had not archived yet
+(docs/operations.md, "The store"); they are counted apart.
 
 Then sending stops; once acks and messages have been quiet for a while, every client rejoins
 every room with ``since`` (the *settle*, which makes the check exact up to the newest message),
@@ -59,9 +66,12 @@ import orjson
 import uvloop
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
+from sqlalchemy import select
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake
 
+from app.store.database import engine_for
+from app.store.schema import messages
 from loadtest.bench import free_port
 from loadtest.invariants import (
     Ack,
@@ -81,6 +91,7 @@ from loadtest.invariants import (
     SendError,
     check,
 )
+from tests.processes import PostgresServer
 
 ROOT = Path(__file__).resolve().parent.parent
 FAULTS = (
@@ -229,7 +240,14 @@ class Instance:
     """One gunicorn (2 workers, ``deploy/gunicorn.conf.py``), restartable on its port, serving
     the app of ``server_root`` (this checkout by default)."""
 
-    def __init__(self, index: int, root: Path, redis_url: str, server_root: Path = ROOT) -> None:
+    def __init__(
+        self,
+        index: int,
+        root: Path,
+        redis_url: str,
+        server_root: Path = ROOT,
+        database_url: str | None = None,
+    ) -> None:
         self.index = index
         self.server_root = server_root
         self.port = free_port()
@@ -241,6 +259,8 @@ class Instance:
             "CHAT_HOST": "127.0.0.1", "CHAT_PORT": str(self.port),
             "CHAT_REDIS_URL": redis_url, "TMPDIR": str(self.tmp),
         }  # fmt: skip
+        if database_url is not None:
+            self.env["CHAT_DATABASE_URL"] = database_url
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -625,9 +645,12 @@ class ChaosClient:
 class Faults:
     """The faults, each returning what it did and whether it verifiably happened."""
 
-    def __init__(self, redis: RedisServer, instances: list[Instance]) -> None:
+    def __init__(
+        self, redis: RedisServer, instances: list[Instance], postgres: PostgresServer | None = None
+    ) -> None:
         self.redis = redis
         self.instances = instances
+        self.postgres = postgres
 
     async def run(self, name: str) -> Fault:
         started = time.time()
@@ -676,6 +699,20 @@ class Faults:
 
     async def redis_kill_empty(self) -> tuple[bool, str]:
         return await self._kill_redis(keep_aof=False)
+
+    async def postgres_kill(self) -> tuple[bool, str]:
+        if self.postgres is None:
+            return False, "no PostgreSQL in this run (--store)"
+        pid = self.postgres.pid
+        await self.postgres.kill()
+        try:
+            os.kill(pid, 0)
+            down = False
+        except ProcessLookupError:
+            down = True
+        await asyncio.sleep(5)
+        await self.postgres.resume()
+        return down, f"SIGKILLed postgres {pid}, restarted after 5 s"
 
     async def redis_stop(self) -> tuple[bool, str]:
         assert self.redis.proc is not None
@@ -779,6 +816,7 @@ class Config:
     keep: bool = False
     server_root: Path = ROOT
     events: Path | None = None
+    store: bool = False
 
 
 def _client_sockets(pid: int, port: int) -> int:
@@ -823,6 +861,42 @@ async def _quiet(run: Run, clients: list[ChaosClient], within_s: float) -> None:
         await asyncio.sleep(0.1)
 
 
+async def _check_store(redis: RedisServer, database_url: str, log: RunLog) -> dict[str, Any]:
+    """Once the archive stream is empty: which acked messages the store lacks, and which it
+    holds more than once (it cannot: its key is the room and the id; checked all the same)."""
+    client = redis.client()
+    try:
+        drained = False
+        for _ in range(600):
+            if not await client.xlen("hubbub:archive"):
+                drained = True
+                break
+            await asyncio.sleep(0.1)
+    finally:
+        await client.aclose()
+    engine = engine_for(database_url)
+    try:
+        async with engine.connect() as connection:
+            rows = (await connection.execute(select(messages.c.conversation, messages.c.id))).all()
+    finally:
+        await engine.dispose()
+    stored = Counter((str(conversation), int(message_id)) for conversation, message_id in rows)
+    rooms = {(send.client, send.cid): send.room for send in log.sends}
+    acked = {(rooms[(ack.client, ack.cid)], ack.id): ack.at for ack in log.acks}
+    emptied = [f.started_at for f in log.faults if f.name == "redis_kill_empty"]
+    missing = [key for key in acked if key not in stored]
+    # An id is its publish time (1000 x ms): published shortly before Redis was emptied.
+    with_redis = [key for key in missing if any(t - 3 <= key[1] / 1e6 <= t for t in emptied)]
+    return {
+        "archive_drained": drained,
+        "acked": len(acked),
+        "stored": len(stored),
+        "missing": len(missing) - len(with_redis),
+        "lost_with_emptied_redis": len(with_redis),
+        "stored_twice": sum(1 for count in stored.values() if count > 1),
+    }
+
+
 def _say(text: str) -> None:
     sys.stderr.write(f"[chaos {time.strftime('%H:%M:%S')}] {text}\n")
 
@@ -831,7 +905,12 @@ async def run_chaos(config: Config) -> tuple[Report, dict[str, Any]]:
     """Start everything, run traffic and faults, stop everything; the report and run facts."""
     root = Path(tempfile.mkdtemp(prefix="hubbub-chaos-"))
     redis = RedisServer(root)
-    instances = [Instance(i, root, redis.url, config.server_root) for i in range(2)]
+    postgres = PostgresServer() if config.store else None
+    database_url = None
+    if postgres is not None:
+        await postgres.start()
+        database_url = await postgres.create_database("chaos")
+    instances = [Instance(i, root, redis.url, config.server_root, database_url) for i in range(2)]
     log = RunLog()
     clients: list[ChaosClient] = []
     facts: dict[str, Any] = {"dir": str(root)}
@@ -861,7 +940,7 @@ async def run_chaos(config: Config) -> tuple[Report, dict[str, Any]]:
         log.started_at = time.time()
         run.last_activity = log.started_at
         _say(f"{len(clients)} clients in {config.rooms} rooms; traffic on")
-        faults = Faults(redis, instances)
+        faults = Faults(redis, instances, postgres)
         gap = (config.duration_s - config.warmup_s) / max(1, len(config.faults))
         for n, name in enumerate(config.faults):
             at = log.started_at + config.warmup_s + n * gap
@@ -881,6 +960,8 @@ async def run_chaos(config: Config) -> tuple[Report, dict[str, Any]]:
         if not await _until(lambda: all(c.settled_all for c in clients), 30):
             _say(f"{sum(not c.settled_all for c in clients)} clients did not settle")
         await _quiet(run, clients, 15)
+        if database_url is not None:
+            facts["store"] = await _check_store(redis, database_url, log)
         failed = False
     finally:
         run.closing = True
@@ -889,6 +970,8 @@ async def run_chaos(config: Config) -> tuple[Report, dict[str, Any]]:
         for instance in instances:
             instance.stop()
         redis.stop()
+        if postgres is not None:
+            await postgres.stop()
         if failed or config.keep:
             _say(f"logs kept in {root}")
         else:
@@ -928,21 +1011,30 @@ def parse_args(argv: list[str] | None) -> tuple[Config, argparse.Namespace]:
     )
     parser.add_argument("--events", type=Path, help="write the raw event log here (JSON lines)")
     parser.add_argument(
+        "--store",
+        action="store_true",
+        help="archive into a PostgreSQL, kill it once, and check that every ack is stored",
+    )
+    parser.add_argument(
         "--recheck", type=Path, help="run no chaos: check the event log written by --events"
     )
     args = parser.parse_args(argv)
     config = Config(
-        seed=args.seed, keep=args.keep, server_root=args.server_root.resolve(), events=args.events
-    )
+        seed=args.seed, keep=args.keep, server_root=args.server_root.resolve(), events=args.events,
+        store=args.store,
+    )  # fmt: skip
     if args.smoke:
         config.clients, config.rooms, config.faults = 40, 8, SMOKE_FAULTS
-        config.warmup_s, config.duration_s = 5.0, 5.0 + 8.0 * len(SMOKE_FAULTS)
     if args.faults:
         chosen = tuple(name.strip() for name in args.faults.split(",") if name.strip())
-        unknown = set(chosen) - set(FAULTS)
+        unknown = set(chosen) - set(FAULTS) - {"postgres_kill"}
         if unknown:
             parser.error(f"unknown faults: {sorted(unknown)}")
         config.faults = chosen
+    elif args.store:
+        config.faults = (*config.faults, "postgres_kill")
+    if args.smoke:
+        config.warmup_s, config.duration_s = 5.0, 5.0 + 8.0 * len(config.faults)
     if args.no_faults:
         config.faults = ()
     config.clients = args.clients or config.clients
@@ -975,6 +1067,15 @@ def main(argv: list[str] | None = None) -> int:
     missed = [f.name for f in report.faults if not f.happened]
     if missed:
         sys.stdout.write(f"\nFaults that did not take effect: {', '.join(missed)}\n")
+    store = facts.get("store")
+    if store is not None:
+        sys.stdout.write(
+            f"\nStore: {store['acked']} acked, {store['stored']} stored, "
+            f"{store['missing']} acked and not stored, {store['stored_twice']} stored twice; "
+            f"{store['lost_with_emptied_redis']} acked in the 3 s before Redis was emptied and "
+            f"lost with it (allowed); archive drained: {store['archive_drained']}\n"
+            f"  acked messages stored  {'PASS' if not store['missing'] else 'FAIL'}\n"
+        )
     if facts["connect_failures"] or facts["other_errors"]:
         sys.stdout.write(
             f"\nconnect failures: {facts['connect_failures']}; "
@@ -990,7 +1091,7 @@ def main(argv: list[str] | None = None) -> int:
             "facts": facts,
         }  # fmt: skip
         args.json.write_text(json.dumps(out, indent=1) + "\n")
-    if not report.passed:
+    if not report.passed or (store is not None and (store["missing"] or store["stored_twice"])):
         return 1
     return 2 if missed else 0
 

@@ -423,19 +423,22 @@ async def _chaos(*args: str, limit_s: float) -> tuple[int, str, str]:
 
 @pytest.mark.timeout(180)
 async def test_chaos_smoke_run_loses_nothing_silently(tmp_path: Path) -> None:
-    """40 clients in 8 rooms over two gunicorns and one Redis, through a pub/sub kill, a
-    Redis SIGKILL and restart from its AOF, a 3 s Redis SIGSTOP and a worker SIGKILL: no
-    silent loss, duplicate or reordering, and real traffic (sends acked, messages delivered)
-    with every fault verified and recovered from."""
+    """40 clients in 8 rooms over two gunicorns, one Redis and one PostgreSQL (the store),
+    through a pub/sub kill, a Redis SIGKILL and restart from its AOF, a 3 s Redis SIGSTOP, a
+    worker SIGKILL and a PostgreSQL SIGKILL: no silent loss, duplicate or reordering, real
+    traffic (sends acked, messages delivered) with every fault verified and recovered from,
+    and every acked message stored once."""
     out = tmp_path / "chaos.json"
-    status, text, err = await _chaos("--smoke", "--json", str(out), limit_s=150)
+    status, text, err = await _chaos("--smoke", "--store", "--json", str(out), limit_s=160)
     report: dict[str, Any] = json.loads(out.read_text())
     context = f"{text}\n{err[-3000:]}"
     assert report["sent"] > 500 and report["acked"] >= 0.99 * report["sent"], context
     assert report["deliveries"] > 2000 and report["delivered_live"] > 2000, context
     assert report["owed"] > 2000 and report["memberships"] >= 40, context
     faults = {f["name"]: f for f in report["faults"]}
-    assert set(faults) == {"pubsub_kill", "redis_kill_aof", "redis_stop", "worker_kill"}, context
+    assert set(faults) == {
+        "pubsub_kill", "redis_kill_aof", "redis_stop", "worker_kill", "postgres_kill",
+    }, context  # fmt: skip
     assert all(f["happened"] for f in faults.values()), context
     assert faults["worker_kill"]["disconnects"] > 0, context  # its clients were cut off
     # Service came back within each fault's window: everyone heard new messages again.
@@ -446,4 +449,10 @@ async def test_chaos_smoke_run_loses_nothing_silently(tmp_path: Path) -> None:
         0,
     ), context
     assert report["unacked_at_end"] == 0 and report["unsettled"] == 0, context
+    store = report["facts"]["store"]
+    assert store["archive_drained"] and store["acked"] > 500, context
+    assert store["stored"] >= store["acked"], context  # retries stored once, by their first id
+    assert (store["missing"], store["stored_twice"], store["lost_with_emptied_redis"]) == (
+        0, 0, 0,
+    ), context  # fmt: skip
     assert status == 0, context
