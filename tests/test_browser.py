@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 from playwright.async_api import Browser, Page, async_playwright, expect
+from redis.asyncio import Redis
 
 from tests.helpers import ChatClient, LiveServer, make_settings, run_server, wait_until
 from tests.processes import ROOT, AppProcess, RedisServer
@@ -372,5 +373,45 @@ async def test_stored_history_loads_on_scroll_and_direct_messages_wait_for_who_w
                     if unread == {"@ada:bob": 0, "lobby": 0, "side": 2}:
                         break
                     await asyncio.sleep(0.1)
+        finally:
+            await bob.close()
+
+
+async def test_direct_messages_missed_while_disconnected_are_caught_up(
+    browser: Browser, redis_server: RedisServer, tmp_path: Path
+) -> None:
+    """Bob's page loses its socket twice while ada writes to him. The first time the client
+    fetches what came after the last DM it had; the second time the conversation's history
+    in Redis is gone as well (as after a day without messages), so that cannot be vouched
+    for: the client loads the newest page instead. Either way the page shows every DM, once,
+    in order."""
+    settings = make_settings(
+        redis_url=redis_server.url, database_url=f"sqlite:///{tmp_path}/data/hubbub.db"
+    )
+    async with run_server(settings) as live, ChatClient.connect(live.ws_url("ada")) as ada:
+        await ada.expect("inbox")
+        bob = await ChatPage.open(browser, live.http_url, "bob", "lobby")
+        try:
+            await ada.say_to("bob", "one")
+            dm = bob.page.locator('#dms li[data-room="@ada"]')
+            await expect(dm.locator(".unread")).to_have_text("1", timeout=UI_TIMEOUT_MS)
+            await dm.get_by_role("button", name="ada").click()
+            await bob.shows(["one"])
+            redis = Redis.from_url(redis_server.url)
+            try:
+                for forget_history in (False, True):
+                    # Bob's connection is gone while ada writes, then comes back.
+                    await bob.page.evaluate("hubbub.client.close()")
+                    await expect(bob.page.locator("#status")).to_have_attribute(
+                        "data-state", "closed"
+                    )
+                    if forget_history:
+                        await redis.delete(*await redis.keys("hubbub:{r:@ada:bob}:*"))
+                    await ada.say_to("bob", "three" if forget_history else "two")
+                    await bob.page.evaluate("hubbub.client.connect()")
+                    await bob.connected()
+                await bob.shows(["one", "two", "three"])
+            finally:
+                await redis.aclose()
         finally:
             await bob.close()

@@ -66,8 +66,9 @@ function start(name) {
   });
   client.addEventListener("inbox", (e) => onInbox(e.detail));
   client.addEventListener("resync", (e) => {
+    // A room: reload its newest messages. A direct conversation: the client delivered its
+    // newest page already; older ones load on scroll.
     if (e.detail.room) loadHistory(e.detail.room);
-    else showAlert(`direct messages with ${displayName(e.detail.to)} may be missing: reopen the conversation`);
   });
   client.addEventListener("presence", (e) => onPresence(e.detail));
   client.addEventListener("typing", (e) => onTyping(e.detail));

@@ -22,7 +22,8 @@ const HEARTBEAT_SLACK_MS = 5_000;
  *               a reconnect the ones missed meanwhile are fetched and delivered too
  * - `inbox`    {conversations: [{room} | {with, last, unread, read}]} (servers with a store)
  * - `resync`   {room}: messages may be missing; reload the room with `history(room)`;
- *               {to}: direct messages may be missing (the server could not recover them)
+ *               {to}: direct messages with `to` may be missing (the newest page was
+ *               delivered: older ones with `directHistory(to, {before})`)
  * - `presence` a presence frame; `typing` {room, user}
  * - `ack`      {cid, id, duplicate}; `error` an error frame {code, message, ref?, cid?}
  */
@@ -181,7 +182,14 @@ export class HubbubClient extends EventTarget {
     let after = this.lastDirect.get(user);
     for (;;) {
       const page = await this.directHistory(user, { after, limit: 100 });
-      if (page.recovered === false) { this._emit("resync", { to: user }); return; }
+      if (page.recovered === false) {
+        // Some cannot be vouched for (e.g. a conversation quiet for a day): deliver the
+        // newest page, and say that older ones may be missing (page back with `before`).
+        const newest = await this.directHistory(user, { limit: 100 });
+        for (const frame of newest.messages) this._deliverDirect(frame);
+        this._emit("resync", { to: user });
+        return;
+      }
       for (const frame of page.messages) this._deliverDirect(frame);
       if (!page.more || !page.messages.length) return;
       after = page.messages[page.messages.length - 1].id;
