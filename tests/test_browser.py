@@ -399,17 +399,26 @@ async def test_direct_messages_missed_while_disconnected_are_caught_up(
             await bob.shows(["one"])
             redis = Redis.from_url(redis_server.url)
             try:
-                for forget_history in (False, True):
+                store = live.state.store
+                assert store is not None
+                for forget_history, text in ((False, "two"), (True, "three")):
                     # Bob's connection is gone while ada writes, then comes back.
                     await bob.page.evaluate("hubbub.client.close()")
                     await expect(bob.page.locator("#status")).to_have_attribute(
                         "data-state", "closed"
                     )
                     if forget_history:
+                        # As a day without messages leaves it: stored, gone from Redis.
+                        async with asyncio.timeout(10):
+                            while await store.messages.count("@ada:bob") < 2:
+                                await asyncio.sleep(0.05)
                         await redis.delete(*await redis.keys("hubbub:{r:@ada:bob}:*"))
-                    await ada.say_to("bob", "three" if forget_history else "two")
+                    await ada.say_to("bob", text)
                     await bob.page.evaluate("hubbub.client.connect()")
                     await bob.connected()
+                    await expect(bob.page.locator("#messages .message .text").last).to_have_text(
+                        text
+                    )
                 await bob.shows(["one", "two", "three"])
             finally:
                 await redis.aclose()
