@@ -119,9 +119,12 @@ class StreamArchiver:
                 await lag_task
 
     async def _acquire(self) -> bool:
+        """Take the lease if it is free, or keep it if this worker still holds it (it stopped
+        leading after an error: it need not wait for its own lease to expire)."""
         lease_ms = int(self._settings.archive_lease_s * 1000)
-        taken = await self._redis.set(self._lease_key, self.name, nx=True, px=lease_ms)
-        return bool(taken)
+        if await self._redis.set(self._lease_key, self.name, nx=True, px=lease_ms):
+            return True
+        return bool(await self._renew(keys=[self._lease_key], args=[self.name, lease_ms]))
 
     async def _lead(self) -> None:
         """Consume the stream while the lease holds; raises LeaseLost when it does not."""
@@ -204,7 +207,8 @@ class StreamArchiver:
             metas = [scripts.room_key(self._prefix, c, "meta") for c in marks]
             await self._mark(keys=metas, args=list(marks.values()))
         ids = [entry_id for entry_id, _ in entries]
-        async with self._redis.pipeline(transaction=False) as pipe:
+        # Together (MULTI): an entry acked but left in the stream would count as lag forever.
+        async with self._redis.pipeline(transaction=True) as pipe:
             pipe.xack(self.key, GROUP, *ids)
             pipe.xdel(self.key, *ids)
             await pipe.execute()
