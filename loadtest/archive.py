@@ -32,8 +32,7 @@ from typing import Any
 from redis.asyncio import Redis
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from app.broker.redis import archive_stream_key
-from app.broker.redis_scripts import room_key
+from app.broker.redis_scripts import archive_keys, room_key
 from app.protocol import message_frame, message_frame_parts
 from app.redisio.clients import command_client
 from app.settings import Settings
@@ -63,7 +62,7 @@ def _messages(count: int, rooms: int) -> list[StoredMessage]:
 
 async def _fill(redis: Redis, messages: list[StoredMessage]) -> None:
     """The archive stream as the PUBLISH script leaves it, and each room's meta hash."""
-    stream = archive_stream_key(PREFIX)
+    stream, _ = archive_keys(PREFIX)
     for start in range(0, len(messages), 2_000):
         async with redis.pipeline(transaction=False) as pipe:
             for m in messages[start : start + 2_000]:

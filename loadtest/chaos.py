@@ -70,6 +70,7 @@ from sqlalchemy import select
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake
 
+from app.broker.redis_scripts import archive_keys
 from app.store.database import engine_for
 from app.store.schema import messages
 from loadtest.bench import free_port
@@ -868,7 +869,7 @@ async def _check_store(redis: RedisServer, database_url: str, log: RunLog) -> di
     try:
         drained = False
         for _ in range(600):
-            if not await client.xlen("hubbub:archive"):
+            if not await client.xlen(archive_keys("hubbub")[0]):
                 drained = True
                 break
             await asyncio.sleep(0.1)

@@ -43,11 +43,6 @@ _REFUSED_BY_QUOTA = 2  # the PUBLISH script's second reply, as published (0) or 
 _FROM_THE_STORE = 2  # HISTORY_SINCE's first reply: the page is the store's
 
 
-def archive_stream_key(prefix: str) -> str:
-    """The stream every published frame is archived from (redis_scripts)."""
-    return f"{prefix}:archive"
-
-
 class RedisBroker:
     """A :class:`~app.broker.Broker` backed by Redis (7.0 or later)."""
 
@@ -62,6 +57,9 @@ class RedisBroker:
             name: self._redis.register_script(getattr(scripts, name))
             for name in ("PUBLISH", "HISTORY_SINCE", "LAST_ID")
         }
+        # The PUBLISH script's archive keys: none without a store (see redis_scripts).
+        stream, dropped = scripts.archive_keys(self._prefix)
+        self._archive_keys = ["", ""] if settings.database_url is None else [stream, dropped]
         self._pipeline = AutoPipeline(self._redis)
         self._handler: BrokerHandler | None = None
         self._rooms: set[str] = set()
@@ -302,9 +300,8 @@ class RedisBroker:
         """The PUBLISH script's keys (see redis_scripts)."""
         dedup = "" if cid is None else self._room_key(conversation, f"cid:{user}:{cid!r}")
         log = "" if self._settings.history_size == 0 else self._room_key(conversation, "log")
-        archive = "" if self._settings.database_url is None else archive_stream_key(self._prefix)
         meta = self._room_key(conversation, "meta")
-        return [meta, log, dedup, self._quota_key(user), archive, f"{archive}:dropped"]
+        return [meta, log, dedup, self._quota_key(user), *self._archive_keys]
 
     async def _publish(
         self,

@@ -25,6 +25,11 @@ def room_key(prefix: str, room: str, part: str) -> str:
     return f"{prefix}:{{r:{room}}}:{part}"
 
 
+def archive_keys(prefix: str) -> tuple[str, str]:
+    """The archive stream, and its count of messages not archived (the backlog was full)."""
+    return f"{prefix}:archive", f"{prefix}:archive:dropped"
+
+
 # `now`: Redis' clock in ms (every script that needs time starts with it).
 NOW: Final = """
 local t = redis.call('TIME')

@@ -77,8 +77,8 @@ class StreamArchiver:
         self._store = store
         self._settings = settings
         self._prefix = settings.redis_prefix
-        self.key = f"{self._prefix}:archive"
-        self._dropped_key = f"{self.key}:dropped"  # counted by the PUBLISH script
+        # The stream, and the count of what the PUBLISH script could not append to it.
+        self.key, self._dropped_key = scripts.archive_keys(self._prefix)
         self._dropped_seen: int | None = None
         self._lease_key = f"{self._prefix}:archive:lease"
         self.name = f"{socket.gethostname()}:{os.getpid()}:{id(self):x}"
