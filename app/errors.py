@@ -72,6 +72,7 @@ class ErrorCode(StrEnum):
     FORBIDDEN = "forbidden"
     STORE_UNAVAILABLE = "store_unavailable"
     NO_STORE = "no_store"
+    NOT_FOUND = "not_found"
 
 
 class FrameError(Exception):
@@ -85,6 +86,10 @@ class FrameError(Exception):
 
 class BrokerUnavailable(Exception):
     """The broker cannot take a publish or subscription right now (it is down or reconnecting)."""
+
+
+class MessageGone(Exception):
+    """An event was refused: the message it changes is deleted."""
 
 
 class QuotaExceeded(Exception):

@@ -10,7 +10,9 @@ Contract:
   more than ``CHAT_RECOVERY_MAX_MESSAGES`` to replay, or a store that fails, answer
   ``recovered: false``.
 - :meth:`history_before` pages backwards through the log, then the store: every message
-  stored, however old. Raises :class:`HistoryUnavailable` when the store is needed and fails.
+  stored, however old, as it is now (edited, deleted, reactions: the store's events, then
+  the broker's newer state, :mod:`app.lifecycle`). Raises :class:`HistoryUnavailable` when
+  the store is needed and fails.
 """
 
 from __future__ import annotations
@@ -23,7 +25,8 @@ import orjson
 
 from app.broker import Broker, History, Message
 from app.conversation import is_direct, peer
-from app.protocol import message_frame, message_frame_parts
+from app.lifecycle import Kind, with_state
+from app.protocol import event_frame_parts, message_frame, message_frame_parts
 from app.settings import Settings
 from app.store.database import StoreError
 from app.store.inbox import InboxEntry
@@ -37,12 +40,19 @@ class HistoryUnavailable(Exception):
 
 
 def frame_of(message: StoredMessage) -> bytes:
-    """The ``message`` frame of a stored message: the same bytes the broker delivered."""
-    if is_direct(message.conversation):
-        parts = message_frame_parts("to", peer(message.conversation, message.user), message.user,
-                                    message.text)  # fmt: skip
+    """The frame of a stored message or event: the same bytes the broker delivered (but for a
+    deleted message's text)."""
+    conversation, user = message.conversation, message.user
+    if is_direct(conversation):
+        target, name = "to", peer(conversation, user)
     else:
-        parts = message_frame_parts("room", message.conversation, message.user, message.text)
+        target, name = "room", conversation
+    if message.kind == Kind.MESSAGE:
+        parts = message_frame_parts(target, name, user, message.text, message.target)
+    else:
+        assert message.target is not None  # every event has one
+        parts = event_frame_parts(Kind(message.kind), target, name, message.target, user,
+                                  message.text)  # fmt: skip
     return message_frame(parts, message.id, message.ts_ms)
 
 
@@ -87,9 +97,13 @@ class ConversationHistory:
         older_than = page[0].id if page else before
         try:
             stored = await self._store.before(conversation, older_than, limit - len(page))
+            ids = [m.id for m in stored]
+            states = await self._store.states(conversation, ids)
         except StoreError as exc:
             raise HistoryUnavailable(str(exc)) from exc
-        return [Message(m.id, frame_of(m)) for m in stored] + page
+        states.update(await self._broker.states(conversation, ids))  # newer than the store's
+        older = [Message(m.id, with_state(frame_of(m), states.get(m.id))) for m in stored]
+        return older + page
 
 
 def inbox_entry(entry: InboxEntry, user: str) -> dict[str, Any]:
@@ -101,4 +115,6 @@ def inbox_entry(entry: InboxEntry, user: str) -> dict[str, Any]:
     item["last"] = None if entry.last is None else orjson.loads(frame_of(entry.last))
     item["unread"] = entry.unread
     item["read"] = entry.last_read
+    if is_direct(conversation):
+        item["peer_read"] = entry.peer_read
     return item

@@ -159,15 +159,17 @@ class Hub:
     def linked(self) -> bool:
         return self._linked.is_set()
 
-    def deliver_user(self, user: str, message_id: int, payload: bytes) -> None:
-        """Queue direct message ``message_id`` on every local connection of ``user``."""
+    def deliver_user(self, user: str, message_id: int | None, payload: bytes) -> None:
+        """Queue a frame of a direct conversation (numbered ``message_id``, or None: a
+        receipt) on every local connection of ``user``."""
         conns = self._users.get(user)
         if conns:
             frame, nbytes = payload.decode(), len(payload)
-            self._metrics.delivered_since_sync += len(conns)
             for conn in conns:
                 conn.offer(frame, nbytes)
-            self._metrics.sample_fanout(message_id)
+            if message_id is not None:
+                self._metrics.delivered_since_sync += len(conns)
+                self._metrics.sample_fanout(message_id)
 
     def kick(self, user: str, reason: str, issued_at: float | None = None) -> None:
         """Close every local connection of ``user`` with 4003 (moderation); with

@@ -24,6 +24,7 @@ from pydantic import (
 )
 
 from app.errors import ErrorCode, FrameError
+from app.lifecycle import FRAME_TYPES, NUMBERED_TYPES, Kind
 
 ROOM_PATTERN: Final = r"^[A-Za-z0-9][A-Za-z0-9_.:\-]{0,63}$"
 USER_PATTERN: Final = r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,31}$"
@@ -35,6 +36,9 @@ ClientMessageId = (
     Annotated[str, StringConstraints(min_length=1, max_length=CID_MAX_CHARS)]
     | Annotated[int, Field(ge=-(2**63), lt=2**63)]
 )
+
+
+MessageId = Annotated[int, Field(ge=0, lt=2**63)]
 
 
 class _Frame(BaseModel):
@@ -61,6 +65,7 @@ class Send(_Frame):
     to: UserName | None = None
     text: str
     cid: ClientMessageId | None = None
+    reply_to: MessageId | None = None
 
     @model_validator(mode="after")
     def _one_target(self) -> Send:
@@ -89,9 +94,6 @@ class Ping(_Frame):
 
 class Pong(_Frame):
     type: Literal["pong"]
-
-
-MessageId = Annotated[int, Field(ge=0, lt=2**63)]
 
 
 class _Conversation(_Frame):
@@ -125,10 +127,38 @@ class HistoryRequest(_Conversation):
 
 
 class Read(_Conversation):
-    """Everything up to message ``id`` of a conversation is read."""
+    """Everything up to message ``id`` of a conversation is read; ``receipt: false`` keeps
+    it from the others (no ``receipt`` frame)."""
 
     type: Literal["read"]
     id: MessageId
+    receipt: bool = True
+
+
+class Edit(_Conversation):
+    """The author replaces the text of message ``id``."""
+
+    type: Literal["edit"]
+    id: MessageId
+    text: str
+    cid: ClientMessageId | None = None
+
+
+class Delete(_Conversation):
+    """The author (or a moderator) deletes message ``id``."""
+
+    type: Literal["delete"]
+    id: MessageId
+    cid: ClientMessageId | None = None
+
+
+class React(_Conversation):
+    """Toggle the sender's reaction ``emoji`` on message ``id``."""
+
+    type: Literal["react"]
+    id: MessageId
+    emoji: Annotated[str, StringConstraints(min_length=1)]
+    cid: ClientMessageId | None = None
 
 
 class InboxRequest(_Frame):
@@ -136,13 +166,26 @@ class InboxRequest(_Frame):
 
 
 ClientFrame = (
-    Join | Leave | Send | Typing | Auth | Ping | Pong | HistoryRequest | Read | InboxRequest
+    Join
+    | Leave
+    | Send
+    | Typing
+    | Auth
+    | Ping
+    | Pong
+    | HistoryRequest
+    | Read
+    | InboxRequest
+    | Edit
+    | Delete
+    | React
 )
 _CLIENT_FRAME: Final[TypeAdapter[ClientFrame]] = TypeAdapter(
     Annotated[ClientFrame, Field(discriminator="type")]
 )
 CLIENT_TYPES: Final = (
     "join", "leave", "send", "typing", "auth", "ping", "pong", "history", "read", "inbox",
+    "edit", "delete", "react",
 )  # fmt: skip
 
 
@@ -183,17 +226,43 @@ def encode(frame: dict[str, Any]) -> str:
     return orjson.dumps(frame).decode()
 
 
-def message_frame_parts(target: str, name: str, user: str, text: str) -> tuple[bytes, bytes]:
+def message_frame_parts(
+    target: str, name: str, user: str, text: str, reply_to: int | None = None
+) -> tuple[bytes, bytes]:
     """The parts of a ``message`` frame that do not depend on its id and timestamp: the head
     (up to ``"id":``) and the body (from after the id up to ``"ts":``). ``target`` is
-    ``room`` (a room message, to room ``name``) or ``to`` (a direct message to user ``name``).
+    ``room`` (a room message, to room ``name``) or ``to`` (a direct message to user ``name``);
+    ``reply_to``: the id of the message this one answers.
 
     Both brokers build every message frame from these parts with :func:`message_frame`; the
     Redis PUBLISH script does the same concatenation in Lua, since only Redis knows the id.
     """
     head = b'{"type":"message","' + target.encode() + b'":' + orjson.dumps(name) + b',"id":'
-    body = b',"user":' + orjson.dumps(user) + b',"text":' + orjson.dumps(text) + b',"ts":'
-    return head, body
+    body = b',"user":' + orjson.dumps(user) + b',"text":' + orjson.dumps(text)
+    if reply_to is not None:
+        body += b',"reply_to":%d' % reply_to
+    return head, body + b',"ts":'
+
+
+def event_frame_parts(
+    kind: Kind, target: str, name: str, message_id: int, user: str, text: str
+) -> tuple[bytes, bytes]:
+    """As :func:`message_frame_parts`, for an event on message ``message_id`` (see
+    :mod:`app.lifecycle`): ``edited`` (with the new ``text``), ``deleted``, or ``reaction``
+    (``text`` is the emoji; ``on`` is true for REACTION_ON, false for REACTION_OFF).
+    ``target`` and ``name`` name the conversation as for a message: ``to`` is the other user
+    from the one acting."""
+    head = (
+        b'{"type":"' + FRAME_TYPES[kind].encode() + b'","' + target.encode() + b'":'
+        + orjson.dumps(name) + b',"id":'
+    )  # fmt: skip
+    body = b',"target":%d,"user":' % message_id + orjson.dumps(user)
+    if kind is Kind.EDITED:
+        body += b',"text":' + orjson.dumps(text)
+    elif kind in (Kind.REACTION_ON, Kind.REACTION_OFF):
+        body += b',"emoji":' + orjson.dumps(text)
+        body += b',"on":true' if kind is Kind.REACTION_ON else b',"on":false'
+    return head, body + b',"ts":'
 
 
 def message_frame(parts: tuple[bytes, bytes], message_id: int, ts_ms: int) -> bytes:
@@ -206,15 +275,25 @@ def message_frame(parts: tuple[bytes, bytes], message_id: int, ts_ms: int) -> by
 _MESSAGE_START: Final = b'{"type":"message"'
 
 
-def message_id_of(frame: bytes) -> int | None:
-    """The id of a ``message`` frame built by :func:`message_frame`; None for any other frame
-    (presence, typing). The Redis broker reads it once per frame it hears, at the boundary,
-    and hands it to the Hub beside the frame.
+def is_message_frame(frame: bytes) -> bool:
+    """Whether a numbered frame is a ``message`` (not an event on one)."""
+    return frame.startswith(_MESSAGE_START)
 
-    Cheap on purpose: a message frame starts ``{"type":"message",`` then ``"room"`` or ``"to"``
-    (a name that cannot hold a quote), then ``"id":N,`` — so the first ``,"id":`` is the id.
+
+_NUMBERED_STARTS: Final = tuple(b'{"type":"%s"' % t.encode() for t in sorted(NUMBERED_TYPES))
+
+
+def message_id_of(frame: bytes) -> int | None:
+    """The id of a numbered frame (a ``message``, or an event: ``edited``, ``deleted``,
+    ``reaction``) built by :func:`message_frame`; None for any other frame (presence, typing,
+    receipts). The Redis broker reads it once per frame it hears, at the boundary, and hands
+    it to the Hub beside the frame.
+
+    Cheap on purpose: a numbered frame starts ``{"type":"<type>",`` then ``"room"`` or
+    ``"to"`` (a name that cannot hold a quote), then ``"id":N,`` — so the first ``,"id":`` is
+    the id.
     """
-    if not frame.startswith(_MESSAGE_START):
+    if not frame.startswith(_NUMBERED_STARTS):
         return None
     start = frame.index(b',"id":') + 6
     return int(frame[start : frame.index(b",", start)])
@@ -223,6 +302,17 @@ def message_id_of(frame: bytes) -> int | None:
 def typing_frame(room: str, user: str) -> bytes:
     """``typing``: ``user`` is typing in ``room`` (relayed to the room, sender included)."""
     return orjson.dumps({"type": "typing", "room": room, "user": user})
+
+
+def receipt_frame(target: str, name: str, user: str, message_id: int) -> bytes:
+    """``receipt``: ``user`` has read everything up to ``id`` in the conversation (``room``, or
+    ``to``: the other user of a direct conversation). Relayed live, never stored as a frame."""
+    return orjson.dumps({"type": "receipt", target: name, "user": user, "id": message_id})
+
+
+def receipts_frame(room: str, positions: dict[str, int]) -> str:
+    """``receipts``: where each member of ``room`` has read up to (after a ``joined``)."""
+    return encode({"type": "receipts", "room": room, "read": positions})
 
 
 def presence_frame(room: str, event: str, user: str | None, count: int) -> dict[str, Any]:

@@ -22,26 +22,31 @@ from app.access.admission import Refused, admit, admit_address, identify
 from app.access.auth import AuthError, Identity
 from app.access.ratelimit import RateLimiter, Verdict
 from app.connection import Connection
-from app.conversation import direct
+from app.conversation import direct, is_direct
 from app.errors import (
     BrokerUnavailable,
     CloseCode,
     ErrorCode,
     FrameError,
+    MessageGone,
     QuotaExceeded,
     close_reason,
 )
 from app.history import HistoryUnavailable, inbox_entry
+from app.lifecycle import Change, Kind, Target
 from app.ops.metrics import Metrics
 from app.presence import RoomPresence
 from app.protocol import (
     PONG_FRAME,
     Auth,
+    Delete,
+    Edit,
     HistoryRequest,
     InboxRequest,
     Join,
     Leave,
     Ping,
+    React,
     Read,
     Send,
     Typing,
@@ -54,6 +59,8 @@ from app.protocol import (
     joined_frame,
     left_frame,
     parse_client_frame,
+    receipt_frame,
+    receipts_frame,
     typing_frame,
 )
 from app.settings import Settings
@@ -112,6 +119,8 @@ class Session:
                 await self._history(frame)
             elif isinstance(frame, Read):
                 await self._read(frame)
+            elif isinstance(frame, Edit | Delete | React):
+                await self._change(frame)
             elif isinstance(frame, InboxRequest):
                 if not await self._state.quotas.allow("history", self.conn.user):
                     raise FrameError(ErrorCode.RATE_LIMITED, "too many inbox reads, slow down")
@@ -148,6 +157,22 @@ class Session:
             await self._hub.join(conn, frame.room, frame.since)
         except BrokerUnavailable:
             raise FrameError(ErrorCode.BROKER_UNAVAILABLE, "cannot join now, try again") from None
+        await self._send_receipts(frame.room)
+
+    async def _send_receipts(self, room: str) -> None:
+        """``receipts`` after ``joined``: where the room's readers are (with a store and read
+        receipts on). Best effort: a store that fails or is slow sends nothing."""
+        store = self._state.store
+        if store is None or not self.settings.read_receipts:
+            return
+        try:
+            async with asyncio.timeout(self.settings.database_timeout_s):
+                positions = await store.inbox.positions(room, self.settings.presence_max_members)
+        except (StoreError, TimeoutError) as exc:
+            logger.info("read positions of %s unavailable: %s", room, exc)
+            return
+        if positions:
+            self.conn.offer(receipts_frame(room, positions))
 
     async def _room_exists(self, room: str) -> bool:
         if room in self._hub.rooms_here:
@@ -200,7 +225,7 @@ class Session:
             conn.offer(left_frame(room))
         conn.offer(authenticated_frame(identity.user, identity.expires_at))
 
-    def _conversation(self, frame: HistoryRequest | Read) -> str:
+    def _conversation(self, frame: HistoryRequest | Read | Edit | Delete | React) -> str:
         """The conversation a frame names, if this user may read it."""
         if frame.room is not None:
             if not self.conn.identity.may_use(frame.room):
@@ -244,15 +269,133 @@ class Session:
         return store
 
     async def _read(self, frame: Read) -> None:
-        """Move the read position; nothing is sent back."""
+        """Move the read position (with a store; it never moves back) and relay it as a
+        ``receipt`` to the conversation's members (a room's, or both users of a direct one),
+        unless receipts are off or the frame says ``receipt: false``. Nothing else is sent
+        back. Receipts are best effort: at most once, dropped while the broker is down."""
         conversation = self._conversation(frame)
-        store = self._running_store()
+        user = self.conn.user
+        if not await self._state.quotas.allow("read", user):
+            raise FrameError(ErrorCode.RATE_LIMITED, "too many read frames, slow down")
+        position = frame.id
+        store = self._state.store
+        if store is not None:
+            try:
+                position = await store.inbox.mark_read(user, conversation, frame.id)
+            except StoreError:
+                raise FrameError(
+                    ErrorCode.STORE_UNAVAILABLE, "read position not stored, try again"
+                ) from None
+        if not (frame.receipt and self.settings.read_receipts):
+            return
+        with contextlib.suppress(BrokerUnavailable):
+            if frame.room is not None:
+                if frame.room in self.conn.rooms:
+                    receipt = receipt_frame("room", frame.room, user, position)
+                    await self._broker.broadcast(frame.room, receipt)
+            else:
+                assert frame.peer is not None
+                receipt = receipt_frame("to", frame.peer, user, position)
+                await self._broker.notify_user(frame.peer, receipt)
+                if frame.peer != user:
+                    await self._broker.notify_user(user, receipt)
+
+    async def _find(self, conversation: str, message_id: int) -> tuple[Target, bool]:
+        """Message ``message_id`` of ``conversation``, and whether it came from the store
+        (the broker's history no longer holds it). ``not_found`` when neither has it."""
         try:
-            await store.inbox.mark_read(self.conn.user, conversation, frame.id)
-        except StoreError:
+            target = await self._broker.find(conversation, message_id)
+        except BrokerUnavailable:
             raise FrameError(
-                ErrorCode.STORE_UNAVAILABLE, "read position not stored, try again"
+                ErrorCode.BROKER_UNAVAILABLE, "cannot do that now, try again"
             ) from None
+        if target is not None:
+            return target, False
+        store = self._state.store
+        if store is not None:
+            try:
+                target = await store.messages.find(conversation, message_id)
+            except StoreError:
+                raise FrameError(
+                    ErrorCode.STORE_UNAVAILABLE, "cannot do that now, try again"
+                ) from None
+            if target is not None:
+                return target, True
+        raise FrameError(ErrorCode.NOT_FOUND, f"no message {message_id} {_in(conversation)}")
+
+    async def _change(self, frame: Edit | Delete | React) -> None:
+        """Edit, delete or react to a message: checked here (it exists in this conversation,
+        is not deleted, and this user may), then published as an event in the conversation's
+        log (:mod:`app.lifecycle`), acked like a message when it carries a ``cid``."""
+        conn = self.conn
+        conversation = self._conversation(frame)
+        if frame.room is not None and frame.room not in conn.rooms:
+            raise FrameError(ErrorCode.NOT_JOINED, f"join room {frame.room!r} first")
+        settings = self.settings
+        if isinstance(frame, Edit):
+            self._check_text(frame.text)
+            change = Change(Kind.EDITED, frame.id, conn.user, frame.text)
+        elif isinstance(frame, Delete):
+            change = Change(Kind.DELETED, frame.id, conn.user)
+        else:
+            if len(frame.emoji) > settings.reaction_max_chars:
+                raise FrameError(
+                    ErrorCode.BAD_FRAME,
+                    f"emoji: at most {settings.reaction_max_chars} characters",
+                )
+            change = Change(Kind.REACTION_ON, frame.id, conn.user, frame.emoji)
+        self._check_broker()
+        target, from_store = await self._find(conversation, frame.id)
+        if target.deleted:
+            raise FrameError(ErrorCode.NOT_FOUND, f"message {frame.id} was deleted")
+        if isinstance(frame, Edit) and target.user != conn.user:
+            raise FrameError(ErrorCode.FORBIDDEN, "only its author may edit a message")
+        if isinstance(frame, Delete) and not (target.user == conn.user or conn.identity.moderator):
+            raise FrameError(
+                ErrorCode.FORBIDDEN, "only its author or a moderator may delete a message"
+            )
+        if isinstance(frame, React):
+            reactions = (target.state or {}).get("reactions", {})
+            if (
+                frame.emoji not in reactions
+                and len(reactions) >= settings.reactions_per_message_max
+            ):
+                raise FrameError(
+                    ErrorCode.BAD_FRAME,
+                    f"a message may have at most {settings.reactions_per_message_max} "
+                    "different reactions",
+                )
+        known = (target.state or {}) if from_store else None
+        try:
+            published = await self._broker.publish_event(conversation, change, frame.cid, known)
+        except MessageGone:
+            raise FrameError(ErrorCode.NOT_FOUND, f"message {frame.id} was deleted") from None
+        except QuotaExceeded:
+            raise FrameError(ErrorCode.RATE_LIMITED, _TOO_MANY_MESSAGES) from None
+        except BrokerUnavailable:
+            self.metrics.publish_failures.inc()
+            raise FrameError(
+                ErrorCode.BROKER_UNAVAILABLE, "not done: the broker is unavailable"
+            ) from None
+        if frame.cid is not None:
+            conn.offer(ack_frame(frame.cid, published.id, published.duplicate))
+
+    def _check_text(self, text: str) -> None:
+        if len(text) > self.settings.max_text_chars:
+            raise FrameError(
+                ErrorCode.TEXT_TOO_LONG,
+                f"text is {len(text)} characters, at most "
+                f"{self.settings.max_text_chars} are allowed",
+            )
+
+    def _check_broker(self) -> None:
+        if not self._broker.ready:
+            # Redis may take the publish, but this worker would not hear it: no ack for a
+            # message the sender's own rooms here cannot be sure to get.
+            self.metrics.publish_failures.inc()
+            raise FrameError(
+                ErrorCode.BROKER_UNAVAILABLE, "message not sent: the broker is unavailable"
+            )
 
     async def send_inbox(self) -> None:
         """Queue the ``inbox`` frame: the user's conversations, newest activity first."""
@@ -272,27 +415,25 @@ class Session:
             raise FrameError(ErrorCode.FORBIDDEN, f"your token does not allow room {frame.room!r}")
         if frame.room is not None and frame.room not in conn.rooms:
             raise FrameError(ErrorCode.NOT_JOINED, f"join room {frame.room!r} before sending")
-        if len(frame.text) > self.settings.max_text_chars:
-            raise FrameError(
-                ErrorCode.TEXT_TOO_LONG,
-                f"text is {len(frame.text)} characters, at most "
-                f"{self.settings.max_text_chars} are allowed",
+        self._check_text(frame.text)
+        self._check_broker()
+        if frame.reply_to is not None:
+            conversation = (
+                frame.room if frame.room is not None else direct(conn.user, frame.to or "")
             )
-        if not self._broker.ready:
-            # Redis may take the publish, but this worker would not hear it: no ack for a
-            # message the sender's own rooms here cannot be sure to get.
-            self.metrics.publish_failures.inc()
-            raise FrameError(
-                ErrorCode.BROKER_UNAVAILABLE, "message not sent: the broker is unavailable"
-            )
+            target, _ = await self._find(conversation, frame.reply_to)
+            if target.deleted:
+                raise FrameError(ErrorCode.NOT_FOUND, f"message {frame.reply_to} was deleted")
         started = time.perf_counter()
         try:
             if frame.room is not None:
-                published = await self._broker.publish(frame.room, conn.user, frame.text, frame.cid)
+                published = await self._broker.publish(
+                    frame.room, conn.user, frame.text, frame.cid, frame.reply_to
+                )
             else:
                 assert frame.to is not None  # the model guarantees room xor to
                 published = await self._broker.publish_direct(
-                    conn.user, frame.to, frame.text, frame.cid
+                    conn.user, frame.to, frame.text, frame.cid, frame.reply_to
                 )
         except QuotaExceeded:
             raise FrameError(ErrorCode.RATE_LIMITED, _TOO_MANY_MESSAGES) from None
@@ -321,9 +462,16 @@ def _ref(text: str) -> dict[str, object] | None:
     peer = getattr(frame, "peer", None)
     if peer is not None:
         ref["with"] = peer
-    if isinstance(frame, Send) and frame.cid is not None:
-        ref["cid"] = frame.cid
+    cid = getattr(frame, "cid", None)
+    if cid is not None:
+        ref["cid"] = cid
+    if isinstance(frame, Edit | Delete | React):
+        ref["id"] = frame.id
     return ref
+
+
+def _in(conversation: str) -> str:
+    return "in this direct conversation" if is_direct(conversation) else f"in room {conversation!r}"
 
 
 async def serve(ws: WebSocket, state: ChatState) -> None:

@@ -412,6 +412,34 @@ class Settings(BaseSettings):
     history_read_burst: int = Field(
         30, ge=1, description="History reads a user (or address) may make in a burst."
     )
+    user_reads_per_s: float = Field(
+        2.0,
+        gt=0,
+        description="`read` frames per second per user across every server (refill); each may "
+        "relay a receipt to the whole room.",
+    )
+    user_read_burst: int = Field(
+        10, ge=1, description="`read` frames a user may send in a burst (error `rate_limited`)."
+    )
+    read_receipts: bool = Field(
+        True,
+        description="Relay read positions to the conversation's members (`receipt` frames, and "
+        "`receipts` after `joined`). false keeps every user's position to themselves; unread "
+        "counts work either way. A client can also keep one `read` private (`receipt: false`).",
+    )
+    reaction_max_chars: int = Field(
+        16,
+        ge=1,
+        le=64,
+        description="Longest `emoji` of a `react` frame, in characters (an emoji with modifiers "
+        "is several; error `bad_frame`).",
+    )
+    reactions_per_message_max: int = Field(
+        20,
+        ge=1,
+        description="Different reactions one message may have; a new one beyond is refused "
+        "(error `bad_frame`).",
+    )
     user_typing_per_s: float = Field(
         1.0,
         gt=0,

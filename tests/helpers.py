@@ -45,6 +45,8 @@ def make_settings(**overrides: object) -> Settings:
         "history_read_burst": 100_000,
         "user_typing_per_s": 100_000.0,
         "user_typing_burst": 100_000,
+        "user_reads_per_s": 100_000.0,
+        "user_read_burst": 100_000,
     }
     return Settings(**(base | overrides))  # type: ignore[arg-type]
 

@@ -27,13 +27,13 @@ class Recorder:
 
     def __init__(self) -> None:
         self.rooms: list[tuple[str, int | None, bytes]] = []
-        self.users: list[tuple[str, int, bytes]] = []
+        self.users: list[tuple[str, int | None, bytes]] = []
         self.kicks: list[tuple[str, str]] = []
 
     def deliver_room(self, room: str, message_id: int | None, payload: bytes) -> None:
         self.rooms.append((room, message_id, payload))
 
-    def deliver_user(self, user: str, message_id: int, payload: bytes) -> None:
+    def deliver_user(self, user: str, message_id: int | None, payload: bytes) -> None:
         self.users.append((user, message_id, payload))
 
     def link_lost(self) -> None: ...

@@ -165,7 +165,7 @@ async def test_messages_and_direct_messages_survive_a_restart_of_the_embedded_se
         async with ChatClient.connect(live.ws_url("bob")) as bob:
             inbox = await bob.expect("inbox")
             assert inbox["conversations"] == [
-                {"with": "alice", "unread": 2, "read": 0,
+                {"with": "alice", "unread": 2, "read": 0, "peer_read": 0,
                  "last": {"type": "message", "to": "bob", "id": dm[1], "user": "alice",
                           "text": "6", "ts": inbox["conversations"][0]["last"]["ts"]}},
             ]  # fmt: skip
@@ -195,11 +195,18 @@ async def test_direct_messages_are_stored_conversations_with_inbox_and_read_stat
                 assert [m["id"] for m in page["messages"]] == sent[1:]
 
                 await bob.send({"type": "read", "with": "alice", "id": sent[1]})
+                # The receipt reaches alice, and bob's own connections (his other tabs).
+                receipt = {"type": "receipt", "to": "alice", "user": "bob", "id": sent[1]}
+                assert await bob.expect("receipt") == receipt
+                assert await alice.expect("receipt") == receipt
                 await bob.send({"type": "inbox"})
                 inbox = (await bob.expect("inbox"))["conversations"]
                 assert [(c["with"], c["unread"], c["read"]) for c in inbox] == [
                     ("alice", 1, sent[1])
                 ]
+                await alice.send({"type": "inbox"})
+                inbox = (await alice.expect("inbox"))["conversations"]
+                assert [(c["with"], c["peer_read"]) for c in inbox] == [("bob", sent[1])]
                 # Live: both of bob's tabs (here one) and alice's other tabs get it.
                 await alice.say_to("bob", "live")
                 assert (await bob.expect("message"))["text"] == "live"
@@ -215,14 +222,13 @@ async def test_direct_messages_are_stored_conversations_with_inbox_and_read_stat
                 assert error["code"] == "bad_frame"
 
 
-async def test_without_a_store_read_and_inbox_are_refused_clearly() -> None:
+async def test_without_a_store_the_inbox_is_refused_clearly() -> None:
+    """(``read`` still relays receipts live: tests/test_lifecycle.py.)"""
     async with (
         run_server(make_settings()) as live,
         ChatClient.connect(live.ws_url("alice")) as alice,
     ):
         await alice.send({"type": "inbox"})
-        assert (await alice.expect("error"))["code"] == "no_store"
-        await alice.send({"type": "read", "room": "lobby", "id": 5})
         assert (await alice.expect("error"))["code"] == "no_store"
         await alice.send({"type": "history", "room": "lobby", "before": 1, "after": 2})
         error = await alice.expect("error")

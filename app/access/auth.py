@@ -32,14 +32,16 @@ class AuthError(Exception):
 
 @dataclass(frozen=True, slots=True)
 class Identity:
-    """A verified user: its name, the room patterns it may use (None: all), and when its
-    token expires (epoch seconds; None without a token)."""
+    """A verified user: its name, the room patterns it may use (None: all), when its token
+    expires (epoch seconds; None without a token), and whether it moderates."""
 
     user: str
     rooms: tuple[str, ...] | None = None
     expires_at: float | None = None
     # A guest key the server just made for this connection (handed back in `hello`).
     guest_key: str | None = None
+    # The token's `roles` claim holds "moderator": may delete anyone's messages.
+    moderator: bool = False
 
     def may_use(self, room: str) -> bool:
         return self.rooms is None or any(fnmatch.fnmatchcase(room, p) for p in self.rooms)
@@ -110,4 +112,12 @@ class Authenticator:
             isinstance(rooms, list) and all(isinstance(r, str) for r in rooms)
         ):
             raise AuthError(f"invalid token: {settings.jwt_rooms_claim} must be a list of strings")
-        return Identity(user, None if rooms is None else tuple(rooms), float(claims["exp"]))
+        roles = claims.get("roles", [])
+        if not (isinstance(roles, list) and all(isinstance(r, str) for r in roles)):
+            raise AuthError("invalid token: roles must be a list of strings")
+        return Identity(
+            user,
+            None if rooms is None else tuple(rooms),
+            float(claims["exp"]),
+            moderator="moderator" in roles,
+        )

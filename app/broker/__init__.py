@@ -9,8 +9,9 @@ The interface is a :class:`typing.Protocol` so mypy checks each implementation s
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, NamedTuple, Protocol
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
+from app.lifecycle import Change, Target
 from app.settings import Settings
 
 if TYPE_CHECKING:
@@ -25,8 +26,9 @@ class BrokerHandler(Protocol):
         ``message_id``, or a frame without an id (None: presence, typing)."""
         ...
 
-    def deliver_user(self, user: str, message_id: int, payload: bytes) -> None:
-        """A direct ``message`` frame numbered ``message_id`` for ``user``'s connections."""
+    def deliver_user(self, user: str, message_id: int | None, payload: bytes) -> None:
+        """A frame of a direct conversation for ``user``'s connections: a ``message`` or an
+        event numbered ``message_id``, or a frame without an id (None: a read receipt)."""
         ...
 
     def link_lost(self) -> None:
@@ -139,22 +141,56 @@ class Broker(Protocol):
 
     async def unsubscribe_user(self, user: str) -> None: ...
 
-    async def publish(self, room: str, user: str, text: str, cid: str | int | None) -> Published:
-        """Number, store and deliver a message. Raises :class:`~app.errors.QuotaExceeded`
-        (nothing is published) when ``user`` has no message token left."""
+    async def publish(
+        self, room: str, user: str, text: str, cid: str | int | None, reply_to: int | None = None
+    ) -> Published:
+        """Number, store and deliver a message (``reply_to``: the message it answers, which
+        the caller checked). Raises :class:`~app.errors.QuotaExceeded` (nothing is published)
+        when ``user`` has no message token left."""
         ...
 
     async def publish_direct(
-        self, sender: str, to: str, text: str, cid: str | int | None
+        self, sender: str, to: str, text: str, cid: str | int | None, reply_to: int | None = None
     ) -> Published:
         """As :meth:`publish`, in the direct conversation of ``sender`` and ``to``
         (:func:`app.conversation.direct`: ids, history and archiving like a room's), delivered
         to ``to``'s connections and ``sender``'s."""
         ...
 
+    async def publish_event(
+        self,
+        conversation: str,
+        change: Change,
+        cid: str | int | None,
+        known: dict[str, Any] | None = None,
+    ) -> Published:
+        """As :meth:`publish`, for an event on a message of ``conversation`` (a room, or a
+        direct one), which the caller found and checked the user may change
+        (:mod:`app.lifecycle`). In the same atomic step the message's current state is
+        changed (a reaction toggles: the frame says whether it is ``on``); ``known`` is that
+        state as the store has it, for a message :meth:`find` did not find. Raises
+        :class:`~app.errors.MessageGone` (nothing is published) when the message is deleted.
+        """
+        ...
+
+    async def find(self, conversation: str, message_id: int) -> Target | None:
+        """Message ``message_id`` of ``conversation`` if the broker's history holds it (None:
+        not there; the store may have it)."""
+        ...
+
+    async def states(self, conversation: str, ids: list[int]) -> dict[int, dict[str, Any]]:
+        """The current state of those of the messages ``ids`` that events changed and the
+        broker still knows of (:mod:`app.lifecycle`)."""
+        ...
+
     async def broadcast(self, room: str, payload: bytes) -> None:
         """Deliver ``payload`` (an encoded frame without an id: ``typing``, ``presence``) to
         the room's members on every worker: not stored, not numbered, at most once."""
+        ...
+
+    async def notify_user(self, user: str, payload: bytes) -> None:
+        """Deliver ``payload`` (an encoded frame without an id: a read receipt) to ``user``'s
+        connections on every worker: not stored, not numbered, at most once."""
         ...
 
     async def kick(self, user: str, reason: str) -> None:
@@ -183,7 +219,7 @@ class Broker(Protocol):
 
     async def history_before(self, room: str, before: int | None, limit: int) -> list[Message]:
         """Up to ``limit`` stored messages of ``room`` with ids below ``before``, oldest
-        first."""
+        first, each as it is now (edited, deleted, reactions); events are not part of it."""
         ...
 
 

@@ -6,13 +6,15 @@ import time
 from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from app.access.buckets import TokenBuckets
 from app.broker import BrokerHandler, BrokerStats, History, Message, Published
 from app.broker.dedup import RecentIds
-from app.conversation import direct
-from app.errors import BrokerUnavailable, QuotaExceeded
-from app.protocol import message_frame, message_frame_parts
+from app.conversation import direct, is_direct, members_of_direct, peer
+from app.errors import BrokerUnavailable, MessageGone, QuotaExceeded
+from app.lifecycle import Change, Kind, Target, apply, reacted, with_state
+from app.protocol import event_frame_parts, is_message_frame, message_frame, message_frame_parts
 from app.settings import Settings
 from app.store.archiver import Archiver
 from app.store.messages import StoredMessage
@@ -27,7 +29,9 @@ class _RoomLog:
     origin: int
     last: int = 0
     trimmed: int = 0
-    messages: deque[Message] = field(default_factory=deque)
+    messages: deque[Message] = field(default_factory=deque)  # messages and events, in order
+    authors: dict[int, str] = field(default_factory=dict)  # of the messages in `messages`
+    states: dict[int, dict[str, Any]] = field(default_factory=dict)  # see app.lifecycle
 
     def __post_init__(self) -> None:
         self.last = self.trimmed = self.origin
@@ -113,41 +117,103 @@ class MemoryBroker:
         if not self._quota.take("message", user):
             raise QuotaExceeded(f"message quota of {user}")
 
-    async def publish(self, room: str, user: str, text: str, cid: str | int | None) -> Published:
-        handler = self._running()
-        self._take_token(user)
-        key = None if cid is None else ("r", room, user, cid)
-        self._log(room)  # first: a new log's origin is below the id this message gets
-        message_id, ts_ms, duplicate = self._next_id(key)
-        if duplicate:
-            return Published(message_id, duplicate=True)
-        payload = message_frame(message_frame_parts("room", room, user, text), message_id, ts_ms)
-        self._remember(room, message_id, payload)
-        if self._archiver is not None:
-            self._archiver.offer(StoredMessage(room, message_id, user, text, ts_ms))
-        if room in self._rooms:
-            handler.deliver_room(room, message_id, payload)
-        return Published(message_id, ts_ms)
+    async def publish(
+        self, room: str, user: str, text: str, cid: str | int | None, reply_to: int | None = None
+    ) -> Published:
+        return await self._publish_message(room, user, text, cid, reply_to)
 
     async def publish_direct(
-        self, sender: str, to: str, text: str, cid: str | int | None
+        self, sender: str, to: str, text: str, cid: str | int | None, reply_to: int | None = None
+    ) -> Published:
+        return await self._publish_message(direct(sender, to), sender, text, cid, reply_to)
+
+    async def _publish_message(
+        self, conversation: str, user: str, text: str, cid: str | int | None, reply_to: int | None
     ) -> Published:
         handler = self._running()
-        self._take_token(sender)
-        conversation = direct(sender, to)
-        key = None if cid is None else ("r", conversation, sender, cid)
-        self._log(conversation)
+        self._take_token(user)
+        key = None if cid is None else ("r", conversation, user, cid)
+        log = self._log(conversation)  # first: a new log's origin is below the id this gets
         message_id, ts_ms, duplicate = self._next_id(key)
         if duplicate:
             return Published(message_id, duplicate=True)
-        payload = message_frame(message_frame_parts("to", to, sender, text), message_id, ts_ms)
+        target, name = _addressed(conversation, user)
+        parts = message_frame_parts(target, name, user, text, reply_to)
+        payload = message_frame(parts, message_id, ts_ms)
         self._remember(conversation, message_id, payload)
+        log.authors[message_id] = user
         if self._archiver is not None:
-            self._archiver.offer(StoredMessage(conversation, message_id, sender, text, ts_ms))
-        for user in {to, sender}:
+            self._archiver.offer(
+                StoredMessage(conversation, message_id, user, text, ts_ms, Kind.MESSAGE, reply_to)
+            )
+        self._deliver(handler, conversation, message_id, payload)
+        return Published(message_id, ts_ms)
+
+    async def publish_event(
+        self,
+        conversation: str,
+        change: Change,
+        cid: str | int | None,
+        known: dict[str, Any] | None = None,
+    ) -> Published:
+        handler = self._running()
+        self._take_token(change.user)
+        key = None if cid is None else ("r", conversation, change.user, cid)
+        if key is not None and (first := self._recent.get(key, self._clock())) is not None:
+            return Published(first, duplicate=True)
+        log = self._log(conversation)
+        state = log.states.get(change.target, known)
+        if state is not None and state.get("deleted"):
+            raise MessageGone(conversation)
+        kind = change.kind
+        if kind in (Kind.REACTION_ON, Kind.REACTION_OFF):
+            on = not reacted(state, change.text, change.user)
+            kind = Kind.REACTION_ON if on else Kind.REACTION_OFF
+        message_id, ts_ms, _ = self._next_id(key)
+        target, name = _addressed(conversation, change.user)
+        parts = event_frame_parts(kind, target, name, change.target, change.user, change.text)
+        payload = message_frame(parts, message_id, ts_ms)
+        self._remember(conversation, message_id, payload)
+        log.states[change.target] = apply(state, kind, change.user, change.text, ts_ms)
+        if len(log.states) > 2 * (self._settings.history_size + 1):
+            log.states = {i: s for i, s in log.states.items() if i >= log.trimmed}
+        if self._archiver is not None:
+            self._archiver.offer(
+                StoredMessage(conversation, message_id, change.user, change.text, ts_ms, kind,
+                              change.target)
+            )  # fmt: skip
+        self._deliver(handler, conversation, message_id, payload)
+        return Published(message_id, ts_ms)
+
+    def _deliver(
+        self, handler: BrokerHandler, conversation: str, message_id: int | None, payload: bytes
+    ) -> None:
+        if not is_direct(conversation):
+            if conversation in self._rooms:
+                handler.deliver_room(conversation, message_id, payload)
+            return
+        for user in members_of_direct(conversation):
             if user in self._users:
                 handler.deliver_user(user, message_id, payload)
-        return Published(message_id, ts_ms)
+
+    async def notify_user(self, user: str, payload: bytes) -> None:
+        handler = self._running()
+        if user in self._users:
+            handler.deliver_user(user, None, payload)
+
+    async def find(self, conversation: str, message_id: int) -> Target | None:
+        self._running()
+        log = self._logs.get(conversation)
+        if log is None or message_id not in log.authors:
+            return None
+        return Target(log.authors[message_id], log.states.get(message_id))
+
+    async def states(self, conversation: str, ids: list[int]) -> dict[int, dict[str, Any]]:
+        self._running()
+        log = self._logs.get(conversation)
+        if log is None:
+            return {}
+        return {i: log.states[i] for i in ids if i in log.states}
 
     async def kick(self, user: str, reason: str) -> None:
         self._running().kick(user, reason)
@@ -178,6 +244,7 @@ class MemoryBroker:
             return
         if len(log.messages) >= size:
             log.trimmed = log.messages.popleft().id
+            log.authors.pop(log.trimmed, None)
         log.messages.append(Message(message_id, payload))
 
     async def history_since(self, room: str, since: int, limit: int) -> History:
@@ -193,7 +260,8 @@ class MemoryBroker:
         after = [message for message in log.messages if message.id > since]
         if len(after) > self._settings.recovery_max_messages:
             return History(False, [])
-        return History(True, after[:limit], len(after) > limit)
+        page = [Message(m.id, with_state(m.payload, log.states.get(m.id))) for m in after[:limit]]
+        return History(True, page, len(after) > limit)
 
     async def last_id(self, room: str) -> int:
         self._running()
@@ -208,5 +276,17 @@ class MemoryBroker:
         log = self._logs.get(room)
         if log is None:
             return []
-        older = [m for m in log.messages if before is None or m.id < before]
-        return older[-limit:] if limit else []
+        older = [
+            m for m in log.messages
+            if (before is None or m.id < before) and is_message_frame(m.payload)
+        ]  # fmt: skip
+        page = older[-limit:] if limit else []
+        return [Message(m.id, with_state(m.payload, log.states.get(m.id))) for m in page]
+
+
+def _addressed(conversation: str, user: str) -> tuple[str, str]:
+    """How a frame ``user`` sends in ``conversation`` names it: ``room``, or ``to`` the other
+    user of a direct conversation."""
+    if is_direct(conversation):
+        return "to", peer(conversation, user)
+    return "room", conversation

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import random
 import secrets
@@ -28,9 +29,10 @@ from redis.asyncio import Redis
 
 from app.broker import BrokerHandler, BrokerStats, History, Message, Published
 from app.broker import redis_scripts as scripts
-from app.conversation import direct
-from app.errors import BrokerUnavailable, QuotaExceeded
-from app.protocol import message_frame_parts, message_id_of
+from app.conversation import direct, is_direct, peer
+from app.errors import BrokerUnavailable, MessageGone, QuotaExceeded
+from app.lifecycle import Change, Kind, Target, with_state
+from app.protocol import event_frame_parts, is_message_frame, message_frame_parts, message_id_of
 from app.redisio.autopipeline import AutoPipeline
 from app.redisio.clients import REDIS_ERRORS, call_redis, command_client, subscriber_client
 from app.redisio.subscription import Subscription
@@ -40,6 +42,7 @@ logger = logging.getLogger(__name__)
 
 _MEMORY_READ_INTERVAL_S = 5.0
 _REFUSED_BY_QUOTA = 2  # the PUBLISH script's second reply, as published (0) or duplicate (1)
+_GONE = 3  # the EVENT script's second reply: the message is deleted
 _FROM_THE_STORE = 2  # HISTORY_SINCE's first reply: the page is the store's
 
 
@@ -55,7 +58,7 @@ class RedisBroker:
         self._sub_redis: Redis = subscriber_client(settings)
         self._scripts = {
             name: self._redis.register_script(getattr(scripts, name))
-            for name in ("PUBLISH", "HISTORY_SINCE", "LAST_ID")
+            for name in ("PUBLISH", "EVENT", "HISTORY_SINCE", "LAST_ID")
         }
         # The PUBLISH script's archive keys: none without a store (see redis_scripts).
         stream, dropped = scripts.archive_keys(self._prefix)
@@ -200,10 +203,8 @@ class RedisBroker:
                 room = channel[len(self._room_prefix) :].decode()
                 handler.deliver_room(room, message_id_of(data), data)
             elif channel.startswith(self._user_prefix):
-                message_id = message_id_of(data)
-                if message_id is not None:  # only message frames go to a user's channel
-                    user = channel[len(self._user_prefix) :].decode()
-                    handler.deliver_user(user, message_id, data)
+                user = channel[len(self._user_prefix) :].decode()
+                handler.deliver_user(user, message_id_of(data), data)
             elif channel == self._moderation_bytes:
                 order = orjson.loads(data)
                 handler.kick(order["user"], order["reason"])
@@ -282,19 +283,50 @@ class RedisBroker:
 
     # -- publishing and history ---------------------------------------------------------------
 
-    async def publish(self, room: str, user: str, text: str, cid: str | int | None) -> Published:
-        head, body = message_frame_parts("room", room, user, text)
+    async def publish(
+        self, room: str, user: str, text: str, cid: str | int | None, reply_to: int | None = None
+    ) -> Published:
+        head, body = message_frame_parts("room", room, user, text, reply_to)
         keys = self._publish_keys(room, user, cid)
         return await self._publish(keys, room, self._room_channel(room), head, body, "")
 
     async def publish_direct(
-        self, sender: str, to: str, text: str, cid: str | int | None
+        self, sender: str, to: str, text: str, cid: str | int | None, reply_to: int | None = None
     ) -> Published:
-        head, body = message_frame_parts("to", to, sender, text)
+        head, body = message_frame_parts("to", to, sender, text, reply_to)
         conversation = direct(sender, to)
         keys = self._publish_keys(conversation, sender, cid)
         channel, copy = self._user_channel(to), self._user_channel(sender)
         return await self._publish(keys, conversation, channel, head, body, copy)
+
+    def _channels(self, conversation: str, user: str) -> tuple[str, str, str, str]:
+        """How frames of ``user`` in ``conversation`` are addressed: (target field, name,
+        channel, second channel)."""
+        if is_direct(conversation):
+            other = peer(conversation, user)
+            return "to", other, self._user_channel(other), self._user_channel(user)
+        return "room", conversation, self._room_channel(conversation), ""
+
+    async def publish_event(
+        self,
+        conversation: str,
+        change: Change,
+        cid: str | int | None,
+        known: dict[str, Any] | None = None,
+    ) -> Published:
+        target_field, name, channel, copy = self._channels(conversation, change.user)
+        head, body = event_frame_parts(
+            change.kind, target_field, name, change.target, change.user, change.text
+        )
+        _, body_off = event_frame_parts(
+            Kind.REACTION_OFF, target_field, name, change.target, change.user, change.text
+        )
+        keys = self._publish_keys(conversation, change.user, cid)
+        keys.append(self._room_key(conversation, "state"))
+        kind = Kind.REACTION_ON if change.kind is Kind.REACTION_OFF else change.kind
+        extra = [change.target, int(kind), change.user, change.text, body_off,
+                 b"" if known is None else orjson.dumps(known)]  # fmt: skip
+        return await self._publish(keys, conversation, channel, head, body, copy, "EVENT", extra)
 
     def _publish_keys(self, conversation: str, user: str, cid: str | int | None) -> list[str]:
         """The PUBLISH script's keys (see redis_scripts)."""
@@ -311,6 +343,8 @@ class RedisBroker:
         head: bytes,
         body: bytes,
         copy_channel: str,
+        script: str = "PUBLISH",
+        extra: list[Any] | None = None,
     ) -> Published:
         settings = self._settings
         args: list[Any] = [
@@ -325,18 +359,21 @@ class RedisBroker:
             settings.user_message_burst,
             conversation,
             settings.archive_backlog_max,
+            *(extra or ()),
         ]
         try:
-            reply = await self._pipeline.submit(self._scripts["PUBLISH"], keys, args)
+            reply = await self._pipeline.submit(self._scripts[script], keys, args)
         except REDIS_ERRORS as exc:
             raise BrokerUnavailable(f"redis: {exc!r}") from exc
         message_id, outcome, ts_ms = reply
         if outcome == _REFUSED_BY_QUOTA:
             raise QuotaExceeded(keys[3])
+        if outcome == _GONE:
+            raise MessageGone(conversation)
         return Published(int(message_id), int(ts_ms), duplicate=outcome == 1)
 
     async def history_since(self, room: str, since: int, limit: int) -> History:
-        keys = [self._room_key(room, "meta"), self._room_key(room, "log")]
+        keys = [self._room_key(room, part) for part in ("meta", "log", "state")]
         settings = self._settings
         args = [since, limit, settings.recovery_max_messages, int(settings.history_ttl_s * 1000)]
         result = await call_redis(lambda: self._scripts["HISTORY_SINCE"](keys=keys, args=args))
@@ -344,8 +381,11 @@ class RedisBroker:
             return History(False, [], store_upto=int(result[1]))
         if not result[0]:
             return History(False, [])
-        pairs = result[2:]  # id, frame, id, frame...
-        messages = [Message(int(pairs[i]), pairs[i + 1]) for i in range(0, len(pairs), 2)]
+        triples = result[2:]  # id, frame, state, id, frame, state...
+        messages = [
+            Message(int(triples[i]), _as_now(triples[i + 1], triples[i + 2]))
+            for i in range(0, len(triples), 3)
+        ]
         return History(True, messages, bool(result[1]))
 
     async def last_id(self, room: str) -> int:
@@ -357,25 +397,68 @@ class RedisBroker:
         return bool(await call_redis(lambda: self._redis.exists(self._room_key(room, "meta"))))
 
     async def history_before(self, room: str, before: int | None, limit: int) -> list[Message]:
+        """Messages only (the log's events are skipped), each as it is now (its state)."""
         upper = "+" if before is None else f"({before}-0"
-        log = self._room_key(room, "log")
+        log, state = self._room_key(room, "log"), self._room_key(room, "state")
 
-        async def read() -> list[Any]:
+        async def read(upper: str, count: int) -> list[Any]:
             async with self._redis.pipeline(transaction=False) as pipe:
-                pipe.xrevrange(log, upper, "-", count=limit)
+                pipe.xrevrange(log, upper, "-", count=count)
                 pipe.xrange(log, "-", "+", count=1)
                 pipe.xlen(log)
                 return await pipe.execute()
 
-        entries, oldest, length = await call_redis(read)
-        # The log keeps one entry more than the history (the oldest marks where recovery can
-        # start, see redis_scripts): it is not part of the history.
-        marker = oldest[0][0] if oldest and length > self._settings.history_size else None
+        found: list[Message] = []
+        count = limit
+        while len(found) < limit:
+            entries, oldest, length = await call_redis(functools.partial(read, upper, count))
+            # The log keeps one entry more than the history (the oldest marks where recovery
+            # can start, see redis_scripts): it is not part of the history.
+            marker = oldest[0][0] if oldest and length > self._settings.history_size else None
+            for entry_id, fields in entries or ():
+                payload = fields.get(b"f") if fields else None
+                if entry_id != marker and payload is not None and is_message_frame(payload):
+                    found.append(Message(int(cast(bytes, entry_id)[:-2]), payload))
+                    if len(found) == limit:
+                        break
+            if len(entries or ()) < count:
+                break  # the log holds no more
+            upper = f"({cast(bytes, entries[-1][0]).decode()}"
+            count = min(count * 2, self._settings.history_size + 1)
+        found.reverse()
+        if not found:
+            return found
+        ids = [message.id for message in found]
+        states = await call_redis(lambda: self._redis.hmget(state, ids))
         return [
-            Message(int(cast(bytes, entry_id)[:-2]), cast(bytes, fields[b"f"]))
-            for entry_id, fields in reversed(entries or [])
-            if fields and entry_id != marker
+            Message(message.id, _as_now(message.payload, raw or b""))
+            for message, raw in zip(found, states, strict=True)
         ]
+
+    async def find(self, conversation: str, message_id: int) -> Target | None:
+        log, state = self._room_key(conversation, "log"), self._room_key(conversation, "state")
+        entry_id = f"{message_id}-0"
+
+        async def read() -> list[Any]:
+            async with self._redis.pipeline(transaction=False) as pipe:
+                pipe.xrange(log, entry_id, entry_id)
+                pipe.hget(state, str(message_id))
+                return await pipe.execute()
+
+        entries, raw = await call_redis(read)
+        if not entries:
+            return None
+        payload = entries[0][1].get(b"f")
+        if payload is None or not is_message_frame(payload):
+            return None
+        return Target(str(orjson.loads(payload)["user"]), orjson.loads(raw) if raw else None)
+
+    async def states(self, conversation: str, ids: list[int]) -> dict[int, dict[str, Any]]:
+        if not ids:
+            return {}
+        key = self._room_key(conversation, "state")
+        raws = await call_redis(lambda: self._redis.hmget(key, ids))
+        return {i: orjson.loads(raw) for i, raw in zip(ids, raws, strict=True) if raw}
 
     def _kick_key(self, user: str) -> str:
         return f"{self._prefix}:kick:{user}"
@@ -404,6 +487,9 @@ class RedisBroker:
                 kick = orjson.loads(order)
                 self._handler.kick(user, kick["reason"], issued_at=kick["at"])
 
+    async def notify_user(self, user: str, payload: bytes) -> None:
+        await call_redis(lambda: self._redis.publish(self._user_channel(user), payload))
+
     async def broadcast(self, room: str, payload: bytes) -> None:
         await call_redis(lambda: self._redis.publish(self._room_channel(room), payload))
 
@@ -423,3 +509,9 @@ class RedisBroker:
         info = await self._redis.info("memory")
         self._memory_used = int(info.get("used_memory", 0))
         self._memory_max = int(info.get("maxmemory", 0))
+
+
+def _as_now(payload: bytes, state: bytes | str) -> bytes:
+    """A logged frame as it is now: a message with its ``state`` (JSON, or empty: unchanged;
+    see :mod:`app.lifecycle`); events as they are."""
+    return with_state(payload, orjson.loads(state)) if state else payload

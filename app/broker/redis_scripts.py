@@ -82,18 +82,46 @@ end
 
 # Message ids: max(last + 1, 1000 * Redis time in ms). They increase per room and survive the
 # loss of the room's keys (as long as Redis' clock does not go back), and stay below 2^53 so
-# Lua's doubles and JavaScript clients hold them exactly.
-# Returns {id, 0} published, {id, 1} a duplicate of message id, {0, 2} refused by the quota.
-PUBLISH: Final = (
-    NOW
-    + TOKEN_BUCKET
-    + INCARNATION
-    + """
--- KEYS: meta, log (or '' for no history), dedup (or ''), the sender's message quota bucket,
---       the archive stream (or '' without a store), its count of messages not archived
--- ARGV: channel, head, body, log length (history size + 1), ttl_ms, dedup_ttl_ms,
---       second channel (or ''), quota rate per s, quota burst, conversation, archive length
--- -> {id, 0 published | 1 duplicate | 2 refused by the quota, ts_ms}
+# Lua's doubles and JavaScript clients hold them exactly. Messages and events (edits, deletes,
+# reactions: app.lifecycle) are numbered in the same sequence.
+# publish_frame(head, body) numbers, logs, archives and delivers one frame; -> {id, 0, ts_ms}
+# KEYS: meta, log (or '' for no history), dedup (or ''), the sender's message quota bucket,
+#       the archive stream (or '' without a store), its count of messages not archived
+# ARGV: channel, (head), (body), log length (history size + 1), ttl_ms, dedup_ttl_ms,
+#       second channel (or ''), quota rate per s, quota burst, conversation, archive length
+PUBLISH_FRAME: Final = """
+local function publish_frame(head, body)
+  local last = incarnation(KEYS[1], KEYS[2], ARGV[5])
+  local id = string.format('%.0f', math.max(last + 1, now * 1000))
+  -- The frame, as app.protocol.message_frame builds it from the same head and body.
+  local payload = head .. id .. body .. string.format('%.0f', now) .. '}'
+  redis.call('HSET', KEYS[1], 'last', id)
+  redis.call('PEXPIRE', KEYS[1], ARGV[5])
+  if KEYS[2] ~= '' then
+    redis.call('XADD', KEYS[2], 'MAXLEN', ARGV[4], id .. '-0', 'f', payload)
+    redis.call('PEXPIRE', KEYS[2], ARGV[5])
+  end
+  if KEYS[5] ~= '' then
+    if redis.call('XLEN', KEYS[5]) < tonumber(ARGV[11]) then
+      redis.call('XADD', KEYS[5], '*', 'c', ARGV[10], 'f', payload)
+    else  -- the backlog is full (the store has been down for long): counted, not archived,
+      -- and the room's store history has a hole here that recovery must not read across
+      redis.call('INCR', KEYS[6])
+      redis.call('HSET', KEYS[1], 'unarchived', id)
+    end
+  end
+  -- Subscribers get the frame itself: workers of the previous release read it too (a rolling
+  -- deploy runs both), and the broker reads the id from it (app.protocol.message_id_of).
+  redis.call('PUBLISH', ARGV[1], payload)
+  if ARGV[7] ~= '' and ARGV[7] ~= ARGV[1] then redis.call('PUBLISH', ARGV[7], payload) end
+  if KEYS[3] ~= '' then redis.call('SET', KEYS[3], id, 'PX', ARGV[6]) end
+  return {id, 0, now}
+end
+"""
+
+# The sender's quota, then its dedup marker: {0, 2, 0} refused by the quota, {id, 1, 0} a
+# duplicate of message id.
+QUOTA_AND_DEDUP: Final = """
 if take(KEYS[4], tonumber(ARGV[8]), tonumber(ARGV[9]), now) == 0 then
   return {0, 2, 0}
 end
@@ -101,35 +129,72 @@ if KEYS[3] ~= '' then
   local first = redis.call('GET', KEYS[3])
   if first then return {first, 1, 0} end
 end
-local last = incarnation(KEYS[1], KEYS[2], ARGV[5])
-local id = string.format('%.0f', math.max(last + 1, now * 1000))
--- The frame, as app.protocol.message_frame builds it from the same head and body.
-local payload = ARGV[2] .. id .. ARGV[3] .. string.format('%.0f', now) .. '}'
-redis.call('HSET', KEYS[1], 'last', id)
-redis.call('PEXPIRE', KEYS[1], ARGV[5])
-if KEYS[2] ~= '' then
-  redis.call('XADD', KEYS[2], 'MAXLEN', ARGV[4], id .. '-0', 'f', payload)
-  redis.call('PEXPIRE', KEYS[2], ARGV[5])
+"""
+
+# A message. ARGV[2], ARGV[3]: the head and body of its frame (app.protocol.message_frame_parts).
+# -> {id, 0 published | 1 duplicate | 2 refused by the quota, ts_ms}
+PUBLISH: Final = (
+    NOW + TOKEN_BUCKET + INCARNATION + PUBLISH_FRAME + QUOTA_AND_DEDUP
+    + "return publish_frame(ARGV[2], ARGV[3])\n"
+)  # fmt: skip
+
+# An event on message `target` (app.lifecycle): published like a message, and applied to the
+# message's current state, a JSON object in the room's hash `state` (field: the message id).
+# Refused ({0, 3, 0}) when the message is deleted. A reaction toggles: its frame says `on`
+# (ARGV[3]) when the user had not reacted with that emoji, else `off` (ARGV[16]). The state of
+# a message the log no longer holds is ARGV[17], read from the store by the worker; kept
+# in the hash from then on. The hash expires with the room and is pruned of the messages the
+# log no longer holds when it grows past twice the log's length.
+# KEYS: as PUBLISH, then the state hash
+# ARGV: as PUBLISH, then target id, kind (app.lifecycle.Kind: 1 edited, 2 deleted,
+#       3 reaction), user, text (the new text, or the emoji), body of a reaction taken back,
+#       the state known from the store (or '')
+EVENT: Final = (
+    NOW
+    + TOKEN_BUCKET
+    + INCARNATION
+    + PUBLISH_FRAME
+    + QUOTA_AND_DEDUP
+    + """
+local target, kind, user, text = ARGV[12], tonumber(ARGV[13]), ARGV[14], ARGV[15]
+local raw = redis.call('HGET', KEYS[7], target)
+local state = {}
+if raw then state = cjson.decode(raw) elseif ARGV[17] ~= '' then state = cjson.decode(ARGV[17]) end
+if state.deleted then return {0, 3, 0} end
+local body = ARGV[3]
+if kind == 1 then
+  state.text = text
+  state.edited = now
+elseif kind == 2 then
+  state = {deleted = true}
+else
+  local reactions = state.reactions or {}
+  local kept, had = {}, false
+  for _, u in ipairs(reactions[text] or {}) do
+    if u == user then had = true else kept[#kept + 1] = u end
+  end
+  if had then body = ARGV[16] else kept[#kept + 1] = user end
+  if #kept > 0 then reactions[text] = kept else reactions[text] = nil end
+  if next(reactions) then state.reactions = reactions else state.reactions = nil end
 end
-if KEYS[5] ~= '' then
-  if redis.call('XLEN', KEYS[5]) < tonumber(ARGV[11]) then
-    redis.call('XADD', KEYS[5], '*', 'c', ARGV[10], 'f', payload)
-  else  -- the backlog is full (the store has been down for long): counted, not archived,
-    -- and the room's store history has a hole here that recovery must not read across
-    redis.call('INCR', KEYS[6])
-    redis.call('HSET', KEYS[1], 'unarchived', id)
+local reply = publish_frame(ARGV[2], body)
+redis.call('HSET', KEYS[7], target, cjson.encode(state))
+redis.call('PEXPIRE', KEYS[7], ARGV[5])
+if KEYS[2] ~= '' and redis.call('HLEN', KEYS[7]) > 2 * tonumber(ARGV[4]) then
+  local oldest = redis.call('XRANGE', KEYS[2], '-', '+', 'COUNT', 1)[1]
+  if oldest then
+    local floor = tonumber(string.sub(oldest[1], 1, -3))
+    for _, field in ipairs(redis.call('HKEYS', KEYS[7])) do
+      if tonumber(field) < floor then redis.call('HDEL', KEYS[7], field) end
+    end
   end
 end
--- Subscribers get the frame itself: workers of the previous release read it too (a rolling
--- deploy runs both), and the broker reads the id from it (app.protocol.message_id_of).
-redis.call('PUBLISH', ARGV[1], payload)
-if ARGV[7] ~= '' and ARGV[7] ~= ARGV[1] then redis.call('PUBLISH', ARGV[7], payload) end
-if KEYS[3] ~= '' then redis.call('SET', KEYS[3], id, 'PX', ARGV[6]) end
-return {id, 0, now}
+return reply
 """
 )
 
-# One page of the replay after `since`: {1, more, id, frame, id, frame...} when every message
+# One page of the replay after `since`: {1, more, id, frame, state, id, frame, state...} (state:
+# the message's current state, see EVENT, or '') when every message
 # after `since` is still retained (and there are at most `cap` of them), with at most `page`
 # messages and more = 1 when others follow; {2, upto} when the log holds every message after
 # `upto` and the store every one up to it (`archived`, and none after `since` was left out of
@@ -143,7 +208,7 @@ HISTORY_SINCE: Final = (
     NOW
     + INCARNATION
     + """
--- KEYS: meta, log   ARGV: since, page, cap, ttl_ms
+-- KEYS: meta, log, state   ARGV: since, page, cap, ttl_ms
 local since = tonumber(ARGV[1])
 local last, origin, base = incarnation(KEYS[1], KEYS[2], ARGV[4])
 if since > last or since < origin then return {0, 0} end
@@ -166,9 +231,12 @@ local start = string.format('%.0f', since + 1) .. '-0'
 local entries = redis.call('XRANGE', KEYS[2], start, '+', 'COUNT', cap + 1)
 if #entries > cap then return {0, 0} end
 local out = {1, #entries > page and 1 or 0}
+local states = redis.call('EXISTS', KEYS[3]) == 1
 for i = 1, math.min(page, #entries) do
-  out[#out + 1] = string.sub(entries[i][1], 1, -3)  -- the message id: '<id>-0'
+  local id = string.sub(entries[i][1], 1, -3)  -- the message id: '<id>-0'
+  out[#out + 1] = id
   out[#out + 1] = entries[i][2][2]
+  out[#out + 1] = states and redis.call('HGET', KEYS[3], id) or ''
 end
 return out
 """

@@ -19,6 +19,8 @@ from sqlalchemy import and_, func, select, tuple_
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from app.conversation import is_direct
+from app.lifecycle import Kind
 from app.store.database import StoreError
 from app.store.messages import DATABASE_ERRORS, StoredMessage, insert_ignoring_duplicates
 from app.store.schema import messages, participants, read_state
@@ -27,12 +29,14 @@ from app.store.schema import messages, participants, read_state
 @dataclass(frozen=True, slots=True)
 class InboxEntry:
     """One conversation of an inbox: its newest stored message (None: none stored yet), the
-    user's read position (0: nothing read) and how many stored messages follow it."""
+    user's read position (0: nothing read), how many stored messages follow it, and (direct
+    conversations) the other user's read position."""
 
     conversation: str
     last: StoredMessage | None
     last_read: int
     unread: int
+    peer_read: int = 0
 
 
 class Inbox:
@@ -79,7 +83,10 @@ class Inbox:
         newest = messages.alias("newest")
         last_id = (
             select(func.max(newest.c.id))
-            .where(newest.c.conversation == participants.c.conversation)
+            .where(
+                newest.c.conversation == participants.c.conversation,
+                newest.c.kind == Kind.MESSAGE,
+            )
             .scalar_subquery()
         )
         after = messages.alias("after_read")
@@ -88,6 +95,7 @@ class Inbox:
             .where(
                 after.c.conversation == participants.c.conversation,
                 after.c.id > func.coalesce(read_state.c.last_read_id, 0),
+                after.c.kind == Kind.MESSAGE,
             )
             .limit(unread_cap + 1)
             .correlate(participants, read_state)  # a FROM subquery is not correlated unasked
@@ -126,9 +134,42 @@ class Inbox:
                         )
                     )
                     last = {row[0]: StoredMessage._make(row) for row in found.all()}
+                direct = [row[0] for row in rows if is_direct(row[0])]
+                peers: dict[str, int] = {}
+                if direct:
+                    found = await connection.execute(
+                        select(read_state.c.conversation, read_state.c.last_read_id).where(
+                            read_state.c.conversation.in_(direct), read_state.c.user != user
+                        )
+                    )
+                    peers = {str(c): int(i) for c, i in found.all()}
         except DATABASE_ERRORS as exc:
             raise StoreError(f"reading the inbox of {user!r} failed: {exc!r}") from exc
         return [
-            InboxEntry(conversation, last.get(conversation), int(read), int(count))
+            InboxEntry(
+                conversation,
+                last.get(conversation),
+                int(read),
+                int(count),
+                peers.get(conversation, 0),
+            )
             for conversation, read, _, count in rows
         ]
+
+    async def positions(self, conversation: str, limit: int) -> dict[str, int]:
+        """Where the users who read ``conversation`` are: user → read position, the ``limit``
+        furthest along."""
+        query = (
+            select(read_state.c.user, read_state.c.last_read_id)
+            .where(read_state.c.conversation == conversation)
+            .order_by(read_state.c.last_read_id.desc())
+            .limit(limit)
+        )
+        try:
+            async with self._engine.connect() as connection:
+                rows = (await connection.execute(query)).all()
+        except DATABASE_ERRORS as exc:
+            raise StoreError(
+                f"reading the read positions of {conversation!r} failed: {exc!r}"
+            ) from exc
+        return {str(user): int(position) for user, position in rows}

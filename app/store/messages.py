@@ -6,7 +6,13 @@ Contract:
   archiver is at-least-once) stores nothing twice. It returns how many rows were new.
 - :meth:`MessageStore.add` also records who takes part in each conversation (both users of a
   direct one, a room message's author): the users' inboxes (:mod:`app.store.inbox`).
-- Reads return messages in id order (increasing), at most ``limit`` of them.
+- Events on messages (edits, deletions, reactions: :mod:`app.lifecycle`) are rows too, in the
+  same id sequence. Storing a deletion also empties the text of the message it deletes and
+  of that message's edits. :meth:`MessageStore.after`, :meth:`~MessageStore.between` and
+  :meth:`~MessageStore.count_between` read the log (messages and events: a replay);
+  :meth:`~MessageStore.before` and :meth:`~MessageStore.find` read messages, with the state
+  the stored events leave them in.
+- Reads return rows in id order (increasing), at most ``limit`` of them.
 - Every call raises :class:`~app.store.database.StoreError` when the database fails; the
   caller decides whether to retry (the archiver) or answer ``store_unavailable`` (history).
 """
@@ -14,15 +20,16 @@ Contract:
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Final, NamedTuple
+from typing import Any, Final, NamedTuple
 
-from sqlalchemy import Select, Table, func, select, tuple_
+from sqlalchemy import Select, Table, and_, func, or_, select, tuple_, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from sqlalchemy.sql.dml import ReturningInsert
 
 from app.conversation import is_direct, members_of_direct
+from app.lifecycle import Kind, Target, fold
 from app.store.database import StoreError
 from app.store.schema import messages, participants
 
@@ -31,11 +38,38 @@ DATABASE_ERRORS = (SQLAlchemyError, OSError, TimeoutError)
 
 
 class StoredMessage(NamedTuple):
+    """A row of the log: a message (``target``: the message it replies to), or an event on
+    message ``target`` (``text``: an edit's text, a reaction's emoji)."""
+
     conversation: str
     id: int
     user: str
     text: str
     ts_ms: int
+    kind: int = Kind.MESSAGE
+    target: int | None = None
+
+
+def row_of(conversation: str, frame: dict[str, Any]) -> StoredMessage:
+    """The row of a numbered frame (a message or an event, decoded) of ``conversation``.
+    Raises KeyError, ValueError or TypeError for a frame that is neither."""
+    kind = _KINDS[frame["type"]]
+    if kind is Kind.REACTION_ON and frame["on"] is False:
+        kind = Kind.REACTION_OFF
+    target = frame.get("reply_to") if kind is Kind.MESSAGE else frame["target"]
+    text = (
+        frame["emoji"] if kind in (Kind.REACTION_ON, Kind.REACTION_OFF) else frame.get("text", "")
+    )
+    return StoredMessage(
+        conversation, int(frame["id"]), str(frame["user"]), str(text), int(frame["ts"]),
+        int(kind), None if target is None else int(target),
+    )  # fmt: skip
+
+
+_KINDS: Final = {
+    "message": Kind.MESSAGE, "edited": Kind.EDITED, "deleted": Kind.DELETED,
+    "reaction": Kind.REACTION_ON,
+}  # fmt: skip
 
 
 class MessageStore:
@@ -54,20 +88,26 @@ class MessageStore:
             if is_direct(message.conversation):
                 for user in members_of_direct(message.conversation):
                     taking_part.add((user, message.conversation))
-            else:
+            elif message.kind == Kind.MESSAGE:
                 taking_part.add((message.user, message.conversation))
+        deleted = [(m.conversation, m.target) for m in batch if m.kind == Kind.DELETED]
         try:
             async with self._engine.begin() as connection:
                 if self._engine.dialect.name == "postgresql":
-                    return await _add_on_postgresql(connection, batch, sorted(taking_part))
-                result = await connection.execute(
-                    self._insert_new(), [message._asdict() for message in batch]
-                )
-                await connection.execute(
-                    insert_ignoring_duplicates(self._engine, participants),
-                    [{"user": u, "conversation": c} for u, c in sorted(taking_part)],
-                )
-                return len(result.all())
+                    added = await _add_on_postgresql(connection, batch, sorted(taking_part))
+                else:
+                    result = await connection.execute(
+                        self._insert_new(), [message._asdict() for message in batch]
+                    )
+                    if taking_part:
+                        await connection.execute(
+                            insert_ignoring_duplicates(self._engine, participants),
+                            [{"user": u, "conversation": c} for u, c in sorted(taking_part)],
+                        )
+                    added = len(result.all())
+                if deleted:
+                    await _empty_deleted(connection, deleted)
+                return added
         except DATABASE_ERRORS as exc:
             raise StoreError(f"storing {len(batch)} messages failed: {exc!r}") from exc
 
@@ -136,14 +176,47 @@ class MessageStore:
     async def before(
         self, conversation: str, before: int | None, limit: int
     ) -> list[StoredMessage]:
-        """The newest ``limit`` messages of ``conversation`` with an id below ``before``
-        (None: the newest of all), oldest first: a page of history scrolling back."""
-        query = select(messages).where(messages.c.conversation == conversation)
+        """The newest ``limit`` messages (not events) of ``conversation`` with an id below
+        ``before`` (None: the newest of all), oldest first: a page of history scrolling back.
+        :meth:`states` says what events did to them."""
+        query = select(messages).where(
+            messages.c.conversation == conversation, messages.c.kind == Kind.MESSAGE
+        )
         if before is not None:
             query = query.where(messages.c.id < before)
         page = await self._fetch(query.order_by(messages.c.id.desc()).limit(limit))
         page.reverse()
         return page
+
+    async def states(self, conversation: str, ids: list[int]) -> dict[int, dict[str, Any]]:
+        """The state the stored events leave the messages ``ids`` in (those any event
+        changed; :func:`app.lifecycle.fold`)."""
+        if not ids:
+            return {}
+        query = (
+            select(messages)
+            .where(
+                messages.c.conversation == conversation,
+                messages.c.target.in_(ids),
+                messages.c.kind != Kind.MESSAGE,
+            )
+            .order_by(messages.c.id)
+        )
+        events = await self._fetch(query)
+        return fold((e.target, Kind(e.kind), e.user, e.text, e.ts_ms) for e in events)  # type: ignore[misc]
+
+    async def find(self, conversation: str, message_id: int) -> Target | None:
+        """Message ``message_id`` of ``conversation`` with its state, if it is stored."""
+        query = select(messages).where(
+            messages.c.conversation == conversation,
+            messages.c.id == message_id,
+            messages.c.kind == Kind.MESSAGE,
+        )
+        found = await self._fetch(query)
+        if not found:
+            return None
+        state = (await self.states(conversation, [message_id])).get(message_id)
+        return Target(found[0].user, state)
 
     async def count(self, conversation: str) -> int:
         """How many messages of ``conversation`` are stored."""
@@ -158,7 +231,9 @@ class MessageStore:
         except DATABASE_ERRORS as exc:
             raise StoreError(f"counting messages failed: {exc!r}") from exc
 
-    async def _fetch(self, query: Select[str, int, str, str, int]) -> list[StoredMessage]:
+    async def _fetch(
+        self, query: Select[str, int, str, str, int, int, int | None]
+    ) -> list[StoredMessage]:
         try:
             async with self._engine.connect() as connection:
                 result = await connection.execute(query)
@@ -181,8 +256,9 @@ def insert_ignoring_duplicates(
 # worker ~13 us a message; arrays are encoded by asyncpg in C (loadtest/archive.py measures it).
 _INSERT_MESSAGES: Final = """
 WITH new AS (
-  INSERT INTO messages (conversation, id, "user", text, ts_ms)
-  SELECT * FROM unnest($1::varchar[], $2::bigint[], $3::varchar[], $4::text[], $5::bigint[])
+  INSERT INTO messages (conversation, id, "user", text, ts_ms, kind, target)
+  SELECT * FROM unnest($1::varchar[], $2::bigint[], $3::varchar[], $4::text[], $5::bigint[],
+                       $6::smallint[], $7::bigint[])
   ON CONFLICT DO NOTHING
   RETURNING 1
 )
@@ -202,6 +278,26 @@ async def _add_on_postgresql(
 ) -> int:
     columns = tuple(list(column) for column in zip(*batch, strict=True))
     result = await connection.exec_driver_sql(_INSERT_MESSAGES, columns)
-    users, conversations = zip(*taking_part, strict=True)
-    await connection.exec_driver_sql(_INSERT_PARTICIPANTS, (list(users), list(conversations)))
+    if taking_part:
+        users, conversations = zip(*taking_part, strict=True)
+        await connection.exec_driver_sql(_INSERT_PARTICIPANTS, (list(users), list(conversations)))
     return int(result.scalar_one())
+
+
+async def _empty_deleted(
+    connection: AsyncConnection, deleted: Sequence[tuple[str, int | None]]
+) -> None:
+    """Empty the text of deleted messages and of their edits (what was said is gone; the rows
+    stay, so the log keeps its order and the deletion its target)."""
+    for conversation, target in deleted:
+        await connection.execute(
+            update(messages)
+            .where(
+                messages.c.conversation == conversation,
+                or_(
+                    and_(messages.c.id == target, messages.c.kind == Kind.MESSAGE),
+                    and_(messages.c.target == target, messages.c.kind == Kind.EDITED),
+                ),
+            )
+            .values(text="")
+        )

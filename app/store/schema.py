@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Final
 
-from sqlalchemy import BigInteger, Column, Index, MetaData, String, Table, Text
+from sqlalchemy import BigInteger, Column, Index, MetaData, SmallInteger, String, Table, Text
 
 # Constraint names spelled out, so that migrations can refer to them on every database.
 metadata: Final = MetaData(
@@ -15,10 +15,14 @@ metadata: Final = MetaData(
     }
 )
 
-# One row per message. ``conversation`` is a room's name, or ``@<a>:<b>`` for the direct
-# messages between users a and b (a < b; no room name can start with ``@``); ``id`` is the
-# message id clients see (increasing within the conversation, below 2^53), so
-# (conversation, id) is unique and archiving the same message twice is a no-op.
+# One row per message, and per event on a message (an edit, a deletion, a reaction:
+# app.lifecycle), the conversation's log. ``conversation`` is a room's name, or ``@<a>:<b>``
+# for the direct messages between users a and b (a < b; no room name can start with ``@``);
+# ``id`` is the id clients see (increasing within the conversation, below 2^53), so
+# (conversation, id) is unique and archiving the same frame twice is a no-op. ``kind`` is an
+# app.lifecycle.Kind; ``target`` the message a reply answers, or the one an event changes;
+# ``text`` an event's new text, or its emoji. Deleting a message empties its text and its
+# edits' (the rows stay: the log has no holes).
 messages: Final = Table(
     "messages",
     metadata,
@@ -27,9 +31,13 @@ messages: Final = Table(
     Column("user", String(100), nullable=False),
     Column("text", Text, nullable=False),
     Column("ts_ms", BigInteger, nullable=False),
+    Column("kind", SmallInteger, nullable=False, server_default="0"),
+    Column("target", BigInteger, nullable=True),
 )
 # Retention deletes by time.
 Index("ix_messages_ts_ms", messages.c.ts_ms)
+# A page of history folds the events on its messages.
+Index("ix_messages_conversation_target", messages.c.conversation, messages.c.target)
 
 # What each user has read: the id of the newest message they have seen in a conversation
 # (unread counts are the messages after it).

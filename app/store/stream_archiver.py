@@ -44,7 +44,7 @@ from app.redisio.clients import REDIS_ERRORS
 from app.settings import Settings
 from app.store.archiver import ArchiveStats
 from app.store.database import StoreError
-from app.store.messages import MessageStore, StoredMessage
+from app.store.messages import MessageStore, StoredMessage, row_of
 
 logger = logging.getLogger(__name__)
 
@@ -276,9 +276,6 @@ def _stored(fields: list[bytes] | None) -> StoredMessage | None:
         conversation = fields[1].decode()
         if not is_direct(conversation) and frame.get("room") != conversation:
             return None
-        return StoredMessage(
-            conversation, int(frame["id"]), str(frame["user"]), str(frame["text"]),
-            int(frame["ts"]),
-        )  # fmt: skip
+        return row_of(conversation, frame)
     except (ValueError, KeyError, TypeError):
         return None
