@@ -13,8 +13,9 @@ export UV_PYTHON_DOWNLOADS := never
 export UV_PROJECT_ENVIRONMENT := $(VENV)
 # Trust the machine's CA store (corporate proxies, mirrors), like pip and apt do.
 export UV_SYSTEM_CERTS := 1
-# Debian packages the test suite drives for real (binary:package).
-DEB_TEST_DEPS := redis-server:redis-server promtool:prometheus nginx:nginx kubectl:kubernetes-client chromium:chromium pg_ctlcluster:postgresql
+# Debian packages the test suite drives for real (binary or file:package); the emoji font
+# lets Chromium draw the page's reactions in its screenshots.
+DEB_TEST_DEPS := redis-server:redis-server promtool:prometheus nginx:nginx kubectl:kubernetes-client chromium:chromium pg_ctlcluster:postgresql /usr/share/fonts/truetype/noto/NotoColorEmoji.ttf:fonts-noto-color-emoji
 
 .PHONY: help install run test bench bench-100k chaos k8s-check lint typecheck check deb-deps docs-config dashboard clean
 
@@ -33,7 +34,7 @@ install: $(STAMP)  ## create .venv with the locked dependencies
 
 deb-deps:  ## install the Debian packages the tests need, when missing (needs root)
 	@missing=""; for pair in $(DEB_TEST_DEPS); do \
-	  command -v $${pair%%:*} >/dev/null || missing="$$missing $${pair##*:}"; done; \
+	  command -v $${pair%%:*} >/dev/null || test -e $${pair%%:*} || missing="$$missing $${pair##*:}"; done; \
 	if [ -n "$$missing" ]; then \
 	  echo "installing Debian packages:$$missing"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing >/dev/null; \

@@ -424,3 +424,96 @@ async def test_direct_messages_missed_while_disconnected_are_caught_up(
                 await redis.aclose()
         finally:
             await bob.close()
+
+
+async def test_two_people_reply_edit_react_delete_and_see_who_read(
+    browser: Browser, tmp_path: Path
+) -> None:
+    """With a store: bob replies to ada's message, ada edits it (his reply's quote follows),
+    both react (the chip counts and shows whose), each sees "Seen by" the other, and bob
+    deletes his reply: both pages show each change in place, from the other's action."""
+    settings = make_settings(database_url=f"sqlite:///{tmp_path}/data/hubbub.db")
+    async with run_server(settings) as live:
+        ada = await ChatPage.open(browser, live.http_url, "ada", "lobby")
+        bob = await ChatPage.open(browser, live.http_url, "bob", "lobby")
+        try:
+            await ada.say("helo wrld")
+            await bob.shows(["helo wrld"])
+            first = bob.page.locator("#messages .message").first
+            await first.hover()
+            await first.get_by_role("button", name="Reply").click()
+            await expect(bob.page.locator("#composing-text")).to_have_text(
+                "Replying to ada: helo wrld"
+            )
+            await bob.say("hi!")
+            for page in (ada, bob):
+                await page.shows(["helo wrld", "hi!"])
+                reply = page.page.locator("#messages .message").nth(1)
+                await expect(reply.locator(".quote")).to_have_text("↪ ada: helo wrld")
+            await expect(bob.page.locator("#composing")).to_be_hidden()
+
+            # Ada fixes her typo: her own message has Edit, bob's has not.
+            mine = ada.page.locator("#messages .message").first
+            await mine.hover()
+            await expect(
+                ada.page.locator("#messages .message").nth(1).get_by_role("button", name="Edit")
+            ).to_have_count(0)
+            await mine.get_by_role("button", name="Edit").click()
+            await expect(ada.page.locator("#composer-input")).to_have_value("helo wrld")
+            await ada.page.locator("#composer-input").fill("hello world")
+            await ada.page.locator("#composer-input").press("Enter")
+            for page in (ada, bob):
+                await page.shows(["hello world", "hi!"])
+                await expect(
+                    page.page.locator("#messages .message").first.locator(".edited")
+                ).to_be_visible()
+                reply = page.page.locator("#messages .message").nth(1)
+                await expect(reply.locator(".quote")).to_have_text("↪ ada: hello world")
+
+            # Reactions: bob's 👍, then ada's on the same chip.
+            first = bob.page.locator("#messages .message").first
+            await first.hover()
+            await first.get_by_role("button", name="React 👍").click()
+            chip = ada.page.locator("#messages .message").first.locator(".reaction")
+            await expect(chip).to_have_text("👍 1")
+            await expect(chip).to_have_attribute("aria-pressed", "false")
+            await chip.click()
+            for page in (ada, bob):
+                chip = page.page.locator("#messages .message").first.locator(".reaction")
+                await expect(chip).to_have_text("👍 2")
+            await expect(
+                ada.page.locator("#messages .message").first.locator(".reaction")
+            ).to_have_attribute("aria-pressed", "true")
+
+            # Each page marks what it shows read; the other sees it under the newest message.
+            await expect(
+                ada.page.locator("#messages .message").nth(1).locator(".seen")
+            ).to_have_text("Seen by bob", timeout=UI_TIMEOUT_MS)
+            await expect(
+                bob.page.locator("#messages .message").nth(1).locator(".seen")
+            ).to_have_text("Seen by ada", timeout=UI_TIMEOUT_MS)
+            ARTIFACTS.mkdir(exist_ok=True)
+            await ada.page.screenshot(path=ARTIFACTS / "chat-lifecycle.png", full_page=True)
+
+            # Bob deletes his reply (after confirming): a tombstone on both pages.
+            bob.page.once("dialog", lambda dialog: dialog.accept())
+            reply = bob.page.locator("#messages .message").nth(1)
+            await reply.hover()
+            await reply.get_by_role("button", name="Delete").click()
+            for page in (ada, bob):
+                await page.shows(["hello world", "Message deleted"])
+                await expect(page.page.locator("#messages .message.deleted")).to_have_count(1)
+            # A page loaded now shows the same: history is the messages as they are now.
+            cy = await ChatPage.open(browser, live.http_url, "cy", "lobby")
+            try:
+                await cy.shows(["hello world", "Message deleted"])
+                chip = cy.page.locator("#messages .message").first.locator(".reaction")
+                await expect(chip).to_have_text("👍 2")
+                await expect(
+                    cy.page.locator("#messages .message").first.locator(".edited")
+                ).to_be_visible()
+            finally:
+                await cy.close()
+        finally:
+            await ada.close()
+            await bob.close()

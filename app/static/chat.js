@@ -1,9 +1,9 @@
-// The chat page: rooms, direct messages, presence, typing, unread counts, connection state — on
-// top of hubbub.js. Messages are kept per conversation (a room, or "@user" for the direct
+// The chat page: rooms, direct messages, presence, typing, unread counts, "seen by", replies,
+// edits, deletions and reactions, connection state — on top of hubbub.js. Messages are kept per conversation (a room, or "@user" for the direct
 // messages with a user) by id and shown in id order, so a message replayed after a reconnect or
 // reloaded over HTTP appears exactly once; scrolling up loads older ones. Text is always set as
 // text, never HTML.
-import { HubbubClient, displayName } from "./hubbub.js";
+import { HubbubClient, applyEvent, displayName } from "./hubbub.js";
 
 // A display name (what guest servers take; other modes take it too).
 const NAME = /^[A-Za-z0-9][A-Za-z0-9_.]{0,14}$/;
@@ -13,13 +13,17 @@ const TYPING_EVERY_MS = 3000;
 const TYPING_SHOWN_MS = 4000;
 const PAGE = 50; // messages per history page
 const READ_EVERY_MS = 1000;
+const REACTIONS = ["👍", "❤️", "😂", "🎉", "👀"];
 const $ = (id) => document.getElementById(id);
 
 /** conversation ("lobby", or "@user" for direct messages) -> {kind: "room"|"dm", peer?,
- * messages: Map<id, frame>, count, users: Set|null, unread, typing: Map<user, timer>,
- * complete: no older history, loading} */
+ * messages: Map<id, frame> (as they are now: events applied), count, users: Set|null, unread,
+ * typing: Map<user, timer>, read: Map<user, id> (others' read positions), complete: no older
+ * history, loading} */
 const rooms = new Map();
 let active = null;
+/** What the composer does with its text: a new message, `{reply: id}`, or `{edit: id}`. */
+let composing = {};
 let client = null;
 let lastTyping = 0;
 let hasStore = false; // the server sent an inbox: read positions are kept
@@ -32,7 +36,7 @@ function conversationOf(frame) {
 
 function newConversation(kind, peer) {
   return { kind, peer, messages: new Map(), count: 0, users: kind === "room" ? new Set() : null,
-           unread: 0, typing: new Map(), complete: false, loading: false };
+           unread: 0, typing: new Map(), read: new Map(), complete: false, loading: false };
 }
 
 function el(tag, className, text) {
@@ -63,6 +67,13 @@ function start(name) {
     const key = conversationOf(e.detail);
     openDirect(key.slice(1), false);
     addMessage(e.detail);
+  });
+  for (const type of ["edited", "deleted", "reaction"]) {
+    client.addEventListener(type, (e) => onEvent(e.detail));
+  }
+  client.addEventListener("receipt", (e) => onReceipt(conversationOf(e.detail), e.detail.user, e.detail.id));
+  client.addEventListener("receipts", (e) => {
+    for (const [user, id] of Object.entries(e.detail.read)) onReceipt(e.detail.room, user, id);
   });
   client.addEventListener("inbox", (e) => onInbox(e.detail));
   client.addEventListener("resync", (e) => {
@@ -196,6 +207,7 @@ function onInbox({ conversations }) {
     }
     openDirect(entry.with, false);
     const state = rooms.get(`@${entry.with}`);
+    if (entry.peer_read) onReceipt(`@${entry.with}`, entry.with, entry.peer_read);
     if (active !== `@${entry.with}` && entry.unread > state.unread) showUnread(`@${entry.with}`, entry.unread);
   }
 }
@@ -232,6 +244,7 @@ function setActive(key) {
   }
   if (state) showUnread(key, 0);
   $("history-state").textContent = "";
+  setComposing({});
   renderMessages();
   renderPresence();
   renderTyping();
@@ -246,7 +259,9 @@ function setActive(key) {
 async function loadHistory(room) {
   try {
     // Unread counts come from the inbox (with a store) and from live messages, not from this.
-    for (const frame of await client.history(room, { limit: 100 })) addMessage(frame, false, false);
+    // It shows messages as they are now: after a resync (events may have been missed), it
+    // replaces what is shown.
+    for (const frame of await client.history(room, { limit: 100 })) addMessage(frame, false, false, true);
   } catch (error) {
     showAlert(`Could not load the history of ${room}: ${error.message}`);
   }
@@ -326,21 +341,138 @@ $("join-form").addEventListener("submit", (event) => {
 
 // -- messages ------------------------------------------------------------------------------
 
+function actionButton(label, title, onClick) {
+  const button = el("button", "action", label);
+  button.type = "button";
+  button.title = title;
+  button.setAttribute("aria-label", title);
+  button.addEventListener("click", onClick);
+  return button;
+}
+
+function conversationTarget(key) {
+  const state = rooms.get(key);
+  return state.kind === "dm" ? { with: state.peer } : key;
+}
+
 function messageItem(frame) {
-  const item = el("li", "message");
+  const key = conversationOf(frame);
+  const me = client.hello?.user;
+  const item = el("li", frame.deleted ? "message deleted" : "message");
   item.dataset.id = String(frame.id);
+  if (frame.reply_to) {
+    const quoted = rooms.get(key)?.messages.get(frame.reply_to);
+    const quote = el("p", "quote", quoted
+      ? `↪ ${displayName(quoted.user)}: ${quoted.deleted ? "(deleted)" : quoted.text.slice(0, 80)}`
+      : "↪ an earlier message");
+    item.append(quote);
+  }
   const time = el("time", "meta", new Date(frame.ts).toLocaleTimeString([], { hour: "2-digit", minute: "2-digit" }));
   time.dateTime = new Date(frame.ts).toISOString();
   const author = el("span", "author", displayName(frame.user));
   author.title = frame.user; // guests may share a display name: the id tells them apart
-  item.append(time, author, el("span", "text", frame.text));
+  item.append(time, author);
+  if (frame.deleted) {
+    item.append(el("span", "text", "Message deleted"));
+    return item;
+  }
+  item.append(el("span", "text", frame.text));
+  if (frame.edited) item.append(el("span", "edited", " (edited)"));
+  const reactions = el("span", "reactions");
+  for (const [emoji, users] of Object.entries(frame.reactions ?? {})) {
+    const chip = actionButton(`${emoji} ${users.length}`, `${emoji} by ${users.map(displayName).join(", ")}`,
+      () => client.react(conversationTarget(key), frame.id, emoji));
+    chip.classList.add("reaction");
+    chip.setAttribute("aria-pressed", String(users.includes(me)));
+    reactions.append(chip);
+  }
+  item.append(reactions);
+  const actions = el("span", "actions");
+  actions.append(actionButton("↪", "Reply", () => setComposing({ reply: frame.id })));
+  for (const emoji of REACTIONS) {
+    actions.append(actionButton(emoji, `React ${emoji}`, () => client.react(conversationTarget(key), frame.id, emoji)));
+  }
+  if (frame.user === me) {
+    actions.append(actionButton("✎", "Edit", () => setComposing({ edit: frame.id })));
+    actions.append(actionButton("🗑", "Delete", () => {
+      if (confirm("Delete this message for everyone?")) client.deleteMessage(conversationTarget(key), frame.id);
+    }));
+  }
+  item.append(actions);
+  const seen = el("p", "seen");
+  seen.hidden = true;
+  item.append(seen);
   return item;
 }
 
-function addMessage(frame, older = false, counts = !older) {
+/** An edit, deletion or reaction: the message is shown as it is now. */
+function onEvent(event) {
+  const key = conversationOf(event);
+  const state = rooms.get(key);
+  if (!state) return;
+  const message = state.messages.get(event.target);
+  if (!message) return; // not loaded: history pages show it as it is now
+  const changed = applyEvent(message, event);
+  state.messages.set(event.target, changed);
+  if (key !== active) return;
+  const node = $("messages").querySelector(`[data-id="${event.target}"]`);
+  if (node) node.replaceWith(messageItem(changed));
+  // Replies quote it: show them as it is now too.
+  for (const reply of state.messages.values()) {
+    if (reply.reply_to === event.target) {
+      $("messages").querySelector(`[data-id="${reply.id}"]`)?.replaceWith(messageItem(reply));
+    }
+  }
+  if (composing.edit === event.target && changed.deleted) setComposing({});
+  renderSeen();
+}
+
+function onReceipt(key, user, id) {
+  const state = rooms.get(key);
+  if (!state) return;
+  if (user === client.hello?.user) {
+    // Read on another tab: nothing here is unread up to there.
+    if (id >= Math.max(0, ...state.messages.keys()) && key !== active) showUnread(key, 0);
+    return;
+  }
+  if (id <= (state.read.get(user) ?? 0)) return;
+  state.read.set(user, id);
+  if (key === active) renderSeen();
+}
+
+/** "Seen by …" under the newest message each other reader has read up to. */
+function renderSeen() {
+  const state = rooms.get(active);
+  const list = $("messages");
+  for (const node of list.querySelectorAll(".seen")) { node.hidden = true; node.textContent = ""; }
+  if (!state) return;
+  const ids = [...state.messages.keys()].sort((a, b) => a - b);
+  const readers = new Map(); // message id -> users
+  for (const [user, position] of state.read) {
+    let upTo = null;
+    for (const id of ids) { if (id <= position) upTo = id; else break; }
+    if (upTo === null) continue;
+    readers.set(upTo, [...(readers.get(upTo) ?? []), user]);
+  }
+  for (const [id, users] of readers) {
+    const node = list.querySelector(`[data-id="${id}"] .seen`);
+    if (!node) continue;
+    node.textContent = `Seen by ${users.map(displayName).join(", ")}`;
+    node.hidden = false;
+  }
+}
+
+function addMessage(frame, older = false, counts = !older, refresh = false) {
   const key = conversationOf(frame);
   const state = rooms.get(key);
-  if (!state || state.messages.has(frame.id)) return; // exactly once
+  if (!state) return;
+  if (state.messages.has(frame.id)) { // exactly once; a reload shows it as it is now
+    if (refresh) {
+      state.messages.set(frame.id, frame);
+      if (key === active) $("messages").querySelector(`[data-id="${frame.id}"]`)?.replaceWith(messageItem(frame));
+    }
+    return;
+  }
   state.messages.set(frame.id, frame);
   if (key !== active) {
     if (counts && frame.user !== client.hello?.user) showUnread(key, state.unread + 1);
@@ -356,6 +488,7 @@ function addMessage(frame, older = false, counts = !older) {
     next = node;
   }
   list.insertBefore(item, next);
+  renderSeen();
   if (!older && (atBottom || frame.user === client.hello?.user)) list.scrollTop = list.scrollHeight;
 }
 
@@ -366,6 +499,7 @@ function renderMessages() {
   if (!state) return;
   const ordered = [...state.messages.values()].sort((a, b) => a.id - b.id);
   list.append(...ordered.map(messageItem));
+  renderSeen();
   list.scrollTop = list.scrollHeight;
 }
 
@@ -431,15 +565,46 @@ function renderTyping() {
 
 // -- composer ------------------------------------------------------------------------------
 
+/** Reply to or edit a message of the shown conversation (`{}`: a new message). */
+function setComposing(next) {
+  composing = next;
+  const state = rooms.get(active);
+  const target = state?.messages.get(next.reply ?? next.edit);
+  const banner = $("composing");
+  if (!target) {
+    composing = {};
+    banner.hidden = true;
+    return;
+  }
+  $("composing-text").textContent = next.edit
+    ? "Editing your message"
+    : `Replying to ${displayName(target.user)}: ${target.text.slice(0, 80)}`;
+  banner.hidden = false;
+  const input = $("composer-input");
+  if (next.edit) input.value = target.text;
+  input.focus();
+}
+$("composing-cancel").addEventListener("click", () => {
+  if (composing.edit) $("composer-input").value = "";
+  setComposing({});
+});
+
 function sendCurrent() {
   const input = $("composer-input");
   const text = input.value.trim();
   if (!text || !active || client.state !== "open") return;
   const state = rooms.get(active);
-  if (state.kind === "dm") client.sendTo(state.peer, text);
-  else client.send(active, text);
+  const target = state.kind === "dm" ? { with: state.peer } : active;
+  if (composing.edit) {
+    if (text !== state.messages.get(composing.edit)?.text) client.edit(target, composing.edit, text);
+  } else if (state.kind === "dm") {
+    client.sendTo(state.peer, text, { replyTo: composing.reply });
+  } else {
+    client.send(active, text, { replyTo: composing.reply });
+  }
   input.value = "";
   lastTyping = 0;
+  setComposing({});
 }
 
 $("composer").addEventListener("submit", (event) => {
@@ -447,6 +612,11 @@ $("composer").addEventListener("submit", (event) => {
   sendCurrent();
 });
 $("composer-input").addEventListener("keydown", (event) => {
+  if (event.key === "Escape" && (composing.edit || composing.reply)) {
+    if (composing.edit) $("composer-input").value = "";
+    setComposing({});
+    return;
+  }
   if (event.key === "Enter" && !event.shiftKey && !event.isComposing) {
     event.preventDefault();
     sendCurrent();

@@ -20,13 +20,40 @@ const HEARTBEAT_SLACK_MS = 5_000;
  * - `message`  a room message frame, at most once per id and in id order per room
  * - `direct`   a direct message frame (`to` instead of `room`), at most once per id; after
  *               a reconnect the ones missed meanwhile are fetched and delivered too
- * - `inbox`    {conversations: [{room} | {with, last, unread, read}]} (servers with a store)
+ * - `edited`, `deleted`, `reaction`  an event on a message (`target`), of a room or (`to`) a
+ *               direct conversation: delivered like messages, at most once and in order
+ *               (`applyEvent` applies one to a message frame)
+ * - `receipt`  {room | to, user, id}: `user` has read up to `id`; `receipts` {room, read}
+ * - `inbox`    {conversations: [{room} | {with, last, unread, read, peer_read}]} (servers
+ *               with a store)
  * - `resync`   {room}: messages may be missing; reload the room with `history(room)`;
  *               {to}: direct messages with `to` may be missing (the newest page was
  *               delivered: older ones with `directHistory(to, {before})`)
  * - `presence` a presence frame; `typing` {room, user}
  * - `ack`      {cid, id, duplicate}; `error` an error frame {code, message, ref?, cid?}
  */
+/** The message frame `message` as event `event` (`edited`, `deleted`, `reaction` on it)
+ * leaves it: a new object, as the server's history pages show messages. */
+export function applyEvent(message, event) {
+  const next = { ...message };
+  if (event.type === "edited") {
+    next.text = event.text;
+    next.edited = event.ts;
+  } else if (event.type === "deleted") {
+    next.text = "";
+    next.deleted = true;
+    delete next.reactions;
+    delete next.reply_to;
+  } else if (event.type === "reaction") {
+    const reactions = { ...(next.reactions ?? {}) };
+    const users = (reactions[event.emoji] ?? []).filter((user) => user !== event.user);
+    if (event.on) users.push(event.user);
+    if (users.length) reactions[event.emoji] = users; else delete reactions[event.emoji];
+    if (Object.keys(reactions).length) next.reactions = reactions; else delete next.reactions;
+  }
+  return next;
+}
+
 /** The display name of a user id: a guest's id is its name plus "-" and 16 hex digits. */
 export function displayName(user) {
   return user.replace(/-[0-9a-f]{16}$/, "");
@@ -97,15 +124,31 @@ export class HubbubClient extends EventTarget {
     this._send({ type: "leave", room });
   }
 
-  /** Publish `text` to `room`; resent after a reconnect until acknowledged (the server drops
-   * duplicates by `cid`). Returns the `cid`. */
-  send(room, text) {
-    return this._sendMessage({ type: "send", room, text });
+  /** Publish `text` to `room` (`replyTo`: the id of the message it answers); resent after a
+   * reconnect until acknowledged (the server drops duplicates by `cid`). Returns the `cid`. */
+  send(room, text, { replyTo } = {}) {
+    return this._sendMessage({ type: "send", room, text, ...(replyTo ? { reply_to: replyTo } : {}) });
   }
 
   /** A direct message to every connection of `user`. Returns the `cid`. */
-  sendTo(user, text) {
-    return this._sendMessage({ type: "send", to: user, text });
+  sendTo(user, text, { replyTo } = {}) {
+    return this._sendMessage({ type: "send", to: user, text, ...(replyTo ? { reply_to: replyTo } : {}) });
+  }
+
+  /** Replace the text of your message `id` in `conversation` (a room, or `{with: user}`);
+   * retried like a send. Returns the `cid`. */
+  edit(conversation, id, text) {
+    return this._sendMessage({ type: "edit", ...this._target(conversation), id, text });
+  }
+
+  /** Delete message `id` (yours; anyone's for a moderator). Returns the `cid`. */
+  deleteMessage(conversation, id) {
+    return this._sendMessage({ type: "delete", ...this._target(conversation), id });
+  }
+
+  /** Toggle your reaction `emoji` on message `id`. Returns the `cid`. */
+  react(conversation, id, emoji) {
+    return this._sendMessage({ type: "react", ...this._target(conversation), id, emoji });
   }
 
   /** Tell the room you are typing (call it at most every few seconds). */
@@ -147,8 +190,7 @@ export class HubbubClient extends EventTarget {
   /** Everything up to message `id` is read, in `room` or (`{with: user}`) a direct
    * conversation. Needs a server with a store; the position never moves back. */
   markRead(conversation, id) {
-    const target = typeof conversation === "string" ? { room: conversation } : { with: conversation.with };
-    this._send({ type: "read", ...target, id });
+    this._send({ type: "read", ...this._target(conversation), id });
   }
 
   /** Ask for the inbox again (it also comes by itself after every `hello`). */
@@ -157,6 +199,10 @@ export class HubbubClient extends EventTarget {
   }
 
   // -- internals ------------------------------------------------------------------------
+
+  _target(conversation) {
+    return typeof conversation === "string" ? { room: conversation } : { with: conversation.with };
+  }
 
   _ask(key, frame) {
     return new Promise((resolve, reject) => {
@@ -202,7 +248,7 @@ export class HubbubClient extends EventTarget {
     if (this._seenDirect.size > 1000) this._seenDirect.delete(this._seenDirect.values().next().value);
     const peer = frame.user === this.hello?.user ? frame.to : frame.user;
     if (frame.id > (this.lastDirect.get(peer) ?? 0)) this.lastDirect.set(peer, frame.id);
-    this._emit("direct", frame);
+    this._emit(frame.type === "message" ? "direct" : frame.type, frame);
   }
 
   _open() {
@@ -284,10 +330,14 @@ export class HubbubClient extends EventTarget {
         }
         break;
       case "message":
+      case "edited":
+      case "deleted":
+      case "reaction":
+        // Messages and the events on them share one id sequence per conversation.
         if (frame.room !== undefined) {
           if (frame.id <= (this.lastId.get(frame.room) ?? 0)) return; // already delivered
           this.lastId.set(frame.room, frame.id);
-          this._emit("message", frame);
+          this._emit(frame.type, frame);
         } else {
           this._deliverDirect(frame);
         }
@@ -350,6 +400,8 @@ export class HubbubClient extends EventTarget {
       case "left":
       case "presence":
       case "typing":
+      case "receipt":
+      case "receipts":
       case "authenticated":
         this._emit(frame.type, frame);
         break;
