@@ -131,6 +131,7 @@ APP_ENV = {
 }
 
 SEND_INTERVAL_S = (0.5, 1.0)  # between a client's new sends (uniform)
+EDIT_SHARE = 0.2  # of the sends, how many edit one of the client's messages instead
 MAX_IN_FLIGHT = 8  # unanswered sends per client (the connection's frame burst is 40)
 RESEND_AFTER_S = 10.0  # a send unanswered this long on an open connection is sent again
 BACKOFF_START_S, BACKOFF_CAP_S = 0.15, 2.0
@@ -357,6 +358,7 @@ class ChaosClient:
         self.position: dict[str, int] = {}
         self.pending: dict[str, _Pending] = {}
         self.seq = 0
+        self.mine: dict[str, list[int]] = {}  # room -> ids of this client's acked messages
         self.ws: ClientConnection | None = None
         self.conn = 0
         self.joined: set[str] = set()
@@ -477,7 +479,7 @@ class ChaosClient:
 
     async def _handle(self, frame: dict[str, Any], now: float) -> None:
         kind = frame.get("type")
-        if kind == "message":
+        if kind in ("message", "edited"):  # an edit is numbered in the log like a message
             room = frame.get("room")
             if room is None:
                 return  # a direct message: none are sent here
@@ -493,7 +495,11 @@ class ChaosClient:
             self.run.log.acks.append(
                 Ack(self.name, cid, int(frame["id"]), bool(frame.get("duplicate")), now)
             )
-            self.pending.pop(cid, None)
+            done = self.pending.pop(cid, None)
+            if done is not None and done.send.edit_of is None:
+                mine = self.mine.setdefault(done.send.room, [])
+                mine.append(int(frame["id"]))
+                del mine[:-20]  # edits pick among the newest
             self.run.last_activity = now
         elif kind == "joined":
             self._joined(frame, now)
@@ -534,9 +540,12 @@ class ChaosClient:
                 await self._join(room)  # a join with since on a joined room rejoins it
             return
         ref = frame.get("ref")
-        if ref == "send" and "cid" in frame:
+        if ref in ("send", "edit") and "cid" in frame:
             cid = str(frame["cid"])
             self.run.log.send_errors.append(SendError(self.name, cid, code, now))
+            if code == "not_found":  # the message edited is gone (lost with Redis' data)
+                self.pending.pop(cid, None)
+                return
             pending = self.pending.get(cid)
             if pending is not None:
                 pending.in_flight = False
@@ -588,9 +597,11 @@ class ChaosClient:
             if not self.run.stop_sending and now >= self.next_send:
                 self.seq += 1
                 cid = f"{self.name}-{self.seq}"
-                send = Send(
-                    self.name, self.rng.choice(self.rooms), cid, f"{self.name}#{self.seq}", now
-                )
+                room = self.rng.choice(self.rooms)
+                mine = self.mine.get(room)
+                # One in EDIT_SHARE is an edit of one of its messages: an event in the log.
+                edit_of = self.rng.choice(mine) if mine and self.rng.random() < EDIT_SHARE else None
+                send = Send(self.name, room, cid, f"{self.name}#{self.seq}", now, edit_of)
                 self.run.log.sends.append(send)
                 self.pending[cid] = _Pending(send)
                 self.next_send = now + self.rng.uniform(*SEND_INTERVAL_S)
@@ -616,7 +627,10 @@ class ChaosClient:
             send = pending.send
             if pending.in_flight or pending.due > now or send.room not in self.joined:
                 continue
-            frame = {"type": "send", "room": send.room, "text": send.text, "cid": cid}
+            frame: dict[str, Any] = {"type": "send", "room": send.room, "text": send.text}
+            if send.edit_of is not None:
+                frame = {"type": "edit", "room": send.room, "id": send.edit_of, "text": send.text}
+            frame["cid"] = cid
             if not await self._send_frame(frame):
                 return
             pending.in_flight, pending.sent_at, pending.conn = True, now, self.conn
@@ -963,6 +977,14 @@ async def run_chaos(config: Config) -> tuple[Report, dict[str, Any]]:
         await _quiet(run, clients, 15)
         if database_url is not None:
             facts["store"] = await _check_store(redis, database_url, log)
+        edits = {(s.client, s.cid) for s in log.sends if s.edit_of is not None}
+        facts["edits"] = {
+            "sent": len(edits),
+            "acked": len({(a.client, a.cid) for a in log.acks} & edits),
+            "not_found": sum(
+                1 for e in log.send_errors if e.code == "not_found" and (e.client, e.cid) in edits
+            ),
+        }
         failed = False
     finally:
         run.closing = True
@@ -1068,6 +1090,13 @@ def main(argv: list[str] | None = None) -> int:
     missed = [f.name for f in report.faults if not f.happened]
     if missed:
         sys.stdout.write(f"\nFaults that did not take effect: {', '.join(missed)}\n")
+    edits = facts.get("edits")
+    if edits:
+        sys.stdout.write(
+            f"\nEdits (events in the rooms' logs, checked like messages): {edits['sent']} sent, "
+            f"{edits['acked']} acked, {edits['not_found']} refused not_found (the message was "
+            "lost with an emptied Redis)\n"
+        )
     store = facts.get("store")
     if store is not None:
         sys.stdout.write(

@@ -3,11 +3,12 @@
 Pure: no I/O, no clock. :func:`check` takes what the clients of a run recorded (a
 :class:`RunLog`) and returns a :class:`Report`; ``loadtest/chaos.py`` records and prints.
 
-The promise under test: a room message is delivered to every member of its room, live or by
-recovery after a reconnect (a ``join`` with ``since`` answered ``"recovered": true``), or the
-member is told — a ``joined`` with ``"recovered": false`` (a *reported gap*), an ``error``
-frame ``resync`` for the room, or, for its own ``send``, an ``error`` frame answering it.
-Never lost silently.
+The promise under test: a room message (or an event on one: the run edits messages, and
+each ``edited`` frame has its own id in the room's log) is delivered to every member of its
+room, live or by recovery after a reconnect (a ``join`` with ``since`` answered
+``"recovered": true``), or the member is told — a ``joined`` with ``"recovered": false`` (a
+*reported gap*), an ``error`` frame ``resync`` for the room, or, for its own ``send``, an
+``error`` frame answering it. Never lost silently.
 
 The model, per client and room (a *membership*):
 
@@ -67,13 +68,16 @@ SAMPLES = 12
 @dataclass(frozen=True, slots=True)
 class Send:
     """A logical send: one ``cid`` (every retry of it reuses cid and text), first sent at
-    ``at``."""
+    ``at``; with ``edit_of``, an ``edit`` of the client's message of that id, whose ``edited``
+    event is numbered in the room's log like a message (and checked like one: its ``text``
+    is the new text)."""
 
     client: str
     room: str
     cid: str
     text: str
     at: float
+    edit_of: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

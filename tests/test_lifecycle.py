@@ -19,7 +19,13 @@ from app.lifecycle import Kind
 from app.store.messages import StoredMessage
 from tests.helpers import ChatClient, LiveServer, make_settings, run_server
 from tests.processes import RedisServer
-from tests.test_durable import chat_server, connected, store_of, wait_stored
+from tests.test_durable import (
+    chat_server,
+    connected,
+    redis_and_postgres,
+    store_of,
+    wait_stored,
+)
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -325,3 +331,36 @@ async def test_a_moderator_deletes_anyones_message(tmp_path: Path) -> None:
             await mo.send({"type": "delete", "room": "lobby", "id": first})
             deleted = await next_of(ada, "deleted")
             assert (deleted["target"], deleted["user"]) == (first, "mo")
+
+
+async def test_events_cross_servers_and_are_recovered_after_a_reconnect(tmp_path: Path) -> None:
+    """Two servers (two pods) on one Redis and one PostgreSQL: an edit and a reaction made on
+    one reach the other live; what bob missed while away (an edit, a deletion) is replayed
+    to him on the other server by a join with `since`, in order."""
+    async with redis_and_postgres() as (redis, _, url):
+        settings = make_settings(redis_url=redis.url, database_url=url)
+        async with run_server(settings) as one, run_server(settings) as two:
+            async with client(one, "ada") as ada:
+                await ada.join("lobby")
+                async with client(two, "bob") as bob:
+                    await bob.join("lobby")
+                    first = await acked(
+                        ada, {"type": "send", "room": "lobby", "text": "a", "cid": 1}
+                    )
+                    assert (await next_of(bob, "message"))["id"] == first
+                    await ada.send({"type": "edit", "room": "lobby", "id": first, "text": "b"})
+                    assert (await next_of(bob, "edited"))["text"] == "b"
+                    await bob.send({"type": "react", "room": "lobby", "id": first, "emoji": "✓"})
+                    position = (await next_of(ada, "reaction"))["id"]
+                    assert (await next_of(bob, "reaction"))["id"] == position
+                skip = ("message", "edited", "reaction", "deleted")
+                edit = {"type": "edit", "room": "lobby", "id": first, "text": "c", "cid": "e"}
+                edited = await acked(ada, edit, skip)
+                deleted = await acked(ada, {"type": "delete", "room": "lobby", "id": first,
+                                            "cid": "d"}, skip)  # fmt: skip
+            async with client(two, "bob") as bob:
+                await bob.send({"type": "join", "room": "lobby", "since": position})
+                assert (await bob.expect("joined"))["recovered"] is True
+                replayed = [await next_of(bob, kind) for kind in ("edited", "deleted")]
+                assert [f["id"] for f in replayed] == [edited, deleted]
+                assert replayed[0]["text"] == "c"
