@@ -36,8 +36,15 @@ messages: Final = Table(
 )
 # Retention deletes by time.
 Index("ix_messages_ts_ms", messages.c.ts_ms)
-# A page of history folds the events on its messages.
-Index("ix_messages_conversation_target", messages.c.conversation, messages.c.target)
+# A page of history folds the events on its messages. Partial: most rows are messages that
+# answer nothing, and archiving them would maintain the index for nothing.
+Index(
+    "ix_messages_conversation_target",
+    messages.c.conversation,
+    messages.c.target,
+    postgresql_where=messages.c.target.is_not(None),
+    sqlite_where=messages.c.target.is_not(None),
+)
 
 # What each user has read: the id of the newest message they have seen in a conversation
 # (unread counts are the messages after it).
