@@ -112,7 +112,8 @@ def inbox_entry(entry: InboxEntry, user: str) -> dict[str, Any]:
     item: dict[str, Any] = (
         {"with": peer(conversation, user)} if is_direct(conversation) else {"room": conversation}
     )
-    item["last"] = None if entry.last is None else orjson.loads(frame_of(entry.last))
+    last = None if entry.last is None else with_state(frame_of(entry.last), entry.last_state)
+    item["last"] = None if last is None else orjson.loads(last)
     item["unread"] = entry.unread
     item["read"] = entry.last_read
     if is_direct(conversation):

@@ -192,6 +192,11 @@ async def test_edit_delete_react_reply_live_replayed_and_in_history(
                 first: {"text": "hello", "edited": edited["ts"], "reactions": {"🎉": ["bob"]}},
                 reply: {"deleted": True},
             }
+            # The inbox's newest message is shown as it is now too.
+            await bob.send({"type": "inbox"})
+            inbox = await next_of(bob, "inbox")
+            last = inbox["conversations"][0]["last"]
+            assert (last["id"], last["deleted"], last["text"]) == (reply, True, "")
 
 
 @pytest.mark.parametrize("kind", ["embedded", "redis-postgres"])

@@ -14,13 +14,14 @@ Contract:
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from sqlalchemy import and_, func, select, tuple_
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.conversation import is_direct
-from app.lifecycle import Kind
+from app.lifecycle import Kind, fold
 from app.store.database import StoreError
 from app.store.messages import DATABASE_ERRORS, StoredMessage, insert_ignoring_duplicates
 from app.store.schema import messages, participants, read_state
@@ -37,6 +38,7 @@ class InboxEntry:
     last_read: int
     unread: int
     peer_read: int = 0
+    last_state: dict[str, Any] | None = None  # what events did to ``last`` (app.lifecycle)
 
 
 class Inbox:
@@ -127,6 +129,7 @@ class Inbox:
                 rows = (await connection.execute(query)).all()
                 keys = [(row[0], row[2]) for row in rows if row[2] is not None]
                 last: dict[str, StoredMessage] = {}
+                states: dict[str, dict[int, dict[str, Any]]] = {}
                 if keys:
                     found = await connection.execute(
                         select(messages).where(
@@ -134,6 +137,21 @@ class Inbox:
                         )
                     )
                     last = {row[0]: StoredMessage._make(row) for row in found.all()}
+                    events = await connection.execute(
+                        select(messages)
+                        .where(
+                            tuple_(messages.c.conversation, messages.c.target).in_(keys),
+                            messages.c.kind != Kind.MESSAGE,
+                        )
+                        .order_by(messages.c.id)
+                    )
+                    by_conversation: dict[str, list[StoredMessage]] = {}
+                    for row in events.all():
+                        by_conversation.setdefault(row[0], []).append(StoredMessage._make(row))
+                    states = {
+                        c: fold((e.target, Kind(e.kind), e.user, e.text, e.ts_ms) for e in rows)  # type: ignore[misc]
+                        for c, rows in by_conversation.items()
+                    }
                 direct = [row[0] for row in rows if is_direct(row[0])]
                 peers: dict[str, int] = {}
                 if direct:
@@ -152,8 +170,9 @@ class Inbox:
                 int(read),
                 int(count),
                 peers.get(conversation, 0),
+                states.get(conversation, {}).get(newest) if newest is not None else None,
             )
-            for conversation, read, _, count in rows
+            for conversation, read, newest, count in rows
         ]
 
     async def positions(self, conversation: str, limit: int) -> dict[str, int]:
