@@ -15,6 +15,7 @@ from app.conversation import direct
 from app.errors import BrokerUnavailable
 from app.history import HistoryUnavailable, inbox_entry
 from app.protocol import ROOM_PATTERN, USER_PATTERN
+from app.rooms import RoomError
 from app.session import serve
 from app.state import ChatState
 from app.store.database import StoreError
@@ -63,7 +64,7 @@ async def room_messages(
     In ``jwt`` mode it takes the same token as the socket (``Authorization: Bearer``; 401
     without a valid one) and honours its rooms claim (403)."""
     state = _state(request)
-    reader = _authorize_room(state, request, room)
+    reader = await _authorize_room(state, request, room)
     return await _page(state, reader, room, b'{"room":' + orjson.dumps(room), before, limit)
 
 
@@ -127,14 +128,24 @@ def _token_user(state: ChatState, request: Request) -> str:
     return _bearer_identity(state, request).user
 
 
-def _authorize_room(state: ChatState, request: Request, room: str) -> str:
-    """Raise 401/403 unless the request may read ``room`` (only in ``jwt`` mode); return who
-    reads, for the quota: the user, or (without tokens) the client address."""
+async def _authorize_room(state: ChatState, request: Request, room: str) -> str:
+    """Raise 401/403 unless the request may read ``room``: in ``jwt`` mode its token's rooms
+    claim, and for a private room its membership (a private room's history needs a token:
+    403 in other modes). Return who reads, for the quota: the user, or the client address."""
+    try:
+        record = await state.rooms.record(room)
+    except RoomError as exc:
+        raise HTTPException(503, exc.message) from None
+    private = record is not None and record.room.private
     if state.authenticator is None:
+        if private:
+            raise HTTPException(403, f"room {room!r} is private: its history needs a token")
         return f"address:{request.client.host if request.client else '-'}"
     identity = _bearer_identity(state, request)
     if not identity.may_use(room):
         raise HTTPException(403, f"your token does not allow room {room!r}")
+    if private and record is not None and identity.user not in record.members:
+        raise HTTPException(403, f"room {room!r} is private: members only")
     return identity.user
 
 

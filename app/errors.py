@@ -73,6 +73,7 @@ class ErrorCode(StrEnum):
     STORE_UNAVAILABLE = "store_unavailable"
     NO_STORE = "no_store"
     NOT_FOUND = "not_found"
+    EXISTS = "exists"
 
 
 class FrameError(Exception):

@@ -24,7 +24,7 @@ import logging
 import math
 import time
 from collections import Counter
-from collections.abc import Container
+from collections.abc import Callable, Container
 from dataclasses import dataclass, field
 
 from app.broker import Broker, History
@@ -32,7 +32,7 @@ from app.connection import Connection
 from app.errors import BrokerUnavailable, CloseCode, ErrorCode
 from app.ops.metrics import HubSnapshot, Metrics
 from app.presence import Presence
-from app.protocol import error_frame, joined_frame
+from app.protocol import error_frame, joined_frame, left_frame
 from app.replay import HistoryPages, HistorySource, Pacing, Replay, retrieve_exception
 from app.transport.budget import OutboxBudget
 
@@ -82,6 +82,8 @@ class Hub:
         self.pages = HistoryPages(history or broker, pacing.page)
         self.connections: set[Connection] = set()
         self.draining = False
+        # Told of every room whose record changed (None: any may have: app.rooms rechecks).
+        self.rooms_changed: Callable[[str | None], None] = lambda room: None
         # Every outbox of this worker counts here (app.transport.budget); over it, the slowest
         # are cut.
         self.outbox_budget = OutboxBudget(outbox_budget_bytes, self._cut_slowest_consumers)
@@ -147,6 +149,7 @@ class Hub:
         if self._linked.is_set():
             return  # the first subscription: nothing was lost
         self._linked.set()
+        self.rooms_changed(None)  # notices of room changes may have been missed too
         notice = "direct messages sent while this server was disconnected may be missing"
         for user, conns in self._users.items():
             error = error_frame(ErrorCode.RESYNC, notice, {"to": user})
@@ -170,6 +173,28 @@ class Hub:
             if message_id is not None:
                 self._metrics.delivered_since_sync += len(conns)
                 self._metrics.sample_fanout(message_id)
+
+    def room_changed(self, room: str, removed: str | None) -> None:
+        """A room's record changed (:mod:`app.rooms` forgets it); ``removed``'s connections
+        here leave the room, each told with ``left`` (reason ``removed``)."""
+        self.rooms_changed(room)
+        if removed is None:
+            return
+        for conn in list(self._users.get(removed, ())):
+            if room in conn.rooms:
+                task = asyncio.ensure_future(self.expel(conn, room))
+                task.add_done_callback(retrieve_exception)
+
+    async def expel(self, conn: Connection, room: str) -> None:
+        """Take ``conn`` out of ``room`` (no longer a member) and tell it."""
+        if room in conn.rooms:
+            await self.leave(conn, room)
+            conn.offer(left_frame(room, "removed"))
+
+    def members_here(self, room: str) -> list[Connection]:
+        """This worker's connections in ``room`` (live or catching up)."""
+        state = self._rooms.get(room)
+        return [] if state is None else [*state.members, *state.behind]
 
     def kick(self, user: str, reason: str, issued_at: float | None = None) -> None:
         """Close every local connection of ``user`` with 4003 (moderation); with
@@ -403,6 +428,9 @@ class Hub:
     def rooms_here(self) -> Container[str]:
         """Rooms with a connection of this worker in them."""
         return self._rooms.keys()
+
+    def rooms_here_names(self) -> list[str]:
+        return list(self._rooms)
 
     @property
     def behind_count(self) -> int:

@@ -35,6 +35,7 @@ from app.page import mount_page
 from app.presence import create_presence
 from app.redisio import redis_seam
 from app.replay import Pacing
+from app.rooms import RoomDirectory
 from app.settings import Settings, load_settings
 from app.state import ChatState
 from app.store.running import RunningStore
@@ -98,9 +99,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         authenticator = Authenticator(settings) if settings.auth_mode == "jwt" else None
         origins = OriginPolicy(settings.allowed_origins)
         pending_auth = PendingAuth(settings.max_pending_auth, settings.max_pending_auth_per_address)
+        rooms = RoomDirectory(store.rooms if store else None, broker, hub, settings)
         state = ChatState(
             settings, broker, hub, presence, metrics, quotas, origins, authenticator,
-            pending_auth, history, store,
+            pending_auth, history, store, rooms,
         )  # fmt: skip
         app.state.chat = state
         if store is not None:

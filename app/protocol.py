@@ -165,6 +165,52 @@ class InboxRequest(_Frame):
     type: Literal["inbox"]
 
 
+Title = Annotated[str, StringConstraints(max_length=200)]
+Topic = Annotated[str, StringConstraints(max_length=1000)]
+
+
+class CreateRoom(_Frame):
+    """A new room with the sender as its owner: ``private`` ones admit members only."""
+
+    type: Literal["create"]
+    room: RoomName
+    private: bool = False
+    title: Title = ""
+    topic: Topic = ""
+
+
+class DescribeRoom(_Frame):
+    """Change a room's title and/or topic (its owner or an admin)."""
+
+    type: Literal["describe"]
+    room: RoomName
+    title: Title | None = None
+    topic: Topic | None = None
+
+
+class Invite(_Frame):
+    """Make ``user`` a member of ``room`` (or change its role)."""
+
+    type: Literal["invite"]
+    room: RoomName
+    user: UserName
+    role: Literal["member", "admin"] = "member"
+
+
+class Remove(_Frame):
+    """Take ``user`` out of ``room``'s members (yourself: leave it for good)."""
+
+    type: Literal["remove"]
+    room: RoomName
+    user: UserName
+
+
+class RoomsRequest(_Frame):
+    """The rooms you are a member of."""
+
+    type: Literal["rooms"]
+
+
 ClientFrame = (
     Join
     | Leave
@@ -179,13 +225,18 @@ ClientFrame = (
     | Edit
     | Delete
     | React
+    | CreateRoom
+    | DescribeRoom
+    | Invite
+    | Remove
+    | RoomsRequest
 )
 _CLIENT_FRAME: Final[TypeAdapter[ClientFrame]] = TypeAdapter(
     Annotated[ClientFrame, Field(discriminator="type")]
 )
 CLIENT_TYPES: Final = (
     "join", "leave", "send", "typing", "auth", "ping", "pong", "history", "read", "inbox",
-    "edit", "delete", "react",
+    "edit", "delete", "react", "create", "describe", "invite", "remove", "rooms",
 )  # fmt: skip
 
 
@@ -405,8 +456,34 @@ def inbox_frame(conversations: list[dict[str, Any]]) -> str:
     return encode({"type": "inbox", "conversations": conversations})
 
 
-def left_frame(room: str) -> str:
-    return encode({"type": "left", "room": room})
+def room_frame(record: dict[str, Any]) -> str:
+    """``room``: a room's record (``room``, ``private``, ``title``, ``topic``, your ``role``)."""
+    return encode({"type": "room", **record})
+
+
+def rooms_frame(records: list[dict[str, Any]]) -> str:
+    """``rooms``: the rooms you are a member of."""
+    return encode({"type": "rooms", "rooms": records})
+
+
+def member_frame(room: str, user: str, event: str, role: str | None, by: str | None) -> bytes:
+    """``member``: ``user`` was ``added`` to (or ``removed`` from) ``room``'s members."""
+    return orjson.dumps(
+        {"type": "member", "room": room, "event": event, "user": user, "role": role, "by": by}
+    )
+
+
+def invited_frame(record: dict[str, Any], by: str | None) -> bytes:
+    """``invited``: you are now a member of a room (to your connections)."""
+    return orjson.dumps({"type": "invited", **record, "by": by})
+
+
+def left_frame(room: str, reason: str | None = None) -> str:
+    """``left``: the connection is out of ``room`` (``reason`` when the server took it out:
+    ``removed`` from a private room's members)."""
+    if reason is None:
+        return encode({"type": "left", "room": room})
+    return encode({"type": "left", "room": room, "reason": reason})
 
 
 def ack_frame(cid: str | int | None, message_id: int, duplicate: bool) -> str:

@@ -39,15 +39,20 @@ from app.presence import RoomPresence
 from app.protocol import (
     PONG_FRAME,
     Auth,
+    CreateRoom,
     Delete,
+    DescribeRoom,
     Edit,
     HistoryRequest,
     InboxRequest,
+    Invite,
     Join,
     Leave,
     Ping,
     React,
     Read,
+    Remove,
+    RoomsRequest,
     Send,
     Typing,
     ack_frame,
@@ -61,11 +66,15 @@ from app.protocol import (
     parse_client_frame,
     receipt_frame,
     receipts_frame,
+    room_frame,
+    rooms_frame,
     typing_frame,
 )
+from app.rooms import RoomError, RoomRecord
 from app.settings import Settings
 from app.state import ChatState
 from app.store.database import StoreError
+from app.store.rooms import Role
 from app.store.running import RunningStore
 from app.transport.outbox import Outbox
 from app.transport.uvicorn_seam import FALLBACK_NO_PROTOCOL, DirectSocket
@@ -121,6 +130,8 @@ class Session:
                 await self._read(frame)
             elif isinstance(frame, Edit | Delete | React):
                 await self._change(frame)
+            elif isinstance(frame, CreateRoom | DescribeRoom | Invite | Remove | RoomsRequest):
+                await self._manage(frame)
             elif isinstance(frame, InboxRequest):
                 if not await self._state.quotas.allow("history", self.conn.user):
                     raise FrameError(ErrorCode.RATE_LIMITED, "too many inbox reads, slow down")
@@ -144,6 +155,7 @@ class Session:
             )
         if not conn.identity.may_use(frame.room):
             raise FrameError(ErrorCode.FORBIDDEN, f"your token does not allow room {frame.room!r}")
+        record = await self._room_for(frame.room)
         if not await self._state.quotas.allow("join", conn.user):  # rejoins cost the same
             raise FrameError(ErrorCode.RATE_LIMITED, "too many joins, slow down")
         creates = not rejoin and not await self._room_exists(frame.room)
@@ -157,7 +169,55 @@ class Session:
             await self._hub.join(conn, frame.room, frame.since)
         except BrokerUnavailable:
             raise FrameError(ErrorCode.BROKER_UNAVAILABLE, "cannot join now, try again") from None
+        if record is not None:
+            role = record.members.get(conn.user)
+            conn.offer(room_frame(record.describe(role, members=role is not None)))
         await self._send_receipts(frame.room)
+
+    async def _room_for(self, room: str) -> RoomRecord | None:
+        """``room``'s record, refusing (``forbidden``) a private room the user is not a
+        member of."""
+        try:
+            record = await self._state.rooms.record(room)
+        except RoomError as exc:
+            raise FrameError(exc.code, exc.message) from None
+        if record is not None and record.room.private and self.conn.user not in record.members:
+            raise FrameError(
+                ErrorCode.FORBIDDEN, f"room {room!r} is private: ask its owner for an invitation"
+            )
+        return record
+
+    async def _manage(
+        self, frame: CreateRoom | DescribeRoom | Invite | Remove | RoomsRequest
+    ) -> None:
+        """Rooms with a record (:mod:`app.rooms`): create one, describe it, add or remove a
+        member, list yours. Answered with the room as it is now (``room``; ``rooms``)."""
+        conn, rooms = self.conn, self._state.rooms
+        if isinstance(frame, RoomsRequest):
+            try:
+                conn.offer(rooms_frame(await rooms.rooms_of(conn.user)))
+            except RoomError as exc:
+                raise FrameError(exc.code, exc.message) from None
+            return
+        if not conn.identity.may_use(frame.room):
+            raise FrameError(ErrorCode.FORBIDDEN, f"your token does not allow room {frame.room!r}")
+        try:
+            if isinstance(frame, CreateRoom):
+                if not await self._state.quotas.allow("new_room", conn.user):
+                    raise FrameError(ErrorCode.RATE_LIMITED, "too many new rooms, slow down")
+                record = await rooms.create(
+                    frame.room, conn.user, frame.private, frame.title, frame.topic
+                )
+            elif isinstance(frame, DescribeRoom):
+                record = await rooms.describe(frame.room, conn.user, frame.title, frame.topic)
+            elif isinstance(frame, Invite):
+                record = await rooms.add(frame.room, frame.user, Role(frame.role), conn.user)
+            else:
+                record = await rooms.remove(frame.room, frame.user, conn.user)
+        except RoomError as exc:
+            raise FrameError(exc.code, exc.message) from None
+        role = record.members.get(conn.user)
+        conn.offer(room_frame(record.describe(role, members=role is not None)))
 
     async def _send_receipts(self, room: str) -> None:
         """``receipts`` after ``joined``: where the room's readers are (with a store and read
@@ -225,20 +285,21 @@ class Session:
             conn.offer(left_frame(room))
         conn.offer(authenticated_frame(identity.user, identity.expires_at))
 
-    def _conversation(self, frame: HistoryRequest | Read | Edit | Delete | React) -> str:
+    async def _conversation(self, frame: HistoryRequest | Read | Edit | Delete | React) -> str:
         """The conversation a frame names, if this user may read it."""
         if frame.room is not None:
             if not self.conn.identity.may_use(frame.room):
                 raise FrameError(
                     ErrorCode.FORBIDDEN, f"your token does not allow room {frame.room!r}"
                 )
+            await self._room_for(frame.room)
             return frame.room
         assert frame.peer is not None  # the model guarantees room xor with
         return direct(self.conn.user, frame.peer)
 
     async def _history(self, frame: HistoryRequest) -> None:
         """A page of history (rooms need not be joined: the token's rooms are what counts)."""
-        conversation = self._conversation(frame)
+        conversation = await self._conversation(frame)
         if not await self._state.quotas.allow("history", self.conn.user):
             raise FrameError(ErrorCode.RATE_LIMITED, "too many history reads, slow down")
         limit = min(frame.limit, self.settings.history_page_max)
@@ -273,7 +334,7 @@ class Session:
         ``receipt`` to the conversation's members (a room's, or both users of a direct one),
         unless receipts are off or the frame says ``receipt: false``. Nothing else is sent
         back. Receipts are best effort: at most once, dropped while the broker is down."""
-        conversation = self._conversation(frame)
+        conversation = await self._conversation(frame)
         user = self.conn.user
         if not await self._state.quotas.allow("read", user):
             raise FrameError(ErrorCode.RATE_LIMITED, "too many read frames, slow down")
@@ -328,7 +389,7 @@ class Session:
         is not deleted, and this user may), then published as an event in the conversation's
         log (:mod:`app.lifecycle`), acked like a message when it carries a ``cid``."""
         conn = self.conn
-        conversation = self._conversation(frame)
+        conversation = await self._conversation(frame)
         if frame.room is not None and frame.room not in conn.rooms:
             raise FrameError(ErrorCode.NOT_JOINED, f"join room {frame.room!r} first")
         settings = self.settings

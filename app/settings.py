@@ -421,6 +421,16 @@ class Settings(BaseSettings):
     user_read_burst: int = Field(
         10, ge=1, description="`read` frames a user may send in a burst (error `rate_limited`)."
     )
+    room_cache_s: float = Field(
+        30.0,
+        gt=0,
+        description="How long a worker keeps a room's record (private, members, title) before "
+        "reading it again; changes are announced to every worker at once, this bounds what a "
+        "lost announcement costs.",
+    )
+    max_rooms_listed: int = Field(
+        500, ge=1, description="Most rooms a `rooms` frame (a user's memberships) lists."
+    )
     read_receipts: bool = Field(
         True,
         description="Relay read positions to the conversation's members (`receipt` frames, and "

@@ -14,6 +14,7 @@ from app.history import ConversationHistory
 from app.hub import Hub
 from app.ops.metrics import Metrics
 from app.presence import Presence
+from app.rooms import RoomDirectory
 from app.settings import Settings
 from app.store.running import RunningStore
 from app.transport.flusher import Flusher
@@ -32,6 +33,7 @@ class ChatState:
     pending_auth: PendingAuth  # sockets waiting to send their token
     history: ConversationHistory  # the broker's history, continued into the store
     store: RunningStore | None  # None without CHAT_DATABASE_URL
+    rooms: RoomDirectory  # private rooms, members and roles (public-only without a store)
     failed_logins: FailedLogins = field(
         default_factory=lambda: FailedLogins(MAX_FAILURES, FAILURE_WINDOW_S)
     )

@@ -29,6 +29,7 @@ class Recorder:
         self.rooms: list[tuple[str, int | None, bytes]] = []
         self.users: list[tuple[str, int | None, bytes]] = []
         self.kicks: list[tuple[str, str]] = []
+        self.room_notices: list[tuple[str, str | None]] = []
 
     def deliver_room(self, room: str, message_id: int | None, payload: bytes) -> None:
         self.rooms.append((room, message_id, payload))
@@ -37,6 +38,9 @@ class Recorder:
         self.users.append((user, message_id, payload))
 
     def link_lost(self) -> None: ...
+
+    def room_changed(self, room: str, removed: str | None) -> None:
+        self.room_notices.append((room, removed))
 
     def resubscribed(self) -> None: ...
 

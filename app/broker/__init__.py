@@ -42,6 +42,13 @@ class BrokerHandler(Protocol):
         was asked for: messages published from now on are delivered live."""
         ...
 
+    def room_changed(self, room: str, removed: str | None) -> None:
+        """``room``'s record (privacy, members, title) changed on some server: forget what
+        was read of it; ``removed``: that user is no longer a member, so its connections
+        here leave the room. Missed while the subscription was lost: :meth:`resubscribed`
+        stands for every room."""
+        ...
+
     def kick(self, user: str, reason: str, issued_at: float | None = None) -> None:
         """Close every local connection of ``user`` (moderation, from any server); with
         ``issued_at`` (epoch seconds: a kick this worker missed live and learns of later),
@@ -191,6 +198,12 @@ class Broker(Protocol):
     async def notify_user(self, user: str, payload: bytes) -> None:
         """Deliver ``payload`` (an encoded frame without an id: a read receipt) to ``user``'s
         connections on every worker: not stored, not numbered, at most once."""
+        ...
+
+    async def room_changed(self, room: str, removed: str | None = None) -> None:
+        """Tell every worker (this one too) that ``room``'s record changed
+        (:meth:`BrokerHandler.room_changed`): at most once; a worker that misses it while
+        unsubscribed learns it from :meth:`BrokerHandler.resubscribed`."""
         ...
 
     async def kick(self, user: str, reason: str) -> None:

@@ -218,6 +218,9 @@ class MemoryBroker:
     async def kick(self, user: str, reason: str) -> None:
         self._running().kick(user, reason)
 
+    async def room_changed(self, room: str, removed: str | None = None) -> None:
+        self._running().room_changed(room, removed)
+
     async def broadcast(self, room: str, payload: bytes) -> None:
         handler = self._running()
         if room in self._rooms:

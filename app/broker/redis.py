@@ -71,6 +71,7 @@ class RedisBroker:
         self._room_prefix = f"{self._prefix}:r:".encode()
         self._user_prefix = f"{self._prefix}:u:".encode()
         self._moderation_bytes = self._moderation_channel.encode()
+        self._rooms_bytes = self._rooms_channel.encode()
         self._control_bytes = self._control_channel.encode()
         self._confirmations: dict[bytes, asyncio.Future[None]] = {}
         self._ready = False
@@ -94,6 +95,10 @@ class RedisBroker:
     @property
     def _moderation_channel(self) -> str:
         return f"{self._prefix}:mod"
+
+    @property
+    def _rooms_channel(self) -> str:
+        return f"{self._prefix}:rooms"
 
     @property
     def _control_channel(self) -> str:
@@ -186,7 +191,9 @@ class RedisBroker:
             channels = [self._room_channel(r) for r in self._rooms]
             channels += [self._user_channel(u) for u in self._users]
             # The control channel goes last: its confirmation means all the others are done.
-            subscription.subscribe(*channels, self._moderation_channel, self._control_channel)
+            subscription.subscribe(
+                *channels, self._moderation_channel, self._rooms_channel, self._control_channel
+            )
             raise await subscription.lost
         finally:
             self._subscription = None
@@ -205,6 +212,9 @@ class RedisBroker:
             elif channel.startswith(self._user_prefix):
                 user = channel[len(self._user_prefix) :].decode()
                 handler.deliver_user(user, message_id_of(data), data)
+            elif channel == self._rooms_bytes:
+                notice = orjson.loads(data)
+                handler.room_changed(notice["room"], notice.get("removed"))
             elif channel == self._moderation_bytes:
                 order = orjson.loads(data)
                 handler.kick(order["user"], order["reason"])
@@ -469,6 +479,10 @@ class RedisBroker:
         ttl_ms = int(self._settings.history_ttl_s * 1000)
         await call_redis(lambda: self._redis.set(self._kick_key(user), order, px=ttl_ms))
         await call_redis(lambda: self._redis.publish(self._moderation_channel, order))
+
+    async def room_changed(self, room: str, removed: str | None = None) -> None:
+        notice = orjson.dumps({"room": room, "removed": removed})
+        await call_redis(lambda: self._redis.publish(self._rooms_channel, notice))
 
     async def _missed_kicks(self) -> None:
         """After an outage: apply the kicks of local users this worker may have missed."""

@@ -22,6 +22,7 @@ from app.store.archiver import Archiver, ArchiveStats
 from app.store.database import StoreError, engine_for, migrate
 from app.store.inbox import Inbox
 from app.store.messages import MessageStore
+from app.store.rooms import RoomStore
 
 logger = logging.getLogger(__name__)
 
@@ -36,6 +37,7 @@ class RunningStore:
         self.engine = engine_for(settings.database_url, settings.database_timeout_s)
         self.messages = MessageStore(self.engine)
         self.inbox = Inbox(self.engine)
+        self.rooms = RoomStore(self.engine)
         # The embedded broker's archiver; the Redis broker's is a StreamArchiver.
         self.archiver: Archiver | None = None
         self._stats: Callable[[], ArchiveStats] = ArchiveStats

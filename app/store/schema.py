@@ -5,7 +5,17 @@ from __future__ import annotations
 
 from typing import Final
 
-from sqlalchemy import BigInteger, Column, Index, MetaData, SmallInteger, String, Table, Text
+from sqlalchemy import (
+    BigInteger,
+    Boolean,
+    Column,
+    Index,
+    MetaData,
+    SmallInteger,
+    String,
+    Table,
+    Text,
+)
 
 # Constraint names spelled out, so that migrations can refer to them on every database.
 metadata: Final = MetaData(
@@ -64,3 +74,29 @@ participants: Final = Table(
     Column("user", String(100), primary_key=True),
     Column("conversation", String(200), primary_key=True),
 )
+
+# Rooms made explicitly (a `create` frame, the backend API): a public room needs no row (any
+# room a token allows can be joined); a private one is open to its members only. Rooms made
+# by joining them have no row until someone gives them a title.
+rooms: Final = Table(
+    "rooms",
+    metadata,
+    Column("name", String(64), primary_key=True),
+    Column("private", Boolean, nullable=False),
+    Column("title", String(200), nullable=False, server_default=""),
+    Column("topic", Text, nullable=False, server_default=""),
+    Column("created_by", String(100), nullable=False),
+    Column("created_ms", BigInteger, nullable=False),
+)
+
+# Who belongs to a room, and as what: owner, admin or member (app.rooms).
+members: Final = Table(
+    "members",
+    metadata,
+    Column("room", String(64), primary_key=True),
+    Column("user", String(100), primary_key=True),
+    Column("role", String(10), nullable=False),
+    Column("added_ms", BigInteger, nullable=False),
+)
+# The rooms of a user.
+Index("ix_members_user", members.c.user)

@@ -1,0 +1,130 @@
+"""Private rooms with members and roles, on real servers: the embedded setup (SQLite) and two
+servers (two pods) on one Redis and one PostgreSQL, where a removal on one takes the member's
+socket out of the room on the other at once."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import httpx2 as httpx
+import pytest
+
+from tests.helpers import ChatClient, LiveServer, make_settings, run_server
+from tests.test_durable import connected, redis_and_postgres
+
+pytestmark = pytest.mark.timeout(120)
+
+
+@contextlib.asynccontextmanager
+async def two_servers(kind: str, tmp_path: Path) -> AsyncIterator[tuple[LiveServer, LiveServer]]:
+    """``embedded``: one server (memory broker, SQLite) twice; ``redis``: two servers on one
+    Redis and one PostgreSQL."""
+    if kind == "embedded":
+        settings = make_settings(database_url=f"sqlite:///{tmp_path}/data/chat.db")
+        async with run_server(settings) as live:
+            yield live, live
+        return
+    async with redis_and_postgres() as (redis, _, url):
+        settings = make_settings(redis_url=redis.url, database_url=url)
+        async with run_server(settings) as one, run_server(settings) as two:
+            yield one, two
+
+
+async def answer(c: ChatClient, frame: dict[str, Any], kind: str) -> dict[str, Any]:
+    """Send ``frame``; the next frame of type ``kind`` or ``error`` (live notices skipped)."""
+    await c.send(frame)
+    while True:
+        got = await c.next_frame(skip=("ping", "presence", "member", "invited", "receipts"))
+        if got["type"] in (kind, "error"):
+            return got
+
+
+@pytest.mark.parametrize("kind", ["embedded", "redis"])
+async def test_private_rooms_admit_members_only_and_removal_is_immediate_everywhere(
+    kind: str, tmp_path: Path
+) -> None:
+    async with (
+        two_servers(kind, tmp_path) as (one, two),
+        connected(one.ws_url("ada")) as ada,
+        connected(two.ws_url("bob")) as bob,
+        connected(two.ws_url("cy")) as cy,
+    ):
+        create = {"type": "create", "room": "secret", "private": True, "title": "Plans"}
+        room = await answer(ada, create, "room")
+        assert room == {
+            "type": "room", "room": "secret", "private": True, "title": "Plans", "topic": "",
+            "role": "owner", "members": {"ada": "owner"},
+        }  # fmt: skip
+        assert (await answer(bob, create, "room"))["code"] == "exists"
+        await cy.join("lobby")  # a room in use cannot be taken over
+        error = await answer(ada, {"type": "create", "room": "lobby", "private": True}, "room")
+        assert error["code"] == "exists"
+
+        # Not a member: no join, no history (socket or HTTP), no events.
+        for frame in (
+            {"type": "join", "room": "secret"},
+            {"type": "history", "room": "secret"},
+            {"type": "read", "room": "secret", "id": 1},
+        ):
+            error = await answer(bob, frame, "joined")
+            assert error["code"] == "forbidden" and "private" in error["message"], frame
+        async with httpx.AsyncClient(base_url=two.http_url) as http:
+            assert (await http.get("/rooms/secret/messages")).status_code == 403
+
+        # Invited: bob hears of it on his own server, joins, reads and writes.
+        await answer(ada, {"type": "invite", "room": "secret", "user": "bob"}, "room")
+        invited = await bob.expect("invited")
+        assert (invited["room"], invited["role"], invited["by"]) == ("secret", "member", "ada")
+        await ada.join("secret")
+        assert (await ada.expect("room"))["role"] == "owner"  # after `joined`: its record
+        await bob.send({"type": "join", "room": "secret"})
+        assert (await bob.expect("joined"))["room"] == "secret"
+        assert (await bob.expect("room"))["role"] == "member"
+        await bob.say("secret", "hi")
+        assert (await ada.messages_until("hi"))[-1]["user"] == "bob"
+
+        # Roles: a member cannot invite; an admin adds members but cannot remove the owner.
+        error = await answer(bob, {"type": "invite", "room": "secret", "user": "cy"}, "room")
+        assert error["code"] == "forbidden"
+        await answer(ada, {"type": "invite", "room": "secret", "user": "bob", "role": "admin"},
+                     "room")  # fmt: skip
+        room = await answer(bob, {"type": "invite", "room": "secret", "user": "cy"}, "room")
+        assert room["members"] == {"ada": "owner", "bob": "admin", "cy": "member"}
+        error = await answer(bob, {"type": "remove", "room": "secret", "user": "ada"}, "room")
+        assert error["code"] == "forbidden" and "owner" in error["message"]
+        error = await answer(cy, {"type": "describe", "room": "secret", "topic": "x"}, "room")
+        assert error["code"] == "forbidden"
+        room = await answer(bob, {"type": "describe", "room": "secret", "topic": "Q3"}, "room")
+        assert (room["title"], room["topic"]) == ("Plans", "Q3")
+        rooms = await answer(cy, {"type": "rooms"}, "rooms")
+        assert [(r["room"], r["role"]) for r in rooms["rooms"]] == [("secret", "member")]
+
+        # Removed: bob's socket, on the other server, leaves the room at once.
+        room = await answer(ada, {"type": "remove", "room": "secret", "user": "bob"}, "room")
+        assert room["members"] == {"ada": "owner", "cy": "member"}
+        while (frame := await bob.next_frame(skip=("ping", "presence", "member", "message"))
+               )["type"] != "left":  # fmt: skip
+            pass
+        assert frame == {"type": "left", "room": "secret", "reason": "removed"}
+        await bob.say("secret", "still here?")
+        assert (await answer(bob, {"type": "ping"}, "error"))["code"] == "not_joined"
+        assert (await answer(bob, {"type": "join", "room": "secret"}, "joined"))["code"] == (
+            "forbidden"
+        )
+        # Anyone may leave for good; the owner may not.
+        room = await answer(cy, {"type": "remove", "room": "secret", "user": "cy"}, "room")
+        assert "members" not in room and "role" not in room
+        error = await answer(ada, {"type": "remove", "room": "secret", "user": "ada"}, "room")
+        assert error["code"] == "forbidden"
+
+
+async def test_without_a_store_rooms_are_public_and_records_refused() -> None:
+    async with run_server(make_settings()) as live, ChatClient.connect(live.ws_url("ada")) as ada:
+        await ada.send({"type": "create", "room": "secret", "private": True})
+        assert (await ada.expect("error"))["code"] == "no_store"
+        await ada.send({"type": "create", "room": "bad name!"})
+        assert (await ada.expect("error"))["code"] == "bad_frame"
+        assert (await ada.join("secret"))["room"] == "secret"
