@@ -65,14 +65,22 @@ async def room_messages(
     without a valid one) and honours its rooms claim (403)."""
     state = _state(request)
     reader = await _authorize_room(state, request, room)
-    return await _page(state, reader, room, b'{"room":' + orjson.dumps(room), before, limit)
+    return await history_response(
+        state, reader, room, b'{"room":' + orjson.dumps(room), before, limit
+    )
 
 
-async def _page(
-    state: ChatState, reader: str, conversation: str, head: bytes, before: int | None, limit: int
+async def history_response(
+    state: ChatState,
+    reader: str | None,
+    conversation: str,
+    head: bytes,
+    before: int | None,
+    limit: int,
 ) -> Response:
-    """A page of ``conversation``'s history as JSON: ``head`` (its name) and ``messages``."""
-    if not await state.quotas.allow("history", reader):
+    """A page of ``conversation``'s history as JSON: ``head`` (its name) and ``messages``;
+    ``reader`` pays for it from its history quota (None: the backend API, not limited)."""
+    if reader is not None and not await state.quotas.allow("history", reader):
         raise HTTPException(429, "too many history reads, slow down", headers={"Retry-After": "1"})
     limit = min(limit, state.settings.history_page_max)
     try:
@@ -97,7 +105,7 @@ async def direct_messages(
     state = _state(request)
     user = _token_user(state, request)
     head = b'{"with":' + orjson.dumps(peer)
-    return await _page(state, user, direct(user, peer), head, before, limit)
+    return await history_response(state, user, direct(user, peer), head, before, limit)
 
 
 @router.get("/inbox")

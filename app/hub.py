@@ -82,6 +82,9 @@ class Hub:
         self.pages = HistoryPages(history or broker, pacing.page)
         self.connections: set[Connection] = set()
         self.draining = False
+        # Users with a connection here are present in the internal room app.webhooks.ONLINE_ROOM
+        # (user.online / user.offline webhooks) when this is set.
+        self.online_room: str | None = None
         # Told of every room whose record changed (None: any may have: app.rooms rechecks).
         self.rooms_changed: Callable[[str | None], None] = lambda room: None
         # Every outbox of this worker counts here (app.transport.budget); over it, the slowest
@@ -275,6 +278,9 @@ class Hub:
         conns.add(conn)
         if len(conns) == 1:
             await self._broker.subscribe_user(conn.user)
+            if self.online_room is not None:
+                with contextlib.suppress(BrokerUnavailable):  # the next connection tries again
+                    await self._presence.join(self.online_room, conn.user)
 
     async def remove(self, conn: Connection) -> None:
         """Unregister ``conn``: out of every room, and out of its user's routing. Every step
@@ -292,6 +298,9 @@ class Hub:
                 del self._users[conn.user]
                 with contextlib.suppress(BrokerUnavailable):
                     await self._broker.unsubscribe_user(conn.user)
+                if self.online_room is not None:
+                    with contextlib.suppress(BrokerUnavailable):  # else it expires
+                        await self._presence.leave(self.online_room, conn.user)
 
     # -- rooms ------------------------------------------------------------------------------
 

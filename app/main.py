@@ -23,6 +23,7 @@ from app.access.quotas import create_quotas, keep_counts
 from app.access.token_expiry import run_token_expiry
 from app.admin import router as admin_router
 from app.api import ChatSocket, router
+from app.backend_api import router as backend_router
 from app.broker import create_broker
 from app.heartbeat import run_heartbeat
 from app.history import ConversationHistory
@@ -40,6 +41,7 @@ from app.settings import Settings, load_settings
 from app.state import ChatState
 from app.store.running import RunningStore
 from app.transport import uvicorn_seam
+from app.webhooks.wiring import connect_webhooks
 
 logger = logging.getLogger(__name__)
 
@@ -100,6 +102,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         origins = OriginPolicy(settings.allowed_origins)
         pending_auth = PendingAuth(settings.max_pending_auth, settings.max_pending_auth_per_address)
         rooms = RoomDirectory(store.rooms if store else None, broker, hub, settings)
+        dispatcher = connect_webhooks(settings, presence, hub, rooms)
         state = ChatState(
             settings, broker, hub, presence, metrics, quotas, origins, authenticator,
             pending_auth, history, store, rooms,
@@ -118,7 +121,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             ),
             asyncio.create_task(
                 run_metrics_sync(
-                    metrics, hub.snapshot, broker, store.archive_stats if store else None
+                    metrics,
+                    hub.snapshot,
+                    broker,
+                    store.archive_stats if store else None,
+                    (lambda: dispatcher.stats) if dispatcher else None,
                 ),
                 name="metrics-sync",
             ),
@@ -126,6 +133,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                 keep_counts(quotas, hub, settings.presence_ttl_s / 3), name="quota-upkeep"
             ),
         ]
+        if dispatcher is not None:
+            background.append(asyncio.create_task(dispatcher.run(), name="webhooks"))
         if authenticator is not None:
             background.append(
                 asyncio.create_task(
@@ -178,6 +187,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app = FastAPI(title="Hubbub", version=__version__, lifespan=lifespan, docs_url=None)
     app.include_router(router)
     app.include_router(admin_router)
+    app.include_router(backend_router)
     mount_page(app)
     Instrumentator(registry=metrics.registry, excluded_handlers=["/healthz", "/readyz"]).instrument(
         app

@@ -681,6 +681,9 @@ async def test_ingress_routes_only_what_clients_use() -> None:
     client_paths = {"/", "/rooms/{room}/messages", "/dms/{peer}/messages", "/inbox"}
     internal_paths = {"/healthz", "/readyz", app.openapi_url, app.docs_url, app.redoc_url}
     app_paths = set(app.openapi()["paths"])
+    backend_api = {path for path in app_paths if path.startswith("/api/v1/")}
+    assert backend_api, "the backend API is in the OpenAPI schema"
+    internal_paths |= backend_api
     app_paths |= {route.path for route in page.router.routes if isinstance(route, APIRoute)}
     assert app_paths - client_paths - internal_paths == set(), "route the Ingress ignores"
     assert admin.router.prefix == "/admin"
@@ -699,6 +702,7 @@ async def test_ingress_routes_only_what_clients_use() -> None:
         "/admin", "/admin/", "/admin/users/troll/kick", "/admin/users/troll/ban",
         DEFAULTS.metrics_path, "/metrics", "/healthz", "/readyz", "/openapi.json", "/redoc",
         "/docs", "/index.html", "/wsx", "/ws/x", "/staticx", "/rooms-x", "/dmsx", "/inbox/x",
+        "/api/v1/rooms", "/api/v1/users/ada/messages",
     ]  # fmt: skip
     for path in refused:
         assert _ingress_backend(ingress, path) is None, path

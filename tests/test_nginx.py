@@ -88,6 +88,7 @@ async def test_chat_through_nginx(redis_server: RedisServer) -> None:
             assert (await http.get(f"{s.nginx.http_url}/readyz")).status_code == 200
             assert (await http.get(f"{s.nginx.http_url}/metrics")).status_code == 404
             assert (await http.post(f"{s.nginx.http_url}/admin/users/x/kick")).status_code == 404
+            assert (await http.post(f"{s.nginx.http_url}/api/v1/rooms")).status_code == 404
         # The app sees the browser's Host through the proxy: its own page may connect, a
         # foreign one may not.
         same_site = f"http://127.0.0.1:{s.nginx.port}"

@@ -26,6 +26,12 @@ class TokenBuckets:
         self._rates = dict(rates)
         self._buckets: dict[tuple[str, str], _Bucket] = {}
 
+    def take_at(self, rate: tuple[float, int], key: str) -> bool:
+        """As :meth:`take`, at ``rate`` (per second, burst) instead of a kind's."""
+        kind = f"{rate[0]}/{rate[1]}"
+        self._rates.setdefault(kind, rate)
+        return self.take(kind, key)
+
     def take(self, kind: str, key: str) -> bool:
         """Take one token from ``key``'s bucket of ``kind``; False when it has none."""
         per_s, burst = self._rates[kind]

@@ -149,15 +149,28 @@ class Broker(Protocol):
     async def unsubscribe_user(self, user: str) -> None: ...
 
     async def publish(
-        self, room: str, user: str, text: str, cid: str | int | None, reply_to: int | None = None
+        self,
+        room: str,
+        user: str,
+        text: str,
+        cid: str | int | None,
+        reply_to: int | None = None,
+        quota: tuple[float, int] | None = None,
     ) -> Published:
         """Number, store and deliver a message (``reply_to``: the message it answers, which
         the caller checked). Raises :class:`~app.errors.QuotaExceeded` (nothing is published)
-        when ``user`` has no message token left."""
+        when ``user`` has no message token left (``quota``: its rate per second and burst,
+        the users' by default)."""
         ...
 
     async def publish_direct(
-        self, sender: str, to: str, text: str, cid: str | int | None, reply_to: int | None = None
+        self,
+        sender: str,
+        to: str,
+        text: str,
+        cid: str | int | None,
+        reply_to: int | None = None,
+        quota: tuple[float, int] | None = None,
     ) -> Published:
         """As :meth:`publish`, in the direct conversation of ``sender`` and ``to``
         (:func:`app.conversation.direct`: ids, history and archiving like a room's), delivered

@@ -118,20 +118,42 @@ class MemoryBroker:
             raise QuotaExceeded(f"message quota of {user}")
 
     async def publish(
-        self, room: str, user: str, text: str, cid: str | int | None, reply_to: int | None = None
+        self,
+        room: str,
+        user: str,
+        text: str,
+        cid: str | int | None,
+        reply_to: int | None = None,
+        quota: tuple[float, int] | None = None,
     ) -> Published:
-        return await self._publish_message(room, user, text, cid, reply_to)
+        return await self._publish_message(room, user, text, cid, reply_to, quota)
 
     async def publish_direct(
-        self, sender: str, to: str, text: str, cid: str | int | None, reply_to: int | None = None
+        self,
+        sender: str,
+        to: str,
+        text: str,
+        cid: str | int | None,
+        reply_to: int | None = None,
+        quota: tuple[float, int] | None = None,
     ) -> Published:
-        return await self._publish_message(direct(sender, to), sender, text, cid, reply_to)
+        conversation = direct(sender, to)
+        return await self._publish_message(conversation, sender, text, cid, reply_to, quota)
 
     async def _publish_message(
-        self, conversation: str, user: str, text: str, cid: str | int | None, reply_to: int | None
+        self,
+        conversation: str,
+        user: str,
+        text: str,
+        cid: str | int | None,
+        reply_to: int | None,
+        quota: tuple[float, int] | None,
     ) -> Published:
         handler = self._running()
-        self._take_token(user)
+        if quota is None:
+            self._take_token(user)
+        elif not self._quota.take_at(quota, user):
+            raise QuotaExceeded(f"message quota of {user}")
         key = None if cid is None else ("r", conversation, user, cid)
         log = self._log(conversation)  # first: a new log's origin is below the id this gets
         message_id, ts_ms, duplicate = self._next_id(key)

@@ -37,6 +37,7 @@ from app.redisio.autopipeline import AutoPipeline
 from app.redisio.clients import REDIS_ERRORS, call_redis, command_client, subscriber_client
 from app.redisio.subscription import Subscription
 from app.settings import Settings
+from app.webhooks import webhook_keys
 
 logger = logging.getLogger(__name__)
 
@@ -63,6 +64,11 @@ class RedisBroker:
         # The PUBLISH script's archive keys: none without a store (see redis_scripts).
         stream, dropped = scripts.archive_keys(self._prefix)
         self._archive_keys = ["", ""] if settings.database_url is None else [stream, dropped]
+        # The PUBLISH script's webhook keys: none unless message.created goes to a webhook.
+        queue, not_queued, _ = webhook_keys(self._prefix)
+        wanted = settings.webhook_url is not None and "message.created" in settings.webhook_events
+        self._webhook_keys = [queue, not_queued] if wanted else ["", ""]
+        self._webhook_args: list[Any] = [settings.webhook_backlog_max]
         self._pipeline = AutoPipeline(self._redis)
         self._handler: BrokerHandler | None = None
         self._rooms: set[str] = set()
@@ -294,20 +300,38 @@ class RedisBroker:
     # -- publishing and history ---------------------------------------------------------------
 
     async def publish(
-        self, room: str, user: str, text: str, cid: str | int | None, reply_to: int | None = None
+        self,
+        room: str,
+        user: str,
+        text: str,
+        cid: str | int | None,
+        reply_to: int | None = None,
+        quota: tuple[float, int] | None = None,
     ) -> Published:
         head, body = message_frame_parts("room", room, user, text, reply_to)
-        keys = self._publish_keys(room, user, cid)
-        return await self._publish(keys, room, self._room_channel(room), head, body, "")
+        keys = [*self._publish_keys(room, user, cid), *self._webhook_keys]
+        return await self._publish(
+            keys, room, self._room_channel(room), head, body, "", extra=self._webhook_args,
+            quota=quota,
+        )  # fmt: skip
 
     async def publish_direct(
-        self, sender: str, to: str, text: str, cid: str | int | None, reply_to: int | None = None
+        self,
+        sender: str,
+        to: str,
+        text: str,
+        cid: str | int | None,
+        reply_to: int | None = None,
+        quota: tuple[float, int] | None = None,
     ) -> Published:
         head, body = message_frame_parts("to", to, sender, text, reply_to)
         conversation = direct(sender, to)
-        keys = self._publish_keys(conversation, sender, cid)
+        keys = [*self._publish_keys(conversation, sender, cid), *self._webhook_keys]
         channel, copy = self._user_channel(to), self._user_channel(sender)
-        return await self._publish(keys, conversation, channel, head, body, copy)
+        return await self._publish(
+            keys, conversation, channel, head, body, copy, extra=self._webhook_args,
+            quota=quota,
+        )  # fmt: skip
 
     def _channels(self, conversation: str, user: str) -> tuple[str, str, str, str]:
         """How frames of ``user`` in ``conversation`` are addressed: (target field, name,
@@ -355,8 +379,10 @@ class RedisBroker:
         copy_channel: str,
         script: str = "PUBLISH",
         extra: list[Any] | None = None,
+        quota: tuple[float, int] | None = None,
     ) -> Published:
         settings = self._settings
+        rate, burst = quota or (settings.user_messages_per_s, settings.user_message_burst)
         args: list[Any] = [
             channel,
             head,
@@ -365,8 +391,8 @@ class RedisBroker:
             int(settings.history_ttl_s * 1000),
             int(settings.dedup_ttl_s * 1000),
             copy_channel,
-            settings.user_messages_per_s,
-            settings.user_message_burst,
+            rate,
+            burst,
             conversation,
             settings.archive_backlog_max,
             *(extra or ()),

@@ -115,7 +115,7 @@ local function publish_frame(head, body)
   redis.call('PUBLISH', ARGV[1], payload)
   if ARGV[7] ~= '' and ARGV[7] ~= ARGV[1] then redis.call('PUBLISH', ARGV[7], payload) end
   if KEYS[3] ~= '' then redis.call('SET', KEYS[3], id, 'PX', ARGV[6]) end
-  return {id, 0, now}
+  return {id, 0, now}, payload
 end
 """
 
@@ -132,10 +132,22 @@ end
 """
 
 # A message. ARGV[2], ARGV[3]: the head and body of its frame (app.protocol.message_frame_parts).
+# With webhooks (KEYS[7]: their queue, or ''), the message is queued as `message.created` in
+# the same step, unless the queue holds ARGV[12] events: then KEYS[8] counts it.
 # -> {id, 0 published | 1 duplicate | 2 refused by the quota, ts_ms}
 PUBLISH: Final = (
     NOW + TOKEN_BUCKET + INCARNATION + PUBLISH_FRAME + QUOTA_AND_DEDUP
-    + "return publish_frame(ARGV[2], ARGV[3])\n"
+    + """
+local reply, payload = publish_frame(ARGV[2], ARGV[3])
+if KEYS[7] ~= '' then
+  if redis.call('XLEN', KEYS[7]) < tonumber(ARGV[12]) then
+    redis.call('XADD', KEYS[7], '*', 'e', 'message.created', 'c', ARGV[10], 'f', payload)
+  else
+    redis.call('INCR', KEYS[8])
+  end
+end
+return reply
+"""
 )  # fmt: skip
 
 # An event on message `target` (app.lifecycle): published like a message, and applied to the

@@ -42,6 +42,7 @@ from app.errors import CloseCode, ErrorCode
 if TYPE_CHECKING:
     from app.broker import Broker
     from app.store.archiver import ArchiveStats
+    from app.webhooks.dispatcher import WebhookStats
 
 MULTIPROC_ENV: Final = "PROMETHEUS_MULTIPROC_DIR"
 CONTENT_TYPE: Final = CONTENT_TYPE_PLAIN_0_0_4  # the text format every Prometheus reads
@@ -273,6 +274,32 @@ class Metrics:
             "liveall",
         )
 
+        # -- webhooks
+        self.webhook_deliveries = counter(
+            "hubbub_webhook_deliveries_total",
+            "Webhook attempts by outcome: delivered (2xx), failed (retried), given_up (failing "
+            "for CHAT_WEBHOOK_RETRY_MAX_S: removed).",
+            ("outcome",),
+        )
+        for outcome in ("delivered", "failed", "given_up"):
+            self.webhook_deliveries.labels(outcome)
+        self.webhook_lag = gauge(
+            "hubbub_webhook_lag_seconds",
+            "Age of the oldest event waiting in the webhook queue (0: none), as a worker last "
+            "read it (every 2 s). Grows while the backend fails.",
+            "liveall",
+        )
+        self.webhook_backlog = gauge(
+            "hubbub_webhook_backlog",
+            "Events waiting in the webhook queue, as a worker last read it.",
+            "liveall",
+        )
+        self.webhook_not_queued = gauge(
+            "hubbub_webhook_events_not_queued",
+            "Events never queued since the queue began: it held CHAT_WEBHOOK_BACKLOG_MAX.",
+            "liveall",
+        )
+
         # -- the worker
         self.ready = gauge(
             "hubbub_ready",
@@ -334,6 +361,7 @@ class Metrics:
         self._broker_reconnects = 0
         self._broker_deaf = 0
         self._archive_counts = (0, 0, 0)  # stored, failures, dropped: as last synced
+        self._webhook_counts = (0, 0, 0)  # delivered, failed, given up: as last synced
         self._next_latency_sample = 0.0
         self._next_publish_sample = 0.0
 
@@ -440,6 +468,18 @@ class Metrics:
                 counter.inc(now - before)
         self._archive_counts = counts
 
+    def sync_webhooks(self, stats: WebhookStats) -> None:
+        self.webhook_lag.set(stats.lag_s)
+        self.webhook_backlog.set(stats.backlog)
+        self.webhook_not_queued.set(stats.not_queued)
+        counts = (stats.delivered, stats.failed_attempts, stats.given_up)
+        for outcome, now, before in zip(
+            ("delivered", "failed", "given_up"), counts, self._webhook_counts, strict=True
+        ):
+            if now > before:
+                self.webhook_deliveries.labels(outcome).inc(now - before)
+        self._webhook_counts = counts
+
     def render(self) -> bytes:
         """The exposition for a scrape (the whole server's, in multiprocess mode)."""
         return exposition(self.registry)
@@ -458,9 +498,12 @@ async def run_metrics_sync(
     snapshot: Callable[[], HubSnapshot],
     broker: Broker,
     archive: Callable[[], ArchiveStats] | None = None,
+    webhooks: Callable[[], WebhookStats] | None = None,
 ) -> None:
-    """Call :meth:`Metrics.sync` with a fresh ``snapshot()`` (and ``archive()``) every
-    :data:`SYNC_INTERVAL_S` until cancelled."""
+    """Call :meth:`Metrics.sync` with a fresh ``snapshot()`` (and ``archive()``, and the
+    webhook dispatcher's stats) every :data:`SYNC_INTERVAL_S` until cancelled."""
     while True:
         metrics.sync(snapshot(), broker, archive() if archive is not None else None)
+        if webhooks is not None:
+            metrics.sync_webhooks(webhooks())
         await asyncio.sleep(SYNC_INTERVAL_S)

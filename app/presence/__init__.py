@@ -8,6 +8,7 @@ RedisPresence` with ``CHAT_REDIS_URL``, :class:`~app.presence.memory.MemoryPrese
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -50,6 +51,12 @@ class Presence(Protocol):
 
     async def of(self, room: str) -> RoomPresence:
         """Who is in ``room`` now."""
+        ...
+
+    def on_internal(self, listener: Callable[[str, str, str], Awaitable[None]]) -> None:
+        """Call ``listener(room, "join" | "leave", user)`` for every arrival and departure in
+        an internal room (a name starting with ``~``: who is online, for webhooks) instead of
+        announcing it."""
         ...
 
 

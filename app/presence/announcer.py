@@ -39,8 +39,15 @@ class PresenceAnnouncer:
         self._interval = count_interval_s
         self._last_count_sent: dict[str, float] = {}
         self._trailing: dict[str, asyncio.Task[None]] = {}
+        # Told of every transition of an internal room (a name starting with "~", which no
+        # client room has): who is online anywhere, for webhooks (app.webhooks).
+        self.internal_listener: Callable[[str, str, str], Awaitable[None]] | None = None
 
     async def announce(self, room: str, event: str, user: str) -> None:
+        if room.startswith("~"):  # internal: nobody to tell in the room
+            if self.internal_listener is not None:
+                await self.internal_listener(room, event, user)
+            return
         count = await self._count(room)
         if count <= self._max_members:
             await self._publish(room, orjson.dumps(presence_frame(room, event, user, count)))

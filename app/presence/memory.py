@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
+
 from app.broker import Broker
 from app.presence import RoomPresence
 from app.presence.announcer import PresenceAnnouncer
@@ -20,6 +22,9 @@ class MemoryPresence:
             settings.presence_max_members,
             settings.presence_count_interval_s,
         )
+
+    def on_internal(self, listener: Callable[[str, str, str], Awaitable[None]]) -> None:
+        self._announcer.internal_listener = listener
 
     async def start(self) -> None:
         return None  # nothing can outlive this process: no upkeep

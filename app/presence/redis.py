@@ -13,6 +13,7 @@ import contextlib
 import logging
 import secrets
 import time
+from collections.abc import Awaitable, Callable
 from typing import Final, cast
 
 from redis.asyncio import Redis
@@ -95,6 +96,9 @@ class RedisPresence:
             settings.presence_max_members,
             settings.presence_count_interval_s,
         )
+
+    def on_internal(self, listener: Callable[[str, str, str], Awaitable[None]]) -> None:
+        self._announcer.internal_listener = listener
 
     async def start(self) -> None:
         self._upkeep = asyncio.create_task(self._keep_up(), name="redis-presence")

@@ -1,0 +1,259 @@
+"""The backend API: what the application's own backend calls (``/api/v1/...``).
+
+Off unless ``CHAT_SERVICE_TOKEN`` is set (every route answers 404 then). Each call needs
+``Authorization: Bearer <CHAT_SERVICE_TOKEN>``, a service credential (user tokens are
+refused: 401); failed attempts lock the address out like the moderation API's. Documented in
+the app's OpenAPI (``/openapi.json``), not proxied by nginx/nginx.conf: call a server from
+inside the network.
+
+- Rooms: create (public or private, any owner), read (with members), describe, add or change a
+  member (any role), remove a member (its sockets leave the room everywhere), list a user's.
+- Publishing: into a room or to a user (a direct message from ``CHAT_SERVICE_USER``),
+  idempotent with ``cid`` (a retry returns the first id, ``duplicate: true``), at
+  ``CHAT_SERVICE_MESSAGES_PER_S``.
+- Reading: a room's presence, a room's history (newest page, or before an id).
+- Moderation: disconnect a user (every connection, on every server: close 4003).
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+import time
+from typing import Annotated, Any, Literal
+
+import orjson
+from fastapi import APIRouter, Depends, Header, HTTPException, Path, Query, Request, Response
+from pydantic import BaseModel, Field
+
+from app.api import history_response
+from app.conversation import direct
+from app.errors import BrokerUnavailable, ErrorCode, QuotaExceeded
+from app.protocol import CID_MAX_CHARS, ROOM_PATTERN, USER_PATTERN
+from app.rooms import RoomError, RoomRecord
+from app.state import ChatState
+from app.store.rooms import Role
+
+logger = logging.getLogger(__name__)
+
+
+def _authorized(
+    request: Request, authorization: Annotated[str | None, Header()] = None
+) -> ChatState:
+    state: ChatState = request.app.state.chat
+    token = state.settings.service_token
+    if token is None:
+        raise HTTPException(404, "Not Found")
+    address, now = request.client.host if request.client else None, time.monotonic()
+    if state.failed_logins.locked_out(address, now):
+        retry_after = {"Retry-After": str(int(state.failed_logins.window_s))}
+        raise HTTPException(429, "too many failed attempts: try again later", headers=retry_after)
+    expected = f"Bearer {token.get_secret_value()}".encode()
+    if authorization is None or not hmac.compare_digest(authorization.encode(), expected):
+        state.failed_logins.failed(address, now)
+        logger.warning("backend API: failed login", extra={"ip": address})
+        raise HTTPException(401, "the service bearer token is required",
+                            headers={"WWW-Authenticate": "Bearer"})  # fmt: skip
+    return state
+
+
+router = APIRouter(prefix="/api/v1", tags=["backend"])
+Service = Annotated[ChatState, Depends(_authorized)]
+RoomName = Annotated[str, Path(pattern=ROOM_PATTERN)]
+UserName = Annotated[str, Path(pattern=USER_PATTERN)]
+
+_STATUS = {
+    ErrorCode.NOT_FOUND: 404,
+    ErrorCode.EXISTS: 409,
+    ErrorCode.FORBIDDEN: 403,
+    ErrorCode.NO_STORE: 501,
+    ErrorCode.STORE_UNAVAILABLE: 503,
+    ErrorCode.BROKER_UNAVAILABLE: 503,
+}
+
+
+def _refused(exc: RoomError) -> HTTPException:
+    return HTTPException(_STATUS.get(exc.code, 400), exc.message)
+
+
+class NewRoom(BaseModel):
+    room: str = Field(pattern=ROOM_PATTERN)
+    private: bool = False
+    title: str = Field("", max_length=200)
+    topic: str = Field("", max_length=1000)
+    owner: str | None = Field(None, pattern=USER_PATTERN, description="CHAT_SERVICE_USER if unset")
+
+
+class RoomDescription(BaseModel):
+    title: str | None = Field(None, max_length=200)
+    topic: str | None = Field(None, max_length=1000)
+
+
+class Membership(BaseModel):
+    role: Literal["owner", "admin", "member"] = "member"
+
+
+class NewMessage(BaseModel):
+    text: str = Field(min_length=1)
+    cid: str | None = Field(None, min_length=1, max_length=CID_MAX_CHARS,
+                            description="makes retries safe: the first id is returned")  # fmt: skip
+
+
+class Published(BaseModel):
+    id: int
+    duplicate: bool = False
+
+
+class Disconnect(BaseModel):
+    reason: str = Field("disconnected by the service", max_length=120)
+
+
+def _shown(record: RoomRecord) -> dict[str, Any]:
+    return record.describe(members=True)
+
+
+@router.post("/rooms", status_code=201)
+async def create_room(state: Service, body: NewRoom) -> dict[str, Any]:
+    """Create a room (409 if it exists or is in use)."""
+    owner = body.owner or state.settings.service_user
+    try:
+        record = await state.rooms.create(body.room, owner, body.private, body.title, body.topic)
+    except RoomError as exc:
+        raise _refused(exc) from None
+    return _shown(record)
+
+
+@router.get("/rooms/{room}")
+async def get_room(state: Service, room: RoomName) -> dict[str, Any]:
+    """A room's record and members (404: no record, a plain public room)."""
+    try:
+        record = await state.rooms.record(room)
+    except RoomError as exc:
+        raise _refused(exc) from None
+    if record is None:
+        raise HTTPException(404, f"room {room!r} has no record")
+    return _shown(record)
+
+
+@router.patch("/rooms/{room}")
+async def describe_room(state: Service, room: RoomName, body: RoomDescription) -> dict[str, Any]:
+    try:
+        return _shown(await state.rooms.describe(room, None, body.title, body.topic))
+    except RoomError as exc:
+        raise _refused(exc) from None
+
+
+@router.put("/rooms/{room}/members/{user}")
+async def add_member(
+    state: Service, room: RoomName, user: UserName, body: Membership
+) -> dict[str, Any]:
+    """Add ``user`` with ``role``, or change its role."""
+    try:
+        return _shown(await state.rooms.add(room, user, Role(body.role), None))
+    except RoomError as exc:
+        raise _refused(exc) from None
+
+
+@router.delete("/rooms/{room}/members/{user}")
+async def remove_member(state: Service, room: RoomName, user: UserName) -> dict[str, Any]:
+    """Remove ``user``: its connections leave the room on every server at once."""
+    try:
+        return _shown(await state.rooms.remove(room, user, None))
+    except RoomError as exc:
+        raise _refused(exc) from None
+
+
+@router.get("/users/{user}/rooms")
+async def rooms_of(state: Service, user: UserName) -> dict[str, Any]:
+    try:
+        return {"user": user, "rooms": await state.rooms.rooms_of(user)}
+    except RoomError as exc:
+        raise _refused(exc) from None
+
+
+async def _publish(
+    state: ChatState, room: str | None, to: str | None, body: NewMessage
+) -> Published:
+    settings = state.settings
+    if len(body.text) > settings.max_text_chars:
+        raise HTTPException(422, f"text is longer than {settings.max_text_chars} characters")
+    quota = (settings.service_messages_per_s, settings.service_message_burst)
+    try:
+        if room is not None:
+            published = await state.broker.publish(
+                room, settings.service_user, body.text, body.cid, quota=quota
+            )
+        else:
+            assert to is not None
+            published = await state.broker.publish_direct(
+                settings.service_user, to, body.text, body.cid, quota=quota
+            )
+    except QuotaExceeded:
+        raise HTTPException(
+            429, "over CHAT_SERVICE_MESSAGES_PER_S", headers={"Retry-After": "1"}
+        ) from None
+    except BrokerUnavailable:
+        raise HTTPException(503, "the broker is unavailable: retry with the same cid") from None
+    return Published(id=published.id, duplicate=published.duplicate)
+
+
+@router.post("/rooms/{room}/messages", status_code=201)
+async def publish_to_room(state: Service, room: RoomName, body: NewMessage) -> Published:
+    """Publish into ``room`` as ``CHAT_SERVICE_USER`` (private rooms too)."""
+    return await _publish(state, room, None, body)
+
+
+@router.post("/users/{user}/messages", status_code=201)
+async def publish_to_user(state: Service, user: UserName, body: NewMessage) -> Published:
+    """A direct message from ``CHAT_SERVICE_USER`` to ``user`` (stored, in their inbox)."""
+    if user == state.settings.service_user:
+        raise HTTPException(422, "the service cannot message itself")
+    return await _publish(state, None, user, body)
+
+
+@router.get("/rooms/{room}/presence")
+async def presence_of(state: Service, room: RoomName) -> dict[str, Any]:
+    """Who is in ``room`` now (``users`` only up to ``CHAT_PRESENCE_MAX_MEMBERS``)."""
+    try:
+        present = await state.presence.of(room)
+    except BrokerUnavailable:
+        raise HTTPException(503, "the broker is unavailable") from None
+    return {"room": room, "count": present.count, "users": present.users}
+
+
+@router.get("/rooms/{room}/messages")
+async def room_history(
+    state: Service,
+    room: RoomName,
+    before: Annotated[int | None, Query(ge=1, lt=2**63)] = None,
+    limit: Annotated[int, Query(ge=1)] = 50,
+) -> Response:
+    """A page of ``room``'s history, as it is now, oldest first (private rooms too)."""
+    return await history_response(
+        state, None, room, b'{"room":' + orjson.dumps(room), before, limit
+    )
+
+
+@router.get("/users/{user}/messages")
+async def direct_history(
+    state: Service,
+    user: UserName,
+    before: Annotated[int | None, Query(ge=1, lt=2**63)] = None,
+    limit: Annotated[int, Query(ge=1)] = 50,
+) -> Response:
+    """A page of the direct conversation of ``CHAT_SERVICE_USER`` and ``user``."""
+    conversation = direct(state.settings.service_user, user)
+    return await history_response(
+        state, None, conversation, b'{"with":' + orjson.dumps(user), before, limit
+    )
+
+
+@router.post("/users/{user}/disconnect", status_code=202)
+async def disconnect(state: Service, user: UserName, body: Disconnect) -> dict[str, str]:
+    """Close every connection of ``user`` on every server (4003; the moderation API's kick)."""
+    try:
+        await state.broker.kick(user, body.reason)
+    except BrokerUnavailable:
+        raise HTTPException(503, "the broker is unavailable: try again") from None
+    logger.info("backend API: disconnect", extra={"user": user})
+    return {"disconnected": user}
