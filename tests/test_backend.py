@@ -216,8 +216,11 @@ async def test_no_webhook_is_lost_when_a_worker_is_killed(
                         continue
                     if response.status_code == 201:
                         ids.append(response.json()["id"])
-            seen = lambda: {e["data"]["message"]["id"] for e in receiver.events}  # noqa: E731
-            await receiver.wait_for(lambda: set(ids) <= seen(), timeout=60)
+
+            def all_seen() -> bool:
+                return set(ids) <= {e["data"]["message"]["id"] for e in receiver.events}
+
+            await receiver.wait_for(all_seen, timeout=60)
             assert receiver.refused_signatures == 0
             assert len(ids) >= 75
         finally:

@@ -8,7 +8,7 @@ import asyncio
 import contextlib
 import time
 from collections import Counter
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import orjson
@@ -71,7 +71,7 @@ class Receiver:
         await send({"type": "http.response.start", "status": status, "headers": []})
         await send({"type": "http.response.body", "body": b""})
 
-    async def wait_for(self, condition: Any, timeout: float = 30.0) -> None:
+    async def wait_for(self, condition: Callable[[], object], timeout: float = 30.0) -> None:
         async with asyncio.timeout(timeout):
             while not condition():
                 await asyncio.sleep(0.05)
