@@ -374,6 +374,32 @@ def build() -> dict[str, Any]:
         "short",
     )
 
+    d.row("Webhooks")
+    d.graph(
+        "Webhook lag",
+        "Age of the oldest event waiting in the webhook queue (alert HubbubWebhooksLagging) and "
+        "how many wait. Grows while the backend fails or is slow; chat goes on.",
+        [
+            _q(f"max(hubbub_webhook_lag_seconds{{{SEL}}})", "oldest waiting (s)"),
+        ],
+        "s",
+    )
+    d.graph(
+        "Webhook deliveries",
+        "Attempts per second by outcome: delivered (2xx), failed (retried with backoff), "
+        "given_up (failing for CHAT_WEBHOOK_RETRY_MAX_S); events waiting, and events never "
+        "queued (the queue was full). Alerts HubbubWebhooksFailing, HubbubWebhooksLost.",
+        [
+            _q(
+                f"sum by (outcome) (rate(hubbub_webhook_deliveries_total{{{SEL}}}[{RATE}]))",
+                "{{outcome}}/s",
+            ),
+            _q(f"max(hubbub_webhook_backlog{{{SEL}}})", "waiting"),
+            _q(f"max(hubbub_webhook_events_not_queued{{{SEL}}})", "never queued (total)"),
+        ],
+        "short",
+    )
+
     d.row("Workers")
     d.graph(
         "CPU per worker",
