@@ -517,3 +517,49 @@ async def test_two_people_reply_edit_react_delete_and_see_who_read(
         finally:
             await ada.close()
             await bob.close()
+
+
+async def test_a_private_room_is_created_and_someone_invited_from_the_page(
+    browser: Browser, tmp_path: Path
+) -> None:
+    """Ada creates a private room and invites bob by the name she sees; bob's page is told,
+    shows it, and they talk there. Cy, not invited, is refused."""
+    settings = make_settings(database_url=f"sqlite:///{tmp_path}/data/hubbub.db")
+    async with run_server(settings) as live:
+        ada = await ChatPage.open(browser, live.http_url, "ada", "lobby")
+        bob = await ChatPage.open(browser, live.http_url, "bob", "lobby")
+        try:
+            await ada.page.locator("#create-input").fill("plans")
+            await ada.page.locator("#create-input").press("Enter")
+            await expect(ada.page.locator("#room-title")).to_have_text("🔒 plans")
+            await expect(ada.page.locator('#rooms li[data-room="plans"] .room')).to_have_text(
+                "🔒 plans"
+            )
+            invite = ada.page.locator("#invite-input")
+            await expect(invite).to_be_visible()  # she owns it
+            await invite.fill("bob")
+            await invite.press("Enter")
+            await expect(bob.page.locator("#alerts .alert")).to_contain_text(
+                "ada added you to plans"
+            )
+            plans = bob.page.locator('#rooms li[data-room="plans"] .room')
+            await expect(plans).to_have_text("🔒 plans")
+            await plans.click()
+            await expect(bob.page.locator("#room-title")).to_have_text("🔒 plans")
+            await expect(bob.page.locator("#invite-form")).to_be_hidden()  # a member
+            await ada.say("the plan")
+            await bob.shows(["the plan"])
+            await bob.say("agreed")
+            await ada.shows(["the plan", "agreed"])
+            ARTIFACTS.mkdir(exist_ok=True)
+            await ada.page.screenshot(path=ARTIFACTS / "chat-private-room.png", full_page=True)
+            cy = await ChatPage.open(browser, live.http_url, "cy", "lobby")
+            try:
+                await cy.page.locator("#join-input").fill("plans")
+                await cy.page.locator("#join-input").press("Enter")
+                await expect(cy.page.locator("#alerts .alert")).to_contain_text("forbidden")
+            finally:
+                await cy.close()
+        finally:
+            await ada.close()
+            await bob.close()

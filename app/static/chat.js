@@ -82,6 +82,26 @@ function start(name) {
     if (e.detail.room) loadHistory(e.detail.room);
   });
   client.addEventListener("presence", (e) => onPresence(e.detail));
+  client.addEventListener("room", (e) => onRoomRecord(e.detail));
+  client.addEventListener("invited", (e) => {
+    const { room, by } = e.detail;
+    showAlert(`${by ? displayName(by) : "The service"} added you to ${room}`);
+    if (!rooms.has(room)) joinRoom(room, false);
+    onRoomRecord(e.detail);
+  });
+  client.addEventListener("member", (e) => {
+    const { room, event, user, role } = e.detail;
+    const state = rooms.get(room);
+    if (!state?.record?.members) return;
+    if (event === "added") state.record.members[user] = role;
+    else delete state.record.members[user];
+    if (room === active) renderRoomHead();
+  });
+  client.addEventListener("left", (e) => {
+    if (e.detail.reason !== "removed") return;
+    showAlert(`You were removed from ${e.detail.room}`);
+    forgetRoom(e.detail.room);
+  });
   client.addEventListener("typing", (e) => onTyping(e.detail));
   client.addEventListener("error", (e) => showAlert(`${e.detail.code}: ${e.detail.message}`));
   client.connect();
@@ -171,7 +191,7 @@ function sidebarItem(list, key, label, title) {
   return item;
 }
 
-function joinRoom(room) {
+function joinRoom(room, show = true) {
   if (!rooms.has(room)) {
     rooms.set(room, newConversation("room"));
     const item = sidebarItem($("rooms"), room, room);
@@ -182,9 +202,52 @@ function joinRoom(room) {
     item.append(leave);
     client.join(room);
     saveRooms();
-    loadHistory(room);
   }
-  setActive(room);
+  if (show) setActive(room);
+}
+
+/** A room's record (`room` frames): private, title, your role and its members. */
+function onRoomRecord(record) {
+  const state = rooms.get(record.room);
+  if (!state) return;
+  state.record = { ...(state.record ?? {}), ...record };
+  const button = document.querySelector(`#rooms li[data-room="${CSS.escape(record.room)}"] .room`);
+  if (button) button.textContent = record.private ? `🔒 ${record.room}` : record.room;
+  if (record.room === active) renderRoomHead();
+}
+
+/** The title (with the room's record) and, for its owner and admins, the invite form. */
+function renderRoomHead() {
+  const state = rooms.get(active);
+  const record = state?.record;
+  const form = $("invite-form");
+  form.hidden = !(state?.kind === "room" && (record?.role === "owner" || record?.role === "admin"));
+  if (!state || state.kind !== "room") return;
+  const title = record?.title ? `${active} — ${record.title}` : active;
+  $("room-title").textContent = record?.private ? `🔒 ${title}` : title;
+  $("room-title").title = record?.members ? `Members: ${Object.keys(record.members).map(displayName).join(", ")}` : "";
+}
+
+/** Out of a room for good (removed from its members): off the sidebar. */
+function forgetRoom(room) {
+  rooms.delete(room);
+  document.querySelector(`#rooms li[data-room="${CSS.escape(room)}"]`)?.remove();
+  saveRooms();
+  if (active === room) setActive(rooms.size ? [...rooms.keys()][0] : null);
+}
+
+/** The user id `name` stands for: an id itself, or the display name of exactly one user this
+ * page knows (from presence lists and direct messages): guests' ids are not what people type. */
+function userNamed(name) {
+  const known = new Set();
+  for (const [key, state] of rooms) {
+    for (const user of state.users ?? []) known.add(user);
+    for (const user of Object.keys(state.record?.members ?? {})) known.add(user);
+    if (state.kind === "dm") known.add(key.slice(1));
+  }
+  if (known.has(name)) return name;
+  const matching = [...known].filter((user) => displayName(user) === name);
+  return matching.length === 1 ? matching[0] : name;
 }
 
 /** The direct conversation with `user` in the sidebar (made if new); shown when `show`. */
@@ -223,10 +286,7 @@ function showUnread(key, count) {
 
 function leaveRoom(room) {
   client.leave(room);
-  rooms.delete(room);
-  document.querySelector(`#rooms li[data-room="${CSS.escape(room)}"]`)?.remove();
-  saveRooms();
-  setActive(rooms.size ? [...rooms.keys()][0] : null);
+  forgetRoom(room);
 }
 
 function saveRooms() {
@@ -238,6 +298,7 @@ function setActive(key) {
   const state = key === null ? null : rooms.get(key);
   $("room-title").textContent = key === null ? "No room" : state.kind === "dm" ? `@${displayName(state.peer)}` : key;
   $("room-title").title = state?.kind === "dm" ? state.peer : "";
+  renderRoomHead();
   for (const item of [...$("rooms").children, ...$("dms").children]) {
     const current = item.dataset.room === key;
     item.querySelector(".room").setAttribute("aria-current", String(current));
@@ -261,7 +322,7 @@ async function loadHistory(room) {
     // Unread counts come from the inbox (with a store) and from live messages, not from this.
     // It shows messages as they are now: after a resync (events may have been missed), it
     // replaces what is shown.
-    for (const frame of await client.history(room, { limit: 100 })) addMessage(frame, false, false, true);
+    for (const frame of await client.roomHistory(room, { limit: 100 })) addMessage(frame, false, false, true);
   } catch (error) {
     showAlert(`Could not load the history of ${room}: ${error.message}`);
   }
@@ -278,7 +339,7 @@ async function loadOlder(key) {
   try {
     const page = state.kind === "dm"
       ? (await client.directHistory(state.peer, { before, limit: PAGE })).messages
-      : await client.history(key, { before, limit: PAGE });
+      : await client.roomHistory(key, { before, limit: PAGE });
     if (page.length < PAGE) state.complete = true;
     const list = $("messages");
     const fromBottom = list.scrollHeight - list.scrollTop;
@@ -325,6 +386,39 @@ $("dm-form").addEventListener("submit", (event) => {
   }
   input.value = "";
   openDirect(user);
+});
+
+$("create-form").addEventListener("submit", (event) => {
+  event.preventDefault();
+  const input = $("create-input");
+  const room = input.value.trim();
+  if (!ROOM.test(room)) {
+    showAlert("A room name is letters, digits and _ . : - (starting with a letter or digit)");
+    return;
+  }
+  input.value = "";
+  // Created first, then joined: a private room admits its members only.
+  const created = (e) => {
+    if (e.detail.room !== room) return;
+    client.removeEventListener("room", created);
+    joinRoom(room);
+  };
+  client.addEventListener("room", created);
+  client.createRoom(room, { private: true });
+});
+
+$("invite-form").addEventListener("submit", (event) => {
+  event.preventDefault();
+  const input = $("invite-input");
+  const name = input.value.trim();
+  if (!name || !active) return;
+  const user = userNamed(name);
+  if (!USER.test(user)) {
+    showAlert("A user is letters, digits and _ . - (starting with a letter or digit)");
+    return;
+  }
+  input.value = "";
+  client.invite(active, user);
 });
 
 $("join-form").addEventListener("submit", (event) => {
@@ -431,8 +525,9 @@ function onReceipt(key, user, id) {
   const state = rooms.get(key);
   if (!state) return;
   if (user === client.hello?.user) {
-    // Read on another tab: nothing here is unread up to there.
-    if (id >= Math.max(0, ...state.messages.keys()) && key !== active) showUnread(key, 0);
+    // Read on another tab, up to the newest message this page has: nothing is unread.
+    const newest = Math.max(0, ...state.messages.keys());
+    if (newest && id >= newest && key !== active) showUnread(key, 0);
     return;
   }
   if (id <= (state.read.get(user) ?? 0)) return;
@@ -508,6 +603,11 @@ function renderMessages() {
 function onJoined({ room, count, users }) {
   const state = rooms.get(room);
   if (!state) return;
+  if (!state.historyLoaded) {
+    // Over the socket, once a member: a private room's history is its members' only.
+    state.historyLoaded = true;
+    loadHistory(room);
+  }
   state.count = count;
   state.users = users ? new Set(users) : null;
   if (room === active) renderPresence();

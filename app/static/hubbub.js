@@ -24,6 +24,9 @@ const HEARTBEAT_SLACK_MS = 5_000;
  *               direct conversation: delivered like messages, at most once and in order
  *               (`applyEvent` applies one to a message frame)
  * - `receipt`  {room | to, user, id}: `user` has read up to `id`; `receipts` {room, read}
+ * - `room`     a room's record {room, private, title, topic, role?, members?}; `rooms` {rooms};
+ *               `member` {room, event, user, role, by}; `invited` {room, …, by}; `left`
+ *               {room, reason?} (reason "removed": out of a private room, not rejoined)
  * - `inbox`    {conversations: [{room} | {with, last, unread, read, peer_read}]} (servers
  *               with a store)
  * - `resync`   {room}: messages may be missing; reload the room with `history(room)`;
@@ -151,6 +154,26 @@ export class HubbubClient extends EventTarget {
     return this._sendMessage({ type: "react", ...this._target(conversation), id, emoji });
   }
 
+  /** Create `room` with you as its owner (`private`: members only). Answered by `room`. */
+  createRoom(room, { private: isPrivate = false, title = "", topic = "" } = {}) {
+    this._send({ type: "create", room, private: isPrivate, title, topic });
+  }
+
+  /** Make `user` a member of `room` ("member" or "admin"). Answered by `room`. */
+  invite(room, user, role = "member") {
+    this._send({ type: "invite", room, user, role });
+  }
+
+  /** Take `user` out of `room`'s members (yourself: leave it for good). */
+  removeMember(room, user) {
+    this._send({ type: "remove", room, user });
+  }
+
+  /** Ask for the rooms you are a member of (answered by `rooms`). */
+  listRooms() {
+    this._send({ type: "rooms" });
+  }
+
   /** Tell the room you are typing (call it at most every few seconds). */
   typing(room) {
     this._send({ type: "typing", room });
@@ -170,6 +193,21 @@ export class HubbubClient extends EventTarget {
     const response = await fetch(http, { headers });
     if (!response.ok) throw new Error(`history of ${room}: HTTP ${response.status}`);
     const { messages } = await response.json();
+    if (before === undefined && messages.length && this.rooms.has(room)) {
+      const newest = messages[messages.length - 1].id;
+      if (newest > (this.lastId.get(room) ?? 0)) this.lastId.set(room, newest);
+    }
+    return messages;
+  }
+
+  /** A page of `room`'s history over the socket (any identity mode; a private room's
+   * members only), oldest first: the newest `limit` messages, or those before `before`.
+   * Resolves to the messages; without `before`, moves this client's position forward as
+   * `history()` does. */
+  async roomHistory(room, { before, limit = 50 } = {}) {
+    const frame = { type: "history", room, limit };
+    if (before !== undefined) frame.before = before;
+    const { messages } = await this._ask(`history:${room}`, frame);
     if (before === undefined && messages.length && this.rooms.has(room)) {
       const newest = messages[messages.length - 1].id;
       if (newest > (this.lastId.get(room) ?? 0)) this.lastId.set(room, newest);
@@ -398,6 +436,17 @@ export class HubbubClient extends EventTarget {
         this._emit("error", frame);
         break;
       case "left":
+        if (frame.reason === "removed") {
+          // Out of a private room's members: do not rejoin it on the next reconnect.
+          this.rooms.delete(frame.room);
+          this.lastId.delete(frame.room);
+        }
+        this._emit("left", frame);
+        break;
+      case "room":
+      case "rooms":
+      case "member":
+      case "invited":
       case "presence":
       case "typing":
       case "receipt":
