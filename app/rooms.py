@@ -16,6 +16,9 @@ Contract:
   record when it is back and takes out of private rooms whoever is no longer a member.
 - Records are read through a per-worker cache, at most ``CHAT_ROOM_CACHE_S`` old (notices
   make changes visible sooner).
+- While the store cannot be read, chat goes on: a room's last record read is used however
+  old, and a room never read is public unless the broker says it was made private (every
+  private room is marked there before it is stored): then it is ``store_unavailable``.
 - :class:`RoomError` says why a call was refused (its ``code`` is the error frame's).
 """
 
@@ -102,7 +105,18 @@ class RoomDirectory:
         try:
             found = await self._store.get(room)
         except StoreError as exc:
-            raise RoomError(ErrorCode.STORE_UNAVAILABLE, "rooms unavailable, try again") from exc
+            if cached is not None:
+                return cached[1]  # stale beats unavailable
+            logger.info("room %s: the store cannot be read (%s)", room, exc)
+            try:
+                private = await self._broker.is_private(room)
+            except BrokerUnavailable:
+                private = True  # unknown: closed
+            if private:
+                raise RoomError(
+                    ErrorCode.STORE_UNAVAILABLE, "rooms unavailable, try again"
+                ) from exc
+            return None
         record = None if found is None else RoomRecord(*found)
         self._cache[room] = (now, record)
         self._cache.move_to_end(room)
@@ -147,10 +161,17 @@ class RoomDirectory:
             raise RoomError(ErrorCode.EXISTS, f"room {room!r} exists already")
         record = Room(room, private, title, topic, creator, int(time.time() * 1000))
         try:
+            if private:  # first: a private room is never taken for public (see record())
+                await self._broker.mark_private(room, True)
             created = await store.create(record)
+        except BrokerUnavailable:
+            raise RoomError(ErrorCode.BROKER_UNAVAILABLE, "cannot create now, try again") from None
         except StoreError as exc:
             raise RoomError(ErrorCode.STORE_UNAVAILABLE, "cannot create now, try again") from exc
         if not created:
+            existing = await self._existing(room)
+            with contextlib.suppress(BrokerUnavailable):
+                await self._broker.mark_private(room, existing.room.private)
             raise RoomError(ErrorCode.EXISTS, f"room {room!r} exists already")
         await self._announce(room, None)
         await self._tell("member.added", room, creator, Role.OWNER, creator)

@@ -4,6 +4,7 @@ socket out of the room on the other at once."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -128,3 +129,29 @@ async def test_without_a_store_rooms_are_public_and_records_refused() -> None:
         await ada.send({"type": "create", "room": "bad name!"})
         assert (await ada.expect("error"))["code"] == "bad_frame"
         assert (await ada.join("secret"))["room"] == "secret"
+
+
+async def test_while_the_store_is_down_public_rooms_work_and_private_ones_stay_closed() -> None:
+    """PostgreSQL is killed under two running servers. A public room is joined as ever (chat
+    goes on); a private room a server never read is refused (`store_unavailable`, not taken
+    for public: Redis says it is private); one it had read is used as last read."""
+    async with redis_and_postgres() as (redis, postgres, url):
+        settings = make_settings(redis_url=redis.url, database_url=url, room_cache_s=0.2)
+        async with (
+            run_server(settings) as one,
+            run_server(settings) as two,
+            connected(one.ws_url("ada")) as ada,
+            connected(two.ws_url("bob")) as bob,
+        ):
+            await answer(ada, {"type": "create", "room": "secret", "private": True}, "room")
+            await ada.join("secret")
+            await ada.expect("room")
+            await postgres.kill()
+            await asyncio.sleep(0.3)  # ada's server's record of it is stale now
+            assert (await bob.join("lobby"))["room"] == "lobby"
+            error = await answer(bob, {"type": "join", "room": "secret"}, "joined")
+            assert error["code"] == "store_unavailable"
+            await ada.send({"type": "leave", "room": "secret"})
+            await ada.expect("left")
+            joined = await answer(ada, {"type": "join", "room": "secret"}, "joined")
+            assert joined["type"] == "joined"

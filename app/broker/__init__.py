@@ -219,6 +219,15 @@ class Broker(Protocol):
         unsubscribed learns it from :meth:`BrokerHandler.resubscribed`."""
         ...
 
+    async def mark_private(self, room: str, private: bool) -> None:
+        """Remember (for every worker) whether ``room`` is private: what workers go by while
+        the store cannot be read (:mod:`app.rooms`)."""
+        ...
+
+    async def is_private(self, room: str) -> bool:
+        """Whether ``room`` was marked private."""
+        ...
+
     async def kick(self, user: str, reason: str) -> None:
         """Have every worker close ``user``'s connections (:meth:`BrokerHandler.kick`), those
         that do not hear it live too: a worker that was not subscribed when it was issued

@@ -62,6 +62,7 @@ class MemoryBroker:
         self._rooms: set[str] = set()
         self._users: set[str] = set()
         self._logs: OrderedDict[str, _RoomLog] = OrderedDict()
+        self._private: set[str] = set()
         self._last_id = 0
         self._recent = RecentIds(settings.dedup_ttl_s, settings.dedup_max_entries)
         self._clock = clock
@@ -242,6 +243,15 @@ class MemoryBroker:
 
     async def room_changed(self, room: str, removed: str | None = None) -> None:
         self._running().room_changed(room, removed)
+
+    async def mark_private(self, room: str, private: bool) -> None:
+        if private:
+            self._private.add(room)
+        else:
+            self._private.discard(room)
+
+    async def is_private(self, room: str) -> bool:
+        return room in self._private
 
     async def broadcast(self, room: str, payload: bytes) -> None:
         handler = self._running()

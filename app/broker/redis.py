@@ -510,6 +510,15 @@ class RedisBroker:
         notice = orjson.dumps({"room": room, "removed": removed})
         await call_redis(lambda: self._redis.publish(self._rooms_channel, notice))
 
+    async def mark_private(self, room: str, private: bool) -> None:
+        key = f"{self._prefix}:private"
+        call = self._redis.sadd if private else self._redis.srem
+        await call_redis(lambda: call(key, room))
+
+    async def is_private(self, room: str) -> bool:
+        key = f"{self._prefix}:private"
+        return bool(await call_redis(lambda: self._redis.sismember(key, room)))
+
     async def _missed_kicks(self) -> None:
         """After an outage: apply the kicks of local users this worker may have missed."""
         users = sorted(self._users)
