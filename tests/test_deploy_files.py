@@ -270,6 +270,9 @@ def _kubectl() -> str:
 TEST_SECRETS = {
     "CHAT_JWT_SECRET": "5f" * 32,
     "CHAT_ADMIN_TOKEN": "ad" * 32,
+    "CHAT_SERVICE_TOKEN": "5e" * 32,
+    "CHAT_WEBHOOK_URL": "https://backend.example.internal/hubbub/events",
+    "CHAT_WEBHOOK_SECRET": "3b" * 32,
     "CHAT_REDIS_URL": "redis://:external-redis-password@redis.example.internal:6379/0",
     "REDIS_PASSWORD": "0123456789abcdef0123456789abcdef",
     "CHAT_DATABASE_URL": "postgresql://hubbub:external-pg-password@pg.example.internal:5432/chat",
@@ -880,13 +883,17 @@ async def test_kubernetes_is_sized_and_scaled_as_ops_run_it() -> None:
         assert policy["spec"]["podSelector"]["matchLabels"].items() <= (
             deployment["spec"]["template"]["metadata"]["labels"].items()
         )
-        allowed = {
-            rule["ports"][0]["port"]: rule["from"][0]["namespaceSelector"]["matchLabels"][
-                "kubernetes.io/metadata.name"
-            ]
+        allowed = [
+            (rule["ports"][0]["port"], rule["from"][0]["namespaceSelector"].get("matchLabels"),
+             rule["from"][0].get("podSelector"))
             for rule in policy["spec"]["ingress"]
-        }
-        assert allowed == {"http": "ingress-nginx", "metrics": "monitoring"}
+        ]  # fmt: skip
+        assert allowed == [
+            ("http", {"kubernetes.io/metadata.name": "ingress-nginx"}, None),
+            ("metrics", {"kubernetes.io/metadata.name": "monitoring"}, None),
+            # The application's backend, for the backend API: labelled pods of any namespace.
+            ("http", None, {"matchLabels": {"hubbub.io/backend-api": "true"}}),
+        ]
 
 
 # -- nginx and hosts ----------------------------------------------------------------------
