@@ -12,14 +12,13 @@ Off unless ``CHAT_ADMIN_TOKEN`` is set (every route answers 404 then); each call
 
 from __future__ import annotations
 
-import hmac
 import logging
-import time
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, Header, HTTPException, Path, Request, Response
+from fastapi import APIRouter, Depends, HTTPException, Path, Response
 from pydantic import BaseModel, Field
 
+from app.bearer import bearer_guard
 from app.errors import BrokerUnavailable
 from app.protocol import USER_PATTERN
 from app.state import ChatState
@@ -27,24 +26,7 @@ from app.state import ChatState
 logger = logging.getLogger(__name__)
 
 
-def _authorized(
-    request: Request, authorization: Annotated[str | None, Header()] = None
-) -> ChatState:
-    state: ChatState = request.app.state.chat
-    token = state.settings.admin_token
-    if token is None:
-        raise HTTPException(404, "Not Found")
-    address, now = request.client.host if request.client else None, time.monotonic()
-    if state.failed_logins.locked_out(address, now):
-        retry_after = {"Retry-After": str(int(state.failed_logins.window_s))}
-        raise HTTPException(429, "too many failed attempts: try again later", headers=retry_after)
-    expected = f"Bearer {token.get_secret_value()}".encode()
-    if authorization is None or not hmac.compare_digest(authorization.encode(), expected):
-        state.failed_logins.failed(address, now)
-        logger.warning("moderation: failed login", extra={"ip": address})
-        raise HTTPException(401, "a valid admin bearer token is required",
-                            headers={"WWW-Authenticate": "Bearer"})  # fmt: skip
-    return state
+_authorized = bearer_guard(lambda settings: settings.admin_token, "moderation API")
 
 
 router = APIRouter(prefix="/admin", include_in_schema=False)

@@ -17,16 +17,15 @@ inside the network.
 
 from __future__ import annotations
 
-import hmac
 import logging
-import time
 from typing import Annotated, Any, Literal
 
 import orjson
-from fastapi import APIRouter, Depends, Header, HTTPException, Path, Query, Request, Response
+from fastapi import APIRouter, Depends, HTTPException, Path, Query, Response
 from pydantic import BaseModel, Field
 
 from app.api import history_response
+from app.bearer import bearer_guard
 from app.conversation import direct
 from app.errors import BrokerUnavailable, ErrorCode, QuotaExceeded
 from app.protocol import CID_MAX_CHARS, ROOM_PATTERN, USER_PATTERN
@@ -37,24 +36,7 @@ from app.store.rooms import Role
 logger = logging.getLogger(__name__)
 
 
-def _authorized(
-    request: Request, authorization: Annotated[str | None, Header()] = None
-) -> ChatState:
-    state: ChatState = request.app.state.chat
-    token = state.settings.service_token
-    if token is None:
-        raise HTTPException(404, "Not Found")
-    address, now = request.client.host if request.client else None, time.monotonic()
-    if state.failed_logins.locked_out(address, now):
-        retry_after = {"Retry-After": str(int(state.failed_logins.window_s))}
-        raise HTTPException(429, "too many failed attempts: try again later", headers=retry_after)
-    expected = f"Bearer {token.get_secret_value()}".encode()
-    if authorization is None or not hmac.compare_digest(authorization.encode(), expected):
-        state.failed_logins.failed(address, now)
-        logger.warning("backend API: failed login", extra={"ip": address})
-        raise HTTPException(401, "the service bearer token is required",
-                            headers={"WWW-Authenticate": "Bearer"})  # fmt: skip
-    return state
+_authorized = bearer_guard(lambda settings: settings.service_token, "backend API")
 
 
 router = APIRouter(prefix="/api/v1", tags=["backend"])
