@@ -34,7 +34,8 @@ install: $(STAMP)  ## create .venv with the locked dependencies
 
 deb-deps:  ## install the Debian packages the tests need, when missing (needs root)
 	@missing=""; for pair in $(DEB_TEST_DEPS); do \
-	  command -v $${pair%%:*} >/dev/null || test -e $${pair%%:*} || missing="$$missing $${pair##*:}"; done; \
+	  case $${pair%%:*} in /*) test -e $${pair%%:*};; *) command -v $${pair%%:*} >/dev/null;; esac \
+	    || missing="$$missing $${pair##*:}"; done; \
 	if [ -n "$$missing" ]; then \
 	  echo "installing Debian packages:$$missing"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing >/dev/null; \

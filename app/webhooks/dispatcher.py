@@ -10,7 +10,9 @@ Contract:
   event was queued; then it is given up (removed, counted, logged).
 - While it retries, the worker keeps its events claimed. Events a worker read and did not
   finish (it died) are taken over by another once idle for ``CHAT_WEBHOOK_CLAIM_AFTER_S``.
-- At most ``CHAT_WEBHOOK_CONCURRENCY`` requests per worker are in flight.
+- At most ``CHAT_WEBHOOK_CONCURRENCY`` requests per worker are in flight, and a worker holds
+  at most :data:`HELD_PER_REQUEST` times as many events (those waiting out a backoff): a few
+  events the backend keeps refusing do not stop the others.
 - :attr:`stats` feeds the metrics (deliveries, failures, given up, the queue's age and size).
 """
 
@@ -40,6 +42,7 @@ GROUP = "webhooks"
 _BACKOFF_BASE_S = 0.5
 _BACKOFF_CAP_S = 60.0
 _WATCH_EVERY_S = 2.0
+HELD_PER_REQUEST = 16
 
 
 @dataclass(slots=True)
@@ -89,7 +92,8 @@ class WebhookDispatcher:
                 if not group_made:
                     await self._make_group()
                     group_made = True
-                free = self._settings.webhook_concurrency - len(self._in_flight)
+                held_max = self._settings.webhook_concurrency * HELD_PER_REQUEST
+                free = min(held_max - len(self._in_flight), self._settings.webhook_concurrency)
                 if free <= 0:
                     await asyncio.sleep(0.05)
                     continue
