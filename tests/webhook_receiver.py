@@ -46,6 +46,8 @@ class Receiver:
         body = b""
         while True:
             message = await receive()
+            if message["type"] == "http.disconnect":
+                return  # the sender gave up (its timeout, its shutdown): not a request
             body += message.get("body", b"")
             if not message.get("more_body"):
                 break
