@@ -65,6 +65,10 @@ read_state: Final = Table(
     Column("conversation", String(200), primary_key=True),
     Column("last_read_id", BigInteger, nullable=False),
 )
+# Where a room's readers are (`receipts` after every join): the furthest along first.
+Index(
+    "ix_read_state_conversation_last_read_id", read_state.c.conversation, read_state.c.last_read_id
+)
 
 # The conversations each user takes part in (their inbox): both users of a direct
 # conversation, the authors of a room's messages, and whoever marked a room read.

@@ -1,4 +1,5 @@
-"""Rooms (public or private, with a title and a topic) and their members' roles.
+"""Rooms (public or private, with a title and a topic) and their members' roles; an index of
+read positions by conversation.
 
 Revision ID: 0004
 Revises: 0003
@@ -35,9 +36,14 @@ def upgrade() -> None:
         sa.PrimaryKeyConstraint("room", "user", name="pk_members"),
     )
     op.create_index("ix_members_user", "members", ["user"])
+    # `receipts` after every join read a room's readers: not a scan of every read position.
+    op.create_index(
+        "ix_read_state_conversation_last_read_id", "read_state", ["conversation", "last_read_id"]
+    )
 
 
 def downgrade() -> None:
+    op.drop_index("ix_read_state_conversation_last_read_id", "read_state")
     op.drop_index("ix_members_user", "members")
     op.drop_table("members")
     op.drop_table("rooms")
