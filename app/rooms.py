@@ -239,19 +239,24 @@ class RoomDirectory:
     # -- keeping workers in step ---------------------------------------------------------------
 
     def forget(self, room: str | None) -> None:
-        """A room changed (None: any may have, notices were missed): drop its cached record;
-        for None, recheck the private rooms this worker's connections are in."""
+        """A room changed (None: any may have, notices were missed): drop its cached record,
+        and recheck who is in it here (a room made private just after someone joined it; a
+        member removed) — every room this worker has connections in, for None."""
         if room is not None:
             self._cache.pop(room, None)
-            return
-        self._cache.clear()
-        task = asyncio.ensure_future(self._recheck())
+            if room not in self._hub.rooms_here:
+                return
+            rooms = [room]
+        else:
+            self._cache.clear()
+            rooms = self._hub.rooms_here_names()
+        task = asyncio.ensure_future(self._recheck(rooms))
         self._rechecks.add(task)
         task.add_done_callback(self._rechecks.discard)
 
-    async def _recheck(self) -> None:
-        """Take out of private rooms the connections whose users are no longer members."""
-        for room in list(self._hub.rooms_here_names()):
+    async def _recheck(self, rooms: list[str]) -> None:
+        """Take out of private rooms the connections whose users are not members."""
+        for room in rooms:
             try:
                 record = await self.record(room)
             except RoomError:
