@@ -535,6 +535,15 @@ class Settings(BaseSettings):
         description="Which events are sent (comma-separated): `message.created`, "
         "`member.added`, `member.removed`, `user.online`, `user.offline`.",
     )
+    webhook_batch_max: int = Field(
+        1,
+        ge=1,
+        le=1_000,
+        description="Events per request. 1: one event per request, its JSON object as the body. "
+        "Above 1: up to that many events read together go in one request, a JSON array (header "
+        "`Hubbub-Event: batch`), retried and acknowledged together — far less CPU when every "
+        "message is sent (docs/benchmarks.md).",
+    )
     webhook_timeout_s: float = Field(
         5.0, gt=0, description="An attempt not answered within this long has failed."
     )

@@ -1,6 +1,7 @@
 #!/bin/bash
 # Closed-loop rtt (100 clients) through gunicorn (2 workers, core 0) and Redis (core 1), with
-# webhooks on (every message.created POSTed to a receiver on core 1) vs off, alternating.
+# webhooks on (every message.created POSTed to a receiver on core 1; BATCH=N: N events a request at
+# most, CHAT_WEBHOOK_BATCH_MAX) vs off, alternating.
 set -e
 OUT=${OUT:-/tmp/hubbub-webhook-cost}; mkdir -p "$OUT"
 cd "$(dirname "$0")/.."
@@ -15,7 +16,7 @@ for round in 1 2 3; do
   for mode in off on; do
     PORT=$(.venv/bin/python -c "import socket;s=socket.socket();s.bind(('127.0.0.1',0));print(s.getsockname()[1])")
     EXTRA=""
-    if [ $mode = on ]; then EXTRA="CHAT_WEBHOOK_URL=$HOOK CHAT_WEBHOOK_SECRET=$(printf 'h%.0s' {1..40}) CHAT_WEBHOOK_EVENTS=message.created"; fi
+    if [ $mode = on ]; then EXTRA="CHAT_WEBHOOK_URL=$HOOK CHAT_WEBHOOK_SECRET=$(printf 'h%.0s' {1..40}) CHAT_WEBHOOK_EVENTS=message.created CHAT_WEBHOOK_BATCH_MAX=${BATCH:-1}"; fi
     env CHAT_AUTH_MODE=names CHAT_REDIS_URL=redis://127.0.0.1:$RPORT/$round CHAT_USER_MESSAGES_PER_S=100000 CHAT_USER_MESSAGE_BURST=100000 \
       CHAT_RATE_LIMIT_FRAMES_PER_S=100000 CHAT_RATE_LIMIT_BURST=100000 CHAT_IP_CONNECTIONS_PER_S=100000 CHAT_IP_CONNECTION_BURST=100000 \
       CHAT_MAX_CONNECTIONS_PER_USER=100000 CHAT_LOG_LEVEL=warning $EXTRA \

@@ -225,3 +225,32 @@ async def test_no_webhook_is_lost_when_a_worker_is_killed(
             assert len(ids) >= 75
         finally:
             await app.stop()
+
+
+async def test_webhooks_in_batches_carry_every_event_in_fewer_requests() -> None:
+    """With CHAT_WEBHOOK_BATCH_MAX, events read together go in one signed request (a JSON
+    array), retried together when it fails: every message still arrives."""
+    async with running_receiver(HOOK_SECRET) as receiver, redis_and_postgres() as (redis, _, url):
+        settings = make_settings(
+            redis_url=redis.url, database_url=url, service_token=SERVICE,
+            webhook_url=receiver.url, webhook_secret=HOOK_SECRET, webhook_batch_max=20,
+            webhook_events=["message.created"],
+        )  # fmt: skip
+        receiver.fail_next = 2
+        async with (
+            run_server(settings) as live,
+            httpx.AsyncClient(base_url=f"{live.http_url}/api/v1", headers=AUTH) as api,
+        ):
+            # Published at once, as busy rooms do: the dispatcher reads them together.
+            responses = await asyncio.gather(
+                *(api.post("/rooms/lobby/messages", json={"text": str(n)}) for n in range(100))
+            )
+            ids = [response.json()["id"] for response in responses]
+
+            def all_seen() -> bool:
+                return set(ids) <= {e["data"]["message"]["id"] for e in receiver.events}
+
+            await receiver.wait_for(all_seen, timeout=30)
+        assert receiver.refused_signatures == 0
+        assert receiver.batches >= 1
+        assert receiver.attempts < 100  # fewer requests than events

@@ -27,6 +27,7 @@ class Receiver:
         self.fail_next = 0  # answer 500 to this many more requests
         self.delay_s = 0.0
         self.attempts = 0
+        self.batches = 0  # requests that carried several events
         self.port = free_port()
 
     @property
@@ -66,10 +67,16 @@ class Receiver:
                 self.fail_next -= 1
                 status = 500
             else:
-                event = orjson.loads(body)
-                assert headers["hubbub-event"] == event["type"]
-                assert headers["hubbub-delivery"] == event["id"]
-                self.events.append(event)
+                decoded = orjson.loads(body)
+                if isinstance(decoded, list):  # a batch (CHAT_WEBHOOK_BATCH_MAX > 1)
+                    assert headers["hubbub-event"] == "batch"
+                    assert headers["hubbub-delivery"] == decoded[0]["id"]
+                    self.batches += 1
+                    self.events.extend(decoded)
+                else:
+                    assert headers["hubbub-event"] == decoded["type"]
+                    assert headers["hubbub-delivery"] == decoded["id"]
+                    self.events.append(decoded)
         await send({"type": "http.response.start", "status": status, "headers": []})
         await send({"type": "http.response.body", "body": b""})
 

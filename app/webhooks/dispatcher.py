@@ -10,6 +10,8 @@ Contract:
   event was queued; then it is given up (removed, counted, logged).
 - While it retries, the worker keeps its events claimed. Events a worker read and did not
   finish (it died) are taken over by another once idle for ``CHAT_WEBHOOK_CLAIM_AFTER_S``.
+- With ``CHAT_WEBHOOK_BATCH_MAX`` above 1, the events read together (up to that many) go in
+  one request, a JSON array, retried and removed together.
 - At most ``CHAT_WEBHOOK_CONCURRENCY`` requests per worker are in flight, and a worker holds
   at most :data:`HELD_PER_REQUEST` times as many events (those waiting out a backoff): a few
   events the backend keeps refusing do not stop the others.
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import random
 import time
@@ -93,7 +96,10 @@ class WebhookDispatcher:
                     await self._make_group()
                     group_made = True
                 held_max = self._settings.webhook_concurrency * HELD_PER_REQUEST
-                free = min(held_max - len(self._in_flight), self._settings.webhook_concurrency)
+                batch = self._settings.webhook_batch_max
+                free = min(
+                    held_max - len(self._in_flight), self._settings.webhook_concurrency * batch
+                )
                 if free <= 0:
                     await asyncio.sleep(0.05)
                     continue
@@ -101,8 +107,7 @@ class WebhookDispatcher:
                     GROUP, self._consumer, {self._queue.queue: ">"}, count=free, block=1000
                 )
                 for _, entries in _streams(reply):
-                    for entry_id, fields in entries:
-                        self._start(entry_id, fields)
+                    self._start(entries)
             except ResponseError as exc:
                 if "NOGROUP" in str(exc):  # the queue was deleted (an emptied Redis)
                     group_made = False
@@ -133,9 +138,7 @@ class WebhookDispatcher:
                 _, claimed, _ = await self._redis.xautoclaim(
                     self._queue.queue, GROUP, self._consumer, claim_after_ms, count=100
                 )
-                for entry_id, fields in claimed:
-                    if fields:
-                        self._start(entry_id, fields)
+                self._start([(entry_id, fields) for entry_id, fields in claimed if fields])
                 await self._watch()
             except ResponseError as exc:
                 if "NOGROUP" not in str(exc):
@@ -153,33 +156,45 @@ class WebhookDispatcher:
         self.stats.lag_s = _age_s(oldest[0][0]) if oldest else 0.0
         self.stats.not_queued = int(dropped or 0)
 
-    def _start(self, entry_id: bytes, fields: dict[bytes, bytes]) -> None:
-        if entry_id in self._in_flight:
-            return
-        task = asyncio.create_task(self._deliver(entry_id, fields))
-        self._in_flight[entry_id] = task
-        task.add_done_callback(lambda _: self._in_flight.pop(entry_id, None))
+    def _start(self, entries: list[tuple[bytes, dict[bytes, bytes]]]) -> None:
+        """Deliver ``entries`` not in flight here yet, ``CHAT_WEBHOOK_BATCH_MAX`` a request."""
+        fresh = [(i, f) for i, f in entries if i not in self._in_flight]
+        size = self._settings.webhook_batch_max
+        for start in range(0, len(fresh), size):
+            batch = fresh[start : start + size]
+            task = asyncio.create_task(self._deliver(batch))
+            ids = [entry_id for entry_id, _ in batch]
+            for entry_id in ids:
+                self._in_flight[entry_id] = task
+            task.add_done_callback(functools.partial(self._forget, ids))
 
-    async def _deliver(self, entry_id: bytes, fields: dict[bytes, bytes]) -> None:
-        """POST one event until the backend takes it, or give it up."""
-        body = _body(entry_id, fields)
-        event = fields.get(b"e", b"?").decode()
+    def _forget(self, ids: list[bytes], _: object) -> None:
+        for entry_id in ids:
+            self._in_flight.pop(entry_id, None)
+
+    async def _deliver(self, batch: list[tuple[bytes, dict[bytes, bytes]]]) -> None:
+        """POST events (one, or a batch) until the backend takes them, or give them up."""
+        ids = [entry_id for entry_id, _ in batch]
+        if self._settings.webhook_batch_max == 1:
+            body, event = _body(*batch[0]), batch[0][1].get(b"e", b"?").decode()
+        else:
+            body, event = b"[" + b",".join(_body(i, f) for i, f in batch) + b"]", "batch"
         attempt = 0
         while True:
             async with self._slots:
-                ok = await self._post(entry_id, event, body)
+                ok = await self._post(ids[0], event, body)
             if ok:
-                self.stats.delivered += 1
-                await self._remove(entry_id)
+                self.stats.delivered += len(ids)
+                await self._remove(ids)
                 return
             self.stats.failed_attempts += 1
-            if _age_s(entry_id) > self._settings.webhook_retry_max_s:
-                self.stats.given_up += 1
+            if _age_s(ids[0]) > self._settings.webhook_retry_max_s:
+                self.stats.given_up += len(ids)
                 logger.error(
-                    "webhooks: gave up %s %s after %d attempts",
-                    event, entry_id.decode(), attempt + 1,
+                    "webhooks: gave up %s %s (%d events) after %d attempts",
+                    event, ids[0].decode(), len(ids), attempt + 1,
                 )  # fmt: skip
-                await self._remove(entry_id)
+                await self._remove(ids)
                 return
             cap = min(_BACKOFF_CAP_S, _BACKOFF_BASE_S * 2**attempt)
             attempt += 1
@@ -202,15 +217,15 @@ class WebhookDispatcher:
         logger.info("webhooks: %s %s answered %d", event, entry_id.decode(), response.status_code)
         return False
 
-    async def _remove(self, entry_id: bytes) -> None:
+    async def _remove(self, ids: list[bytes]) -> None:
         """Ack and delete together (an entry acked but left would count as lag forever);
         retried until Redis takes it (a redelivery, if this worker dies meanwhile, is what
         at-least-once allows)."""
         while True:
             try:
                 async with self._redis.pipeline(transaction=True) as pipe:
-                    pipe.xack(self._queue.queue, GROUP, entry_id)
-                    pipe.xdel(self._queue.queue, entry_id)
+                    pipe.xack(self._queue.queue, GROUP, *ids)
+                    pipe.xdel(self._queue.queue, *ids)
                     await pipe.execute()
                 return
             except REDIS_ERRORS as exc:
