@@ -23,6 +23,14 @@ def members_of_direct(conversation: str) -> tuple[str, str]:
     return a, b
 
 
+def addressed(conversation: str, user: str) -> tuple[str, str]:
+    """How a frame ``user`` sends in ``conversation`` names it: (``"room"``, the room), or
+    (``"to"``, the other user) in a direct conversation."""
+    if is_direct(conversation):
+        return "to", peer(conversation, user)
+    return "room", conversation
+
+
 def peer(conversation: str, user: str) -> str:
     """The other user of a direct conversation ``user`` is in."""
     a, b = members_of_direct(conversation)

@@ -24,7 +24,7 @@ from typing import Any
 import orjson
 
 from app.broker import Broker, History, Message
-from app.conversation import is_direct, peer
+from app.conversation import addressed, is_direct, peer
 from app.lifecycle import Kind, with_state
 from app.protocol import event_frame_parts, message_frame, message_frame_parts
 from app.settings import Settings
@@ -42,11 +42,8 @@ class HistoryUnavailable(Exception):
 def frame_of(message: StoredMessage) -> bytes:
     """The frame of a stored message or event: the same bytes the broker delivered (but for a
     deleted message's text)."""
-    conversation, user = message.conversation, message.user
-    if is_direct(conversation):
-        target, name = "to", peer(conversation, user)
-    else:
-        target, name = "room", conversation
+    user = message.user
+    target, name = addressed(message.conversation, user)
     if message.kind == Kind.MESSAGE:
         parts = message_frame_parts(target, name, user, message.text, message.target)
     else:

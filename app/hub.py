@@ -177,16 +177,9 @@ class Hub:
                 self._metrics.delivered_since_sync += len(conns)
                 self._metrics.sample_fanout(message_id)
 
-    def room_changed(self, room: str, removed: str | None) -> None:
-        """A room's record changed (:mod:`app.rooms` forgets it); ``removed``'s connections
-        here leave the room, each told with ``left`` (reason ``removed``)."""
+    def room_changed(self, room: str) -> None:
+        """A room's record changed: :mod:`app.rooms` forgets it and rechecks who is in it."""
         self.rooms_changed(room)
-        if removed is None:
-            return
-        for conn in list(self._users.get(removed, ())):
-            if room in conn.rooms:
-                task = asyncio.ensure_future(self.expel(conn, room))
-                task.add_done_callback(retrieve_exception)
 
     async def expel(self, conn: Connection, room: str) -> None:
         """Take ``conn`` out of ``room`` (no longer a member) and tell it."""

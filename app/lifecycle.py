@@ -25,9 +25,11 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import IntEnum
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 
 import orjson
+
+K = TypeVar("K")
 
 
 class Kind(IntEnum):
@@ -107,9 +109,10 @@ def apply(
     return new
 
 
-def fold(events: Iterable[tuple[int, Kind, str, str, int]]) -> dict[int, dict[str, Any]]:
-    """The states events leave: ``events`` are (target, kind, user, text, ts_ms) in id order."""
-    states: dict[int, dict[str, Any]] = {}
+def fold(events: Iterable[tuple[K, Kind, str, str, int]]) -> dict[K, dict[str, Any]]:
+    """The states events leave: ``events`` are (target, kind, user, text, ts_ms) in id order;
+    the target is whatever names a message (its id, or (conversation, id))."""
+    states: dict[K, dict[str, Any]] = {}
     for target, kind, user, text, ts_ms in events:
         states[target] = apply(states.get(target), kind, user, text, ts_ms)
     return states

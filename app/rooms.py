@@ -10,8 +10,9 @@ Contract:
   removes members and describes the room; anyone leaves (removes themselves). The backend
   API (``by`` None) may do everything.
 - Every change is stored first, then announced to every worker
-  (:meth:`app.broker.Broker.room_changed`): each forgets its copy, and a removed member's
-  connections leave the room on every worker at once (``left`` with reason ``removed``). A
+  (:meth:`app.broker.Broker.room_changed`): each forgets its copy and rechecks who is in
+  the room there, so a removed member's connections leave it on every worker at once
+  (``left`` with reason ``removed``). A
   worker that lost its broker subscription (and may have missed notices) forgets every
   record when it is back and takes out of private rooms whoever is no longer a member.
 - Records are read through a per-worker cache, at most ``CHAT_ROOM_CACHE_S`` old (notices
@@ -124,18 +125,6 @@ class RoomDirectory:
             self._cache.popitem(last=False)
         return record
 
-    async def may_use(self, room: str, user: str) -> bool:
-        """Whether ``user`` may join, read and write in ``room``: a public room, or a member."""
-        record = await self.record(room)
-        return record is None or not record.room.private or user in record.members
-
-    async def check_use(self, room: str, user: str) -> None:
-        """Raise ``forbidden`` unless ``user`` may use ``room`` (see :meth:`may_use`)."""
-        if not await self.may_use(room, user):
-            raise RoomError(
-                ErrorCode.FORBIDDEN, f"room {room!r} is private: ask its owner for an invitation"
-            )
-
     async def rooms_of(self, user: str) -> list[dict[str, Any]]:
         """The rooms ``user`` is a member of, with its role."""
         store = self._required()
@@ -173,7 +162,7 @@ class RoomDirectory:
             with contextlib.suppress(BrokerUnavailable):
                 await self._broker.mark_private(room, existing.room.private)
             raise RoomError(ErrorCode.EXISTS, f"room {room!r} exists already")
-        await self._announce(room, None)
+        await self._announce(room)
         await self._tell("member.added", room, creator, Role.OWNER, creator)
         return RoomRecord(record, {creator: Role.OWNER})
 
@@ -185,7 +174,7 @@ class RoomDirectory:
         if by is not None and record.members.get(by) not in (Role.OWNER, Role.ADMIN):
             raise RoomError(ErrorCode.FORBIDDEN, "only the room's owner or an admin may do that")
         await self._write(self._required().describe(room, title, topic))
-        await self._announce(room, None)
+        await self._announce(room)
         return await self._existing(room)
 
     async def add(self, room: str, user: str, role: Role, by: str | None) -> RoomRecord:
@@ -206,7 +195,7 @@ class RoomDirectory:
                     else "only the room's owner or an admin may add members",
                 )
         await self._write(self._required().set_role(room, user, role, int(time.time() * 1000)))
-        await self._announce(room, None)
+        await self._announce(room)
         await self._tell("member.added", room, user, role, by)
         changed = await self._existing(room)
         await self._notify(room, member_frame(room, user, "added", role.value, by),
@@ -230,7 +219,7 @@ class RoomDirectory:
                 raise RoomError(ErrorCode.FORBIDDEN, _why_not_removed(target, actor, by == user))
         store = self._required()
         await self._write(store.remove(room, user))
-        await self._announce(room, user if record.room.private else None)
+        await self._announce(room)
         await self._tell("member.removed", room, user, target, by)
         notice = member_frame(room, user, "removed", None, by)
         await self._notify(room, notice, (user, notice))
@@ -268,18 +257,15 @@ class RoomDirectory:
                 if conn.user not in record.members:
                     await self._hub.expel(conn, room)
 
-    async def _announce(self, room: str, removed: str | None) -> None:
+    async def _announce(self, room: str) -> None:
+        """Forget ``room`` here (rechecking who is in it) and on every other worker."""
         self.forget(room)
         try:
-            await self._broker.room_changed(room, removed)
+            await self._broker.room_changed(room)
         except BrokerUnavailable:
-            # Stored: the other workers see it within CHAT_ROOM_CACHE_S; a removed member's
-            # sockets elsewhere are taken out when the broker is back (the recheck).
+            # Stored: the other workers see it within CHAT_ROOM_CACHE_S, and recheck every
+            # room when the broker is back.
             logger.warning("room %s changed but the broker is unavailable to announce it", room)
-            if removed is not None:
-                for conn in list(self._hub.members_here(room)):
-                    if conn.user == removed:
-                        await self._hub.expel(conn, room)
 
     async def _notify(self, room: str, notice: bytes, to_user: tuple[str, bytes]) -> None:
         """Live notices, at most once: ``notice`` to the room, the other to one user."""

@@ -29,7 +29,7 @@ class Recorder:
         self.rooms: list[tuple[str, int | None, bytes]] = []
         self.users: list[tuple[str, int | None, bytes]] = []
         self.kicks: list[tuple[str, str]] = []
-        self.room_notices: list[tuple[str, str | None]] = []
+        self.room_notices: list[str] = []
 
     def deliver_room(self, room: str, message_id: int | None, payload: bytes) -> None:
         self.rooms.append((room, message_id, payload))
@@ -39,8 +39,8 @@ class Recorder:
 
     def link_lost(self) -> None: ...
 
-    def room_changed(self, room: str, removed: str | None) -> None:
-        self.room_notices.append((room, removed))
+    def room_changed(self, room: str) -> None:
+        self.room_notices.append(room)
 
     def resubscribed(self) -> None: ...
 

@@ -42,11 +42,10 @@ class BrokerHandler(Protocol):
         was asked for: messages published from now on are delivered live."""
         ...
 
-    def room_changed(self, room: str, removed: str | None) -> None:
+    def room_changed(self, room: str) -> None:
         """``room``'s record (privacy, members, title) changed on some server: forget what
-        was read of it; ``removed``: that user is no longer a member, so its connections
-        here leave the room. Missed while the subscription was lost: :meth:`resubscribed`
-        stands for every room."""
+        was read of it (and recheck who may be in it). Missed while the subscription was
+        lost: :meth:`resubscribed` stands for every room."""
         ...
 
     def kick(self, user: str, reason: str, issued_at: float | None = None) -> None:
@@ -213,7 +212,7 @@ class Broker(Protocol):
         connections on every worker: not stored, not numbered, at most once."""
         ...
 
-    async def room_changed(self, room: str, removed: str | None = None) -> None:
+    async def room_changed(self, room: str) -> None:
         """Tell every worker (this one too) that ``room``'s record changed
         (:meth:`BrokerHandler.room_changed`): at most once; a worker that misses it while
         unsubscribed learns it from :meth:`BrokerHandler.resubscribed`."""

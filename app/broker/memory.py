@@ -11,7 +11,7 @@ from typing import Any
 from app.access.buckets import TokenBuckets
 from app.broker import BrokerHandler, BrokerStats, History, Message, Published
 from app.broker.dedup import RecentIds
-from app.conversation import direct, is_direct, members_of_direct, peer
+from app.conversation import addressed, direct, is_direct, members_of_direct
 from app.errors import BrokerUnavailable, MessageGone, QuotaExceeded
 from app.lifecycle import Change, Kind, Target, apply, reacted, with_state
 from app.protocol import event_frame_parts, is_message_frame, message_frame, message_frame_parts
@@ -160,7 +160,7 @@ class MemoryBroker:
         message_id, ts_ms, duplicate = self._next_id(key)
         if duplicate:
             return Published(message_id, duplicate=True)
-        target, name = _addressed(conversation, user)
+        target, name = addressed(conversation, user)
         parts = message_frame_parts(target, name, user, text, reply_to)
         payload = message_frame(parts, message_id, ts_ms)
         self._remember(conversation, message_id, payload)
@@ -193,7 +193,7 @@ class MemoryBroker:
             on = not reacted(state, change.text, change.user)
             kind = Kind.REACTION_ON if on else Kind.REACTION_OFF
         message_id, ts_ms, _ = self._next_id(key)
-        target, name = _addressed(conversation, change.user)
+        target, name = addressed(conversation, change.user)
         parts = event_frame_parts(kind, target, name, change.target, change.user, change.text)
         payload = message_frame(parts, message_id, ts_ms)
         self._remember(conversation, message_id, payload)
@@ -241,8 +241,8 @@ class MemoryBroker:
     async def kick(self, user: str, reason: str) -> None:
         self._running().kick(user, reason)
 
-    async def room_changed(self, room: str, removed: str | None = None) -> None:
-        self._running().room_changed(room, removed)
+    async def room_changed(self, room: str) -> None:
+        self._running().room_changed(room)
 
     async def mark_private(self, room: str, private: bool) -> None:
         if private:
@@ -317,11 +317,3 @@ class MemoryBroker:
         ]  # fmt: skip
         page = older[-limit:] if limit else []
         return [Message(m.id, with_state(m.payload, log.states.get(m.id))) for m in page]
-
-
-def _addressed(conversation: str, user: str) -> tuple[str, str]:
-    """How a frame ``user`` sends in ``conversation`` names it: ``room``, or ``to`` the other
-    user of a direct conversation."""
-    if is_direct(conversation):
-        return "to", peer(conversation, user)
-    return "room", conversation

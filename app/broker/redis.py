@@ -29,7 +29,7 @@ from redis.asyncio import Redis
 
 from app.broker import BrokerHandler, BrokerStats, History, Message, Published
 from app.broker import redis_scripts as scripts
-from app.conversation import direct, is_direct, peer
+from app.conversation import addressed, direct, is_direct
 from app.errors import BrokerUnavailable, MessageGone, QuotaExceeded
 from app.lifecycle import Change, Kind, Target, with_state
 from app.protocol import event_frame_parts, is_message_frame, message_frame_parts, message_id_of
@@ -219,8 +219,7 @@ class RedisBroker:
                 user = channel[len(self._user_prefix) :].decode()
                 handler.deliver_user(user, message_id_of(data), data)
             elif channel == self._rooms_bytes:
-                notice = orjson.loads(data)
-                handler.room_changed(notice["room"], notice.get("removed"))
+                handler.room_changed(data.decode())
             elif channel == self._moderation_bytes:
                 order = orjson.loads(data)
                 handler.kick(order["user"], order["reason"])
@@ -336,10 +335,10 @@ class RedisBroker:
     def _channels(self, conversation: str, user: str) -> tuple[str, str, str, str]:
         """How frames of ``user`` in ``conversation`` are addressed: (target field, name,
         channel, second channel)."""
+        field, name = addressed(conversation, user)
         if is_direct(conversation):
-            other = peer(conversation, user)
-            return "to", other, self._user_channel(other), self._user_channel(user)
-        return "room", conversation, self._room_channel(conversation), ""
+            return field, name, self._user_channel(name), self._user_channel(user)
+        return field, name, self._room_channel(conversation), ""
 
     async def publish_event(
         self,
@@ -435,7 +434,7 @@ class RedisBroker:
     async def history_before(self, room: str, before: int | None, limit: int) -> list[Message]:
         """Messages only (the log's events are skipped), each as it is now (its state)."""
         upper = "+" if before is None else f"({before}-0"
-        log, state = self._room_key(room, "log"), self._room_key(room, "state")
+        log = self._room_key(room, "log")
 
         async def read(upper: str, count: int) -> list[Any]:
             async with self._redis.pipeline(transaction=False) as pipe:
@@ -462,14 +461,8 @@ class RedisBroker:
             upper = f"({cast(bytes, entries[-1][0]).decode()}"
             count = min(count * 2, self._settings.history_size + 1)
         found.reverse()
-        if not found:
-            return found
-        ids = [message.id for message in found]
-        states = await call_redis(lambda: self._redis.hmget(state, ids))
-        return [
-            Message(message.id, _as_now(message.payload, raw or b""))
-            for message, raw in zip(found, states, strict=True)
-        ]
+        states = await self.states(room, [message.id for message in found])
+        return [Message(m.id, with_state(m.payload, states.get(m.id))) for m in found]
 
     async def find(self, conversation: str, message_id: int) -> Target | None:
         log, state = self._room_key(conversation, "log"), self._room_key(conversation, "state")
@@ -506,9 +499,8 @@ class RedisBroker:
         await call_redis(lambda: self._redis.set(self._kick_key(user), order, px=ttl_ms))
         await call_redis(lambda: self._redis.publish(self._moderation_channel, order))
 
-    async def room_changed(self, room: str, removed: str | None = None) -> None:
-        notice = orjson.dumps({"room": room, "removed": removed})
-        await call_redis(lambda: self._redis.publish(self._rooms_channel, notice))
+    async def room_changed(self, room: str) -> None:
+        await call_redis(lambda: self._redis.publish(self._rooms_channel, room))
 
     async def mark_private(self, room: str, private: bool) -> None:
         key = f"{self._prefix}:private"

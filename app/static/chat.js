@@ -397,13 +397,16 @@ $("create-form").addEventListener("submit", (event) => {
     return;
   }
   input.value = "";
-  // Created first, then joined: a private room admits its members only.
-  const created = (e) => {
-    if (e.detail.room !== room) return;
-    client.removeEventListener("room", created);
-    joinRoom(room);
+  // Created first, then joined: a private room admits its members only. A refusal (the
+  // room exists...) is shown as an alert, and ends the wait.
+  const answered = (e) => {
+    if (e.detail.room !== room || (e.type === "error" && e.detail.ref !== "create")) return;
+    client.removeEventListener("room", answered);
+    client.removeEventListener("error", answered);
+    if (e.type === "room") joinRoom(room);
   };
-  client.addEventListener("room", created);
+  client.addEventListener("room", answered);
+  client.addEventListener("error", answered);
   client.createRoom(room, { private: true });
 });
 

@@ -129,7 +129,7 @@ class Inbox:
                 rows = (await connection.execute(query)).all()
                 keys = [(row[0], row[2]) for row in rows if row[2] is not None]
                 last: dict[str, StoredMessage] = {}
-                states: dict[str, dict[int, dict[str, Any]]] = {}
+                states: dict[tuple[str, int], dict[str, Any]] = {}
                 if keys:
                     found = await connection.execute(
                         select(messages).where(
@@ -145,13 +145,11 @@ class Inbox:
                         )
                         .order_by(messages.c.id)
                     )
-                    by_conversation: dict[str, list[StoredMessage]] = {}
-                    for row in events.all():
-                        by_conversation.setdefault(row[0], []).append(StoredMessage._make(row))
-                    states = {
-                        c: fold((e.target, Kind(e.kind), e.user, e.text, e.ts_ms) for e in rows)  # type: ignore[misc]
-                        for c, rows in by_conversation.items()
-                    }
+                    rows_of_events = [StoredMessage._make(row) for row in events.all()]
+                    states = fold(
+                        ((e.conversation, e.target or 0), Kind(e.kind), e.user, e.text, e.ts_ms)
+                        for e in rows_of_events
+                    )
                 direct = [row[0] for row in rows if is_direct(row[0])]
                 peers: dict[str, int] = {}
                 if direct:
@@ -170,7 +168,7 @@ class Inbox:
                 int(read),
                 int(count),
                 peers.get(conversation, 0),
-                states.get(conversation, {}).get(newest) if newest is not None else None,
+                states.get((conversation, newest)) if newest is not None else None,
             )
             for conversation, read, newest, count in rows
         ]

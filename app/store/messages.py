@@ -203,7 +203,7 @@ class MessageStore:
             .order_by(messages.c.id)
         )
         events = await self._fetch(query)
-        return fold((e.target, Kind(e.kind), e.user, e.text, e.ts_ms) for e in events)  # type: ignore[misc]
+        return fold((e.target or 0, Kind(e.kind), e.user, e.text, e.ts_ms) for e in events)
 
     async def find(self, conversation: str, message_id: int) -> Target | None:
         """Message ``message_id`` of ``conversation`` with its state, if it is stored."""
