@@ -84,7 +84,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         store = RunningStore(settings) if settings.database_url else None
-        archiver = store.embedded_archiver() if store and not settings.redis_url else None
+        archiver = store.embedded_archiver() if store and not settings.uses_redis else None
         broker = create_broker(settings, archiver)
         presence = create_presence(settings, broker)
         history = ConversationHistory(broker, store.messages if store else None, settings)
@@ -153,7 +153,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                 "CHAT_AUTH_MODE=names: every connection is whoever its ?name= says, so anyone "
                 "can be anyone. For tests and load generators only: use jwt (or guest)."
             )
-        _report_fast_paths(metrics, redis=settings.redis_url is not None)
+        _report_fast_paths(metrics, redis=settings.uses_redis)
         logger.info(
             "hubbub ready",
             extra={

@@ -191,6 +191,36 @@ class Settings(BaseSettings):
         description="Redis for fan-out across workers and pods, e.g. `redis://redis:6379/0`. "
         "Unset: the embedded memory broker (one worker only).",
     )
+    redis_sentinels: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="Redis Sentinel instead of one Redis: the Sentinels' `host:port`s "
+        "(comma-separated, e.g. `sentinel-0:26379,sentinel-1:26379,sentinel-2:26379`). The "
+        "workers ask them for the master of `CHAT_REDIS_SENTINEL_MASTER` and follow its "
+        'failovers (docs/operations.md, "Choosing a Redis"). Excludes `CHAT_REDIS_URL`.',
+    )
+    redis_sentinel_master: str = Field(
+        "hubbub", min_length=1, description="The Sentinels' name for Hubbub's master."
+    )
+    redis_password: SecretStr | None = Field(
+        None,
+        description="Password of the Redis master and replicas found through the Sentinels "
+        "(with `CHAT_REDIS_URL`, the URL carries it).",
+    )
+    redis_sentinel_password: SecretStr | None = Field(
+        None, description="Password of the Sentinels themselves (`requirepass` in sentinel.conf)."
+    )
+    redis_wait_replicas: int = Field(
+        0,
+        ge=0,
+        description="An ack waits until this many replicas have the message (`WAIT`): with 1, "
+        "an acked message survives the master's failover. A message not confirmed in "
+        "`CHAT_REDIS_WAIT_TIMEOUT_S` is answered `broker_unavailable` (it may still have been "
+        "delivered; a retry with the same `cid` is deduplicated). 0: acks do not wait "
+        "(replication is asynchronous: a failover may lose the last acked messages).",
+    )
+    redis_wait_timeout_s: float = Field(
+        0.5, gt=0, description="How long an ack waits for `CHAT_REDIS_WAIT_REPLICAS`."
+    )
     redis_prefix: str = Field(
         "hubbub",
         pattern=r"^[A-Za-z0-9_.-]{1,32}$",
@@ -576,22 +606,43 @@ class Settings(BaseSettings):
         "are counted (`hubbub_webhook_events_not_queued_total`), not queued.",
     )
 
-    @field_validator("webhook_events", mode="before")
+    @field_validator("webhook_events", "redis_sentinels", mode="before")
     @classmethod
     def _split_events(cls, value: object) -> object:
         if isinstance(value, str):
             return [part.strip() for part in value.split(",") if part.strip()]
         return value
 
+    @property
+    def uses_redis(self) -> bool:
+        """Whether the deployment runs on Redis (one, or through Sentinels) rather than on
+        the embedded memory broker."""
+        return self.redis_url is not None or bool(self.redis_sentinels)
+
     @model_validator(mode="after")
     def _check_relations(self) -> Self:
+        if self.redis_url is not None and self.redis_sentinels:
+            raise ValueError(
+                f"{ENV_PREFIX}REDIS_URL and {ENV_PREFIX}REDIS_SENTINELS exclude each other: "
+                "set the Sentinels alone (the master's password is "
+                f"{ENV_PREFIX}REDIS_PASSWORD)"
+            )
+        if self.redis_wait_replicas and self.redis_wait_timeout_s >= self.redis_timeout_s:
+            raise ValueError(
+                f"{ENV_PREFIX}REDIS_WAIT_TIMEOUT_S ({self.redis_wait_timeout_s}) must be below "
+                f"{ENV_PREFIX}REDIS_TIMEOUT_S ({self.redis_timeout_s})"
+            )
+        for address in self.redis_sentinels:
+            host, _, port = address.rpartition(":")
+            if not host or not port.isdigit() or not 0 < int(port) < 65536:
+                raise ValueError(f"{ENV_PREFIX}REDIS_SENTINELS: {address!r} is not host:port")
         unknown = set(self.webhook_events) - set(WEBHOOK_EVENTS)
         if unknown:
             raise ValueError(
                 f"{ENV_PREFIX}WEBHOOK_EVENTS: unknown {', '.join(sorted(unknown))} "
                 f"(known: {', '.join(WEBHOOK_EVENTS)})"
             )
-        if self.webhook_url is not None and (self.webhook_secret is None or self.redis_url is None):
+        if self.webhook_url is not None and (self.webhook_secret is None or not self.uses_redis):
             raise ValueError(
                 f"{ENV_PREFIX}WEBHOOK_URL needs {ENV_PREFIX}WEBHOOK_SECRET (to sign requests) "
                 f"and {ENV_PREFIX}REDIS_URL (the durable queue)"
@@ -632,7 +683,15 @@ class Settings(BaseSettings):
 
 
 _SECRET_FIELDS = frozenset(
-    {"jwt_secret", "admin_token", "redis_url", "service_token", "webhook_secret"}
+    {
+        "jwt_secret",
+        "admin_token",
+        "redis_url",
+        "service_token",
+        "webhook_secret",
+        "redis_password",
+        "redis_sentinel_password",
+    }  # fmt: skip
 )
 
 

@@ -65,9 +65,9 @@ logconfig_dict = logging_config(_settings)
 def on_starting(server: Any) -> None:
     """Refuse several workers with the memory broker; migrate the store; start the metrics
     afresh; listen on the metrics port (added here, so it holds whatever ``--bind`` says)."""
-    if server.cfg.workers > 1 and not _settings.redis_url:
+    if server.cfg.workers > 1 and not _settings.uses_redis:
         sys.exit(
-            f"hubbub: {server.cfg.workers} workers need a shared broker: set CHAT_REDIS_URL "
+            f"hubbub: {server.cfg.workers} workers need a shared broker: set CHAT_REDIS_URL (or CHAT_REDIS_SENTINELS) "
             "(the embedded memory broker lives in one process, so workers would not see each "
             "other's messages), or run with --workers 1"
         )

@@ -32,6 +32,13 @@ and the report is printed (``--json`` writes it as JSON too). Every process is s
 the end, also on failure or Ctrl-C. Exit status: 0 when the three invariants hold and every
 fault verifiably happened, 1 when an invariant is broken, 2 when a fault did not take effect.
 
+``--sentinel``: Redis is a master, a replica and three Sentinels instead of one server
+(``tests.processes.SentinelDeployment``), the instances find it through the Sentinels and wait
+for a replica to confirm every ack (``CHAT_REDIS_WAIT_REPLICAS=1``), and the Redis faults are
+``master_kill`` (the master SIGKILLed: the Sentinels promote the replica; the old master comes
+back as a replica of the new one) and ``pubsub_kill``. With ``--store`` every acked message must
+be stored: none may be lost with the master.
+
 ``--smoke``: 40 clients in 8 rooms, four faults (pubsub_kill, redis_kill_aof, redis_stop,
 worker_kill) 8 s apart, under a minute in all (the test suite runs it). ``--no-faults``: the
 same traffic without any fault (the harness's own control: it must report no loss and no
@@ -92,7 +99,7 @@ from loadtest.invariants import (
     SendError,
     check,
 )
-from tests.processes import PostgresServer
+from tests.processes import PostgresServer, SentinelDeployment
 
 ROOT = Path(__file__).resolve().parent.parent
 FAULTS = (
@@ -105,6 +112,9 @@ FAULTS = (
     "drain",
 )
 SMOKE_FAULTS = ("pubsub_kill", "redis_kill_aof", "redis_stop", "worker_kill")
+# With --sentinel: the faults of one Redis server are replaced by the master's.
+SENTINEL_FAULTS = ("pubsub_kill", "master_kill", "worker_kill", "master_kill", "drain")
+SENTINEL_SMOKE_FAULTS = ("master_kill", "worker_kill")
 
 # The service as production runs it, with what a test run needs: quick drains, a deaf
 # subscription found within ~2 s, quick Redis reconnects, and the per-user and per-address
@@ -237,6 +247,60 @@ class RedisServer:
                 self.proc.kill()
             self.proc.wait()
 
+    @property
+    def app_env(self) -> dict[str, str]:
+        return {"CHAT_REDIS_URL": self.url}
+
+
+class SentinelRedis:
+    """Redis with Sentinel (``SentinelDeployment``), with the face of :class:`RedisServer`
+    that the runner and the faults use: :meth:`client` reaches whichever server is master."""
+
+    def __init__(self) -> None:
+        self.deployment = SentinelDeployment()
+        self.port = 0
+
+    @property
+    def app_env(self) -> dict[str, str]:
+        return {
+            "CHAT_REDIS_SENTINELS": self.deployment.addresses,
+            "CHAT_REDIS_SENTINEL_MASTER": self.deployment.NAME,
+            "CHAT_REDIS_WAIT_REPLICAS": "1",
+            "CHAT_REDIS_WAIT_TIMEOUT_S": "0.5",
+        }
+
+    def client(self) -> Redis:
+        return Redis(port=self.port, socket_timeout=2, socket_connect_timeout=2)
+
+    async def start(self) -> None:
+        await self.deployment.start()
+        self.port = await self.deployment.master_port()
+
+    async def kill_master(self) -> tuple[bool, str]:
+        began = time.monotonic()
+        old = await self.deployment.kill_master()
+        self.port = await self.deployment.wait_failover(old)
+        took = time.monotonic() - began
+        await self.deployment.restart_killed()
+        await self.deployment.wait_replicated()
+        detail = (
+            f"SIGKILLed the master on {old}; the Sentinels promoted {self.port} in {took:.1f} s; "
+            f"{old} back as its replica after {time.monotonic() - began:.1f} s"
+        )
+        return self.port != old, detail
+
+    def stop(self) -> None:
+        for proc in self.deployment.sentinels:
+            with contextlib.suppress(ProcessLookupError):
+                proc.kill()
+        for server in self.deployment.servers:
+            if server.proc is not None and server.proc.returncode is None:
+                with contextlib.suppress(ProcessLookupError):
+                    server.proc.kill()
+        shutil.rmtree(self.deployment.dir, ignore_errors=True)
+        for server in self.deployment.servers:
+            shutil.rmtree(server.dir, ignore_errors=True)
+
 
 class Instance:
     """One gunicorn (2 workers, ``deploy/gunicorn.conf.py``), restartable on its port, serving
@@ -246,7 +310,7 @@ class Instance:
         self,
         index: int,
         root: Path,
-        redis_url: str,
+        redis_env: dict[str, str],
         server_root: Path = ROOT,
         database_url: str | None = None,
     ) -> None:
@@ -259,7 +323,7 @@ class Instance:
         self.env = {
             **os.environ, **APP_ENV,
             "CHAT_HOST": "127.0.0.1", "CHAT_PORT": str(self.port),
-            "CHAT_REDIS_URL": redis_url, "TMPDIR": str(self.tmp),
+            **redis_env, "TMPDIR": str(self.tmp),
         }  # fmt: skip
         if database_url is not None:
             self.env["CHAT_DATABASE_URL"] = database_url
@@ -661,7 +725,10 @@ class Faults:
     """The faults, each returning what it did and whether it verifiably happened."""
 
     def __init__(
-        self, redis: RedisServer, instances: list[Instance], postgres: PostgresServer | None = None
+        self,
+        redis: RedisServer | SentinelRedis,
+        instances: list[Instance],
+        postgres: PostgresServer | None = None,
     ) -> None:
         self.redis = redis
         self.instances = instances
@@ -694,7 +761,12 @@ class Faults:
         detail = f"10 x CLIENT KILL TYPE pubsub, 100 ms apart, closed {killed}"
         return killed[0] > 0 and sum(k > 0 for k in killed) >= 2, detail
 
+    async def master_kill(self) -> tuple[bool, str]:
+        assert isinstance(self.redis, SentinelRedis), "master_kill needs --sentinel"
+        return await self.redis.kill_master()
+
     async def _kill_redis(self, keep_aof: bool) -> tuple[bool, str]:
+        assert isinstance(self.redis, RedisServer), "not with --sentinel"
         before = await self.redis.dbsize()
         files = sum(1 for p in self.redis.dir.rglob("*") if p.is_file())
         status = await self.redis.kill()
@@ -730,6 +802,7 @@ class Faults:
         return down, f"SIGKILLed postgres {pid}, restarted after 5 s"
 
     async def redis_stop(self) -> tuple[bool, str]:
+        assert isinstance(self.redis, RedisServer), "not with --sentinel"
         assert self.redis.proc is not None
         pid = self.redis.proc.pid
         os.kill(pid, signal.SIGSTOP)
@@ -832,6 +905,7 @@ class Config:
     server_root: Path = ROOT
     events: Path | None = None
     store: bool = False
+    sentinel: bool = False
 
 
 def _client_sockets(pid: int, port: int) -> int:
@@ -876,7 +950,9 @@ async def _quiet(run: Run, clients: list[ChaosClient], within_s: float) -> None:
         await asyncio.sleep(0.1)
 
 
-async def _check_store(redis: RedisServer, database_url: str, log: RunLog) -> dict[str, Any]:
+async def _check_store(
+    redis: RedisServer | SentinelRedis, database_url: str, log: RunLog
+) -> dict[str, Any]:
     """Once the archive stream is empty: which acked messages the store lacks, and which it
     holds more than once (it cannot: its key is the room and the id; checked all the same)."""
     client = redis.client()
@@ -919,13 +995,15 @@ def _say(text: str) -> None:
 async def run_chaos(config: Config) -> tuple[Report, dict[str, Any]]:
     """Start everything, run traffic and faults, stop everything; the report and run facts."""
     root = Path(tempfile.mkdtemp(prefix="hubbub-chaos-"))
-    redis = RedisServer(root)
+    redis = SentinelRedis() if config.sentinel else RedisServer(root)
     postgres = PostgresServer() if config.store else None
     database_url = None
     if postgres is not None:
         await postgres.start()
         database_url = await postgres.create_database("chaos")
-    instances = [Instance(i, root, redis.url, config.server_root, database_url) for i in range(2)]
+    instances = [
+        Instance(i, root, redis.app_env, config.server_root, database_url) for i in range(2)
+    ]
     log = RunLog()
     clients: list[ChaosClient] = []
     facts: dict[str, Any] = {"dir": str(root)}
@@ -938,8 +1016,9 @@ async def run_chaos(config: Config) -> tuple[Report, dict[str, Any]]:
             instance.start()
         await asyncio.gather(*(instance.wait_ready() for instance in instances))
         _say(
-            f"redis on {redis.port}, gunicorn on {[i.port for i in instances]} serving "
-            f"{config.server_root}; logs in {root}"
+            f"redis{' (Sentinel) master' if config.sentinel else ''} on {redis.port}, "
+            f"gunicorn on {[i.port for i in instances]} serving {config.server_root}; "
+            f"logs in {root}"
         )
         rng = random.Random(config.seed)
         names = [f"room-{n:02d}" for n in range(config.rooms)]
@@ -1039,18 +1118,27 @@ def parse_args(argv: list[str] | None) -> tuple[Config, argparse.Namespace]:
         help="archive into a PostgreSQL, kill it once, and check that every ack is stored",
     )
     parser.add_argument(
+        "--sentinel",
+        action="store_true",
+        help="Redis with Sentinel (master, replica, 3 Sentinels), acks waiting for the replica; "
+        "the Redis faults are the master's SIGKILL",
+    )
+    parser.add_argument(
         "--recheck", type=Path, help="run no chaos: check the event log written by --events"
     )
     args = parser.parse_args(argv)
     config = Config(
         seed=args.seed, keep=args.keep, server_root=args.server_root.resolve(), events=args.events,
-        store=args.store,
+        store=args.store, sentinel=args.sentinel,
     )  # fmt: skip
+    if args.sentinel:
+        config.faults = SENTINEL_SMOKE_FAULTS if args.smoke else SENTINEL_FAULTS
     if args.smoke:
-        config.clients, config.rooms, config.faults = 40, 8, SMOKE_FAULTS
+        config.clients, config.rooms = 40, 8
+        config.faults = SENTINEL_SMOKE_FAULTS if args.sentinel else SMOKE_FAULTS
     if args.faults:
         chosen = tuple(name.strip() for name in args.faults.split(",") if name.strip())
-        unknown = set(chosen) - set(FAULTS) - {"postgres_kill"}
+        unknown = set(chosen) - set(FAULTS) - {"postgres_kill", "master_kill"}
         if unknown:
             parser.error(f"unknown faults: {sorted(unknown)}")
         config.faults = chosen

@@ -45,13 +45,14 @@ class RedisServer:
     """A throwaway redis-server that a test can kill and restart: no persistence, or with
     ``appendonly`` an append-only file synced on every write (a restart keeps everything)."""
 
-    def __init__(self, appendonly: bool = False) -> None:
+    def __init__(self, appendonly: bool = False, extra: tuple[str, ...] = ()) -> None:
         binary = shutil.which("redis-server")
         assert binary, "redis-server is missing: `make test` installs it"
         self.binary = binary
         self.port = free_port()
         self.dir = tempfile.mkdtemp(prefix="hubbub-redis-")
         self.appendonly = appendonly
+        self.extra = extra  # more options, e.g. ("--replicaof", "127.0.0.1", "6379")
         self.proc: asyncio.subprocess.Process | None = None
 
     @property
@@ -63,7 +64,7 @@ class RedisServer:
             self.binary,
             "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
             "--appendonly", "yes" if self.appendonly else "no", "--appendfsync", "always",
-            "--dir", self.dir, "--logfile", "",
+            "--dir", self.dir, "--logfile", "", *self.extra,
             stdout=asyncio.subprocess.DEVNULL,
         )  # fmt: skip
         await wait_for_port(self.port, self.proc, "redis-server")
@@ -77,6 +78,125 @@ class RedisServer:
 
     async def stop(self) -> None:
         await self.kill()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+class SentinelDeployment:
+    """Redis with Sentinel, as production runs it, on loopback: a master, a replica and three
+    Sentinels (quorum 2) that fail the master over about a second after it stops answering.
+
+    :meth:`kill_master` SIGKILLs whichever server is master now; :meth:`wait_failover` waits
+    until the Sentinels name another; :meth:`restart_killed` brings the old one back as a
+    replica of the new master (as the Sentinels would reconfigure it).
+    """
+
+    NAME = "hubbub"
+
+    def __init__(self) -> None:
+        # No diskless-sync delay: a replica (re)joining is in sync at once, not 5 s later.
+        fast = ("--repl-diskless-sync-delay", "0")
+        self.servers = [RedisServer(extra=fast)]
+        master = ("--replicaof", "127.0.0.1", str(self.servers[0].port))
+        self.servers.append(RedisServer(extra=(*fast, *master)))
+        self.sentinel_ports = [free_port() for _ in range(3)]
+        self.sentinels: list[asyncio.subprocess.Process] = []
+        self.dir = tempfile.mkdtemp(prefix="hubbub-sentinels-")
+        self.killed: RedisServer | None = None
+
+    @property
+    def addresses(self) -> str:
+        """``CHAT_REDIS_SENTINELS``."""
+        return ",".join(f"127.0.0.1:{port}" for port in self.sentinel_ports)
+
+    async def start(self) -> None:
+        for server in self.servers:
+            await server.start()
+        master = self.servers[0].port
+        for i, port in enumerate(self.sentinel_ports):
+            # Sentinels rewrite their configuration file: each gets its own.
+            conf = Path(self.dir, f"sentinel-{i}.conf")
+            conf.write_text(
+                f"port {port}\nbind 127.0.0.1\ndir {self.dir}\n"
+                f"sentinel monitor {self.NAME} 127.0.0.1 {master} 2\n"
+                f"sentinel down-after-milliseconds {self.NAME} 1000\n"
+                f"sentinel failover-timeout {self.NAME} 5000\n"
+                f"sentinel parallel-syncs {self.NAME} 1\n"
+            )
+            proc = await asyncio.create_subprocess_exec(
+                self.servers[0].binary, str(conf), "--sentinel",
+                stdout=asyncio.subprocess.DEVNULL,
+            )  # fmt: skip
+            self.sentinels.append(proc)
+            await wait_for_port(port, proc, "redis-sentinel")
+        await self.wait_replicated()
+
+    async def master_port(self) -> int:
+        """The master's port, as the first Sentinel that answers names it."""
+        from redis.asyncio import Redis
+        from redis.exceptions import RedisError
+
+        for port in self.sentinel_ports:
+            sentinel = Redis(port=port, socket_timeout=1)
+            try:
+                host_port = await sentinel.execute_command(
+                    "SENTINEL", "GET-MASTER-ADDR-BY-NAME", self.NAME
+                )
+                return int(host_port[1])
+            except (OSError, RedisError):
+                continue
+            finally:
+                await sentinel.aclose()
+        raise AssertionError("no Sentinel answers")
+
+    def master(self, port: int) -> RedisServer:
+        return next(server for server in self.servers if server.port == port)
+
+    async def wait_replicated(self, timeout: float = 20) -> None:
+        """Until the master has a replica online and the Sentinels know it."""
+        from redis.asyncio import Redis
+
+        async with asyncio.timeout(timeout):
+            while True:
+                master = Redis(port=await self.master_port())
+                try:
+                    info = await master.info("replication")
+                    replica = info.get("slave0")  # redis-py parses it into a dict
+                    if isinstance(replica, dict) and replica.get("state") == "online":
+                        return
+                except OSError:
+                    pass
+                finally:
+                    await master.aclose()
+                await asyncio.sleep(0.1)
+
+    async def kill_master(self) -> int:
+        """SIGKILL the master; returns its port."""
+        port = await self.master_port()
+        self.killed = self.master(port)
+        await self.killed.kill()
+        return port
+
+    async def wait_failover(self, old_port: int, timeout: float = 30) -> int:
+        async with asyncio.timeout(timeout):
+            while (port := await self.master_port()) == old_port:
+                await asyncio.sleep(0.1)
+        return port
+
+    async def restart_killed(self) -> None:
+        """The killed server back, as a replica of the current master."""
+        assert self.killed is not None
+        master = ("--replicaof", "127.0.0.1", str(await self.master_port()))
+        self.killed.extra = ("--repl-diskless-sync-delay", "0", *master)
+        await self.killed.start()
+        self.killed = None
+
+    async def stop(self) -> None:
+        for proc in self.sentinels:
+            if proc.returncode is None:
+                proc.send_signal(signal.SIGKILL)
+                await proc.wait()
+        for server in self.servers:
+            await server.stop()
         shutil.rmtree(self.dir, ignore_errors=True)
 
 

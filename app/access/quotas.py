@@ -141,7 +141,7 @@ class RedisQuotas:
     """:class:`Quotas` in Redis, shared by every worker and pod of a deployment."""
 
     def __init__(self, settings: Settings) -> None:
-        assert settings.redis_url is not None
+        assert settings.uses_redis
         self._settings = settings
         self._prefix = settings.redis_prefix
         self._redis: Redis = command_client(settings)
@@ -298,4 +298,4 @@ async def keep_counts(quotas: Quotas, hub: Hub, interval_s: float) -> None:
 
 
 def create_quotas(settings: Settings) -> Quotas:
-    return RedisQuotas(settings) if settings.redis_url else MemoryQuotas(settings)
+    return RedisQuotas(settings) if settings.uses_redis else MemoryQuotas(settings)

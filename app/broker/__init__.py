@@ -260,7 +260,7 @@ class Broker(Protocol):
 def create_broker(settings: Settings, archiver: Archiver | None = None) -> Broker:
     """The broker the settings ask for; the memory broker hands every message to
     ``archiver`` (the Redis broker's are archived from Redis: app.store.stream_archiver)."""
-    if settings.redis_url:
+    if settings.uses_redis:
         from app.broker.redis import RedisBroker
 
         return RedisBroker(settings)

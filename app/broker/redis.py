@@ -51,7 +51,7 @@ class RedisBroker:
     """A :class:`~app.broker.Broker` backed by Redis (7.0 or later)."""
 
     def __init__(self, settings: Settings) -> None:
-        assert settings.redis_url is not None
+        assert settings.uses_redis
         self._settings = settings
         self._prefix = settings.redis_prefix
         self.worker_id = secrets.token_hex(6)
@@ -69,7 +69,11 @@ class RedisBroker:
         wanted = settings.webhook_url is not None and "message.created" in settings.webhook_events
         self._webhook_keys = [queue, not_queued] if wanted else ["", ""]
         self._webhook_args: list[Any] = [settings.webhook_backlog_max]
-        self._pipeline = AutoPipeline(self._redis)
+        self._pipeline = AutoPipeline(
+            self._redis,
+            wait_replicas=settings.redis_wait_replicas,
+            wait_timeout_s=settings.redis_wait_timeout_s,
+        )
         self._handler: BrokerHandler | None = None
         self._rooms: set[str] = set()
         self._users: set[str] = set()
@@ -397,7 +401,7 @@ class RedisBroker:
             *(extra or ()),
         ]
         try:
-            reply = await self._pipeline.submit(self._scripts[script], keys, args)
+            reply = await self._pipeline.submit(self._scripts[script], keys, args, durable=True)
         except REDIS_ERRORS as exc:
             raise BrokerUnavailable(f"redis: {exc!r}") from exc
         message_id, outcome, ts_ms = reply

@@ -62,7 +62,7 @@ class Presence(Protocol):
 
 def create_presence(settings: Settings, broker: Broker) -> Presence:
     """The presence the settings ask for, announcing through ``broker``."""
-    if settings.redis_url:
+    if settings.uses_redis:
         from app.presence.redis import RedisPresence
 
         return RedisPresence(settings, broker)

@@ -79,7 +79,7 @@ class RedisPresence:
     """A :class:`~app.presence.Presence` in Redis (7.0 or later)."""
 
     def __init__(self, settings: Settings, broker: Broker) -> None:
-        assert settings.redis_url is not None
+        assert settings.uses_redis
         self._settings = settings
         self._prefix = settings.redis_prefix
         self.worker_id = secrets.token_hex(6)

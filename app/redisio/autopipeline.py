@@ -23,7 +23,7 @@ import hiredis
 from redis.asyncio import Redis
 from redis.commands.core import AsyncScript
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import NoScriptError, ResponseError
+from redis.exceptions import NoScriptError, RedisError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from app.redisio.redis_seam import hand_over
@@ -31,8 +31,14 @@ from app.redisio.redis_seam import hand_over
 logger = logging.getLogger(__name__)
 
 _Command = tuple[Any, ...]
-# The command, its caller's future, and the script it runs (to load it again on NOSCRIPT).
-_Call = tuple[_Command, "asyncio.Future[Any]", "AsyncScript | None"]
+# The command, its caller's future, the script it runs (to load it again on NOSCRIPT), and
+# whether its reply waits for the replicas (see AutoPipeline's ``wait_replicas``).
+_Call = tuple[_Command, "asyncio.Future[Any]", "AsyncScript | None", bool]
+_WAIT = "WAIT"
+
+
+class NotReplicated(RedisError):
+    """A durable call ran on the master, but fewer replicas than asked confirmed it in time."""
 
 
 def _reply_error(message: str) -> ResponseError:
@@ -48,7 +54,10 @@ class _Replies(asyncio.Protocol):
     Every call waits at most ``timeout_s`` (None: forever) for its reply; a call that waits
     longer aborts the connection, and every call still waiting on it fails with a
     ``TimeoutError``, as a lost connection fails them with a ``ConnectionError``. A call
-    whose script Redis does not know goes to ``rerun`` instead of its caller.
+    whose script Redis does not know goes to ``rerun`` instead of its caller. A ``READONLY``
+    reply (this server was demoted to a replica by a failover) reaches its caller, then fails
+    every other call and closes the connection, so that the next one finds the new master.
+    A durable call's reply is held until the ``WAIT`` after it answers.
     """
 
     writer: asyncio.StreamWriter  # set once handed over (and kept: see hand_over)
@@ -58,6 +67,7 @@ class _Replies(asyncio.Protocol):
         self._rerun = rerun
         self._reader = hiredis.Reader(replyError=_reply_error)
         self._waiting: deque[tuple[_Call, float]] = deque()
+        self._held: list[tuple[asyncio.Future[Any], Any]] = []  # replies waiting for a WAIT
         self._deadline: asyncio.TimerHandle | None = None
         self.closed = False
 
@@ -97,12 +107,34 @@ class _Replies(asyncio.Protocol):
             future = call[1]
             if isinstance(reply, NoScriptError) and call[2] is not None:
                 self._rerun(call)
+            elif call[3] and not isinstance(reply, Exception):
+                self._held.append((future, reply))
+            elif call[0][0] is _WAIT:
+                self._release(reply, call[0][1])
             elif future.done():  # its caller was cancelled
                 continue
             elif isinstance(reply, Exception):
                 future.set_exception(reply)
+                if str(reply).startswith("READONLY"):
+                    self._fail(RedisConnectionError("Redis was demoted to a replica"))
+                    self.writer.transport.abort()
+                    return
             else:
                 future.set_result(reply)
+
+    def _release(self, replicas: Any, wanted: int) -> None:
+        """The held replies, now that ``WAIT`` answered: theirs if enough replicas have them."""
+        held, self._held = self._held, []
+        short = None
+        if isinstance(replicas, Exception) or replicas < wanted:
+            short = NotReplicated(f"{replicas!r} of {wanted} replicas confirmed the write")
+        for future, reply in held:
+            if future.done():
+                continue
+            if short is None:
+                future.set_result(reply)
+            else:
+                future.set_exception(short)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._fail(RedisConnectionError(f"connection to Redis lost: {exc!r}"))
@@ -116,8 +148,10 @@ class _Replies(asyncio.Protocol):
         if self._deadline is not None:
             self._deadline.cancel()
             self._deadline = None
-        while self._waiting:
-            future = self._waiting.popleft()[0][1]
+        futures = [call[1] for call, _ in self._waiting] + [held[0] for held in self._held]
+        self._waiting.clear()
+        self._held = []
+        for future in futures:
             if not future.done():
                 future.set_exception(exc)
 
@@ -137,16 +171,28 @@ class AutoPipeline:
       same connection; the calls rerun keep their order among themselves.
     * **Cancellation:** a caller cancelled while waiting does not withdraw its command, which
       may already be on the wire; only its result is dropped.
+    * **Durability** (``wait_replicas`` above 0): a batch with a ``durable`` call ends with a
+      ``WAIT wait_replicas timeout``; the batch's durable calls get their replies only once it
+      answers, or fail with :class:`NotReplicated` (their writes are done on the master, but
+      fewer replicas confirmed them in time; a failover may lose them).
     * Not transactional: the scripts of a batch are atomic one by one, not together.
     * The owner calls :meth:`close`, which fails the calls still waiting.
     """
 
-    def __init__(self, redis: Redis, max_batch: int = 1000) -> None:
+    def __init__(
+        self,
+        redis: Redis,
+        max_batch: int = 1000,
+        wait_replicas: int = 0,
+        wait_timeout_s: float = 0.5,
+    ) -> None:
         self._redis = redis
         self._timeout_s: float | None = redis.connection_pool.connection_kwargs.get(
             "socket_timeout"
         )
         self._max_batch = max_batch
+        self._wait_replicas = wait_replicas
+        self._wait_timeout_ms = max(1, int(wait_timeout_s * 1000))
         self._pending: list[_Call] = []
         self._replies: _Replies | None = None
         self._connecting: list[list[_Call]] | None = None  # batches waiting for a connection
@@ -155,17 +201,22 @@ class AutoPipeline:
         self._closed = False
         self.batches = 0  # writes so far (for tests and profiling)
 
-    async def call(self, script: AsyncScript, keys: Sequence[Any], args: Sequence[Any]) -> Any:
-        """Run ``script`` with ``keys`` and ``args`` in this iteration's pipeline."""
-        return await self.submit(script, keys, args)
+    async def call(
+        self, script: AsyncScript, keys: Sequence[Any], args: Sequence[Any], durable: bool = False
+    ) -> Any:
+        """Run ``script`` with ``keys`` and ``args`` in this iteration's pipeline; ``durable``:
+        its reply waits for the replicas (see the class)."""
+        return await self.submit(script, keys, args, durable)
 
     def submit(
-        self, script: AsyncScript, keys: Sequence[Any], args: Sequence[Any]
+        self, script: AsyncScript, keys: Sequence[Any], args: Sequence[Any], durable: bool = False
     ) -> asyncio.Future[Any]:
         """:meth:`call` without the coroutine (for hot paths): the future gets the reply or
         the error; cancelling it drops the result, as cancelling a caller of :meth:`call` does."""
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        self._enqueue((("EVALSHA", script.sha, len(keys), *keys, *args), future, script))
+        durable = durable and self._wait_replicas > 0
+        command = ("EVALSHA", script.sha, len(keys), *keys, *args)
+        self._enqueue((command, future, script, durable))
         return future
 
     def _enqueue(self, call: _Call) -> None:
@@ -179,6 +230,10 @@ class AutoPipeline:
         batch, self._pending = self._pending, []
         if not batch:
             return
+        if self._wait_replicas and any(call[3] for call in batch):
+            waited: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+            wait = (_WAIT, self._wait_replicas, self._wait_timeout_ms)
+            batch.append((wait, waited, None, False))
         replies = self._replies
         if self._closed:
             _fail([batch], RedisConnectionError("pipeline closed"))
@@ -208,15 +263,15 @@ class AutoPipeline:
 
     def _rerun_loading(self, call: _Call) -> None:
         """Queue a ``SCRIPT LOAD`` (once per script at a time), then the call again, once."""
-        command, future, script = call
+        command, future, script, durable = call
         assert script is not None
         if script.sha not in self._loading:
             self._loading.add(script.sha)
             loaded: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
             loaded.add_done_callback(lambda done: self._loaded(script.sha, done))
-            self._enqueue((("SCRIPT", "LOAD", script.script), loaded, None))
+            self._enqueue((("SCRIPT", "LOAD", script.script), loaded, None, False))
         if not future.done():
-            self._enqueue((command, future, None))  # a second NOSCRIPT goes to the caller
+            self._enqueue((command, future, None, durable))  # a 2nd NOSCRIPT goes to the caller
 
     def _loaded(self, sha: str, loaded: asyncio.Future[Any]) -> None:
         self._loading.discard(sha)
@@ -239,6 +294,6 @@ class AutoPipeline:
 
 def _fail(batches: list[list[_Call]], exc: Exception) -> None:
     for batch in batches:
-        for _, future, _ in batch:
+        for _, future, _, _ in batch:
             if not future.done():
                 future.set_exception(exc)

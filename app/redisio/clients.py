@@ -1,6 +1,14 @@
-"""The Redis clients a worker opens, configured one way: from ``CHAT_REDIS_URL``, with the
-settings' timeouts, commands packed by hiredis (:func:`~app.redisio.redis_seam.
-pack_with_hiredis`) and one retry on a fresh connection; and how their failures read."""
+"""The Redis clients a worker opens, configured one way: from ``CHAT_REDIS_URL`` or through
+the Sentinels (``CHAT_REDIS_SENTINELS``), with the settings' timeouts, commands packed by
+hiredis (:func:`~app.redisio.redis_seam.pack_with_hiredis`) and one retry on a fresh
+connection; and how their failures read.
+
+With Sentinels, every new connection asks them where the master is (redis-py's
+``SentinelConnectionPool``): after a failover, the connections the old master dropped (a
+SIGKILL, or the Sentinels' ``CLIENT KILL`` when they demote it) are reopened on the new one, and
+a connection still on a demoted master is dropped at its first ``READONLY`` reply
+(:mod:`~app.redisio.autopipeline`, redis-py's own commands).
+"""
 
 from __future__ import annotations
 
@@ -9,8 +17,11 @@ import contextlib
 from collections.abc import Awaitable, Callable
 from typing import Final, TypeVar
 
-from redis.asyncio import BlockingConnectionPool, Redis
+from typing import Any
+
+from redis.asyncio import BlockingConnectionPool, ConnectionPool, Redis
 from redis.asyncio.retry import Retry
+from redis.asyncio.sentinel import Sentinel, SentinelConnectionPool
 from redis.backoff import NoBackoff
 from redis.commands.core import AsyncScript
 from redis.exceptions import RedisError
@@ -36,36 +47,68 @@ async def call_redis(call: Callable[[], Awaitable[T]]) -> T:
 def command_client(settings: Settings) -> Redis:
     """A client for commands and scripts: every call times out after ``redis_timeout_s``
     and is retried once, on a fresh connection (a pooled one may be stale after Redis
-    restarted). The retry is redis-py's asyncio ``Retry``: the client awaits it (the sync one
-    it used to be given never retried).
+    restarted or failed over). The retry is redis-py's asyncio ``Retry``: the client awaits
+    it (the sync one it used to be given never retried).
 
     It holds at most ``redis_pool_size`` connections; a call that finds them all busy waits
     for one, up to ``redis_timeout_s``. (redis-py's default pool refuses it at once with
     ``MaxConnectionsError``: a burst of joins, say every client reconnecting after a deploy,
     was refused with ``broker_unavailable`` while Redis was fine.)"""
-    assert settings.redis_url is not None
-    pool = BlockingConnectionPool.from_url(
-        settings.redis_url,
-        max_connections=settings.redis_pool_size,
-        timeout=settings.redis_timeout_s,
-        socket_timeout=settings.redis_timeout_s,
-        socket_connect_timeout=settings.redis_timeout_s,
-        retry=Retry(NoBackoff(), 1),
-    )
+    options: dict[str, Any] = {
+        "max_connections": settings.redis_pool_size,
+        "timeout": settings.redis_timeout_s,
+        "socket_timeout": settings.redis_timeout_s,
+        "socket_connect_timeout": settings.redis_timeout_s,
+        "retry": Retry(NoBackoff(), 1),
+    }
+    if settings.redis_sentinels:
+        pool: ConnectionPool = _BlockingSentinelPool(  # type: ignore[no-untyped-call]
+            settings.redis_sentinel_master, _sentinel(settings), **_master_auth(settings), **options
+        )
+    else:
+        assert settings.redis_url is not None
+        pool = BlockingConnectionPool.from_url(settings.redis_url, **options)
     return pack_with_hiredis(Redis.from_pool(pool))
 
 
 def subscriber_client(settings: Settings) -> Redis:
     """A client for the pub/sub subscription: no socket timeout (it blocks until a message
     comes; the broker's canary finds out when none can any more) and no retry."""
-    assert settings.redis_url is not None
-    return pack_with_hiredis(
-        Redis.from_url(
-            settings.redis_url,
-            socket_connect_timeout=settings.redis_timeout_s,
-            retry=Retry(NoBackoff(), 0),
+    options: dict[str, Any] = {
+        "socket_connect_timeout": settings.redis_timeout_s,
+        "retry": Retry(NoBackoff(), 0),
+    }
+    if settings.redis_sentinels:
+        pool = SentinelConnectionPool(  # type: ignore[no-untyped-call]
+            settings.redis_sentinel_master, _sentinel(settings), **_master_auth(settings), **options
         )
+        return pack_with_hiredis(Redis.from_pool(pool))
+    assert settings.redis_url is not None
+    return pack_with_hiredis(Redis.from_url(settings.redis_url, **options))
+
+
+class _BlockingSentinelPool(SentinelConnectionPool, BlockingConnectionPool):
+    """A Sentinel-managed pool that waits for a free connection, as ``command_client``'s
+    does without Sentinels."""
+
+
+def _sentinel(settings: Settings) -> Sentinel:
+    """Clients of the Sentinels (one per pool: they are closed with the process)."""
+    password = settings.redis_sentinel_password
+    addresses = [address.rpartition(":") for address in settings.redis_sentinels]
+    return Sentinel(  # type: ignore[no-untyped-call]
+        [(host, int(port)) for host, _, port in addresses],
+        sentinel_kwargs={
+            "socket_timeout": settings.redis_timeout_s,
+            "socket_connect_timeout": settings.redis_timeout_s,
+            "password": password.get_secret_value() if password is not None else None,
+        },
     )
+
+
+def _master_auth(settings: Settings) -> dict[str, Any]:
+    password = settings.redis_password
+    return {"password": password.get_secret_value()} if password is not None else {}
 
 
 async def preload(redis: Redis, *scripts: AsyncScript) -> None:
