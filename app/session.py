@@ -15,6 +15,7 @@ import os
 import secrets
 import socket
 import time
+from collections import deque
 
 from starlette.websockets import WebSocket
 
@@ -92,9 +93,16 @@ _TOO_MANY_MESSAGES = "too many messages, slow down"
 
 
 class Session:
-    """Handles the frames of one connection. Created by :func:`serve`."""
+    """Handles the frames of one connection. Created by :func:`serve`.
 
-    __slots__ = ("_broker", "_hub", "_state", "conn", "metrics", "settings")
+    Frames are answered in the order they came. ``send`` frames are pipelined: up to
+    ``CHAT_SENDS_IN_FLIGHT_MAX`` are published at once, each handed to the broker in the order
+    it came (one Redis connection per worker keeps that order: their ids, and so their order in
+    the room, are the order they were sent), and their acks and errors are offered in that
+    order too. Any other frame waits until the sends before it are answered (:meth:`settle`).
+    """
+
+    __slots__ = ("_broker", "_hub", "_sends", "_state", "conn", "metrics", "settings")
 
     def __init__(self, conn: Connection, state: ChatState) -> None:
         self.conn = conn
@@ -103,6 +111,12 @@ class Session:
         self._broker = state.broker
         self.settings = state.settings
         self.metrics = state.metrics
+        self._sends: deque[asyncio.Task[None]] = deque()  # in flight, oldest first
+
+    async def settle(self) -> None:
+        """Return once every pipelined send so far is answered (acked or refused)."""
+        if self._sends:
+            await asyncio.wait([self._sends[-1]])  # each finishes after the one before it
 
     async def handle_text(self, text: str) -> None:
         """Answer one text frame. Raises nothing for bad input: the client gets an error frame."""
@@ -114,8 +128,14 @@ class Session:
                 received["invalid"] += 1
                 raise
             received[frame.type] += 1
+            if isinstance(frame, Send) and frame.reply_to is None:
+                await self._pipeline_send(frame, text)
+                return
+            await self.settle()
             if isinstance(frame, Send):
-                await self._send(frame)
+                ack = await self._publish_send(frame)
+                if ack is not None:
+                    self.conn.offer(ack)
             elif isinstance(frame, Join):
                 await self._join(frame)
             elif isinstance(frame, Leave):
@@ -470,7 +490,47 @@ class Session:
             raise FrameError(ErrorCode.STORE_UNAVAILABLE, "inbox unavailable, try again") from None
         self.conn.offer(inbox_frame([inbox_entry(entry, self.conn.user) for entry in entries]))
 
-    async def _send(self, frame: Send) -> None:
+    async def _pipeline_send(self, frame: Send, text: str) -> None:
+        """Hand ``frame`` to a task that publishes it and answers it after the sends before it;
+        waits first while ``CHAT_SENDS_IN_FLIGHT_MAX`` are in flight."""
+        sends = self._sends
+        while len(sends) >= self.settings.sends_in_flight_max:
+            await asyncio.wait([sends[0]])
+        before = sends[-1] if sends else None
+        task = asyncio.create_task(self._answer_send(frame, text, before))
+        sends.append(task)
+        task.add_done_callback(self._send_answered)
+
+    def _send_answered(self, task: asyncio.Task[None]) -> None:
+        if self._sends and self._sends[0] is task:  # the tasks finish in order
+            self._sends.popleft()
+        else:
+            with contextlib.suppress(ValueError):
+                self._sends.remove(task)
+
+    async def _answer_send(self, frame: Send, text: str, before: asyncio.Task[None] | None) -> None:
+        """Publish ``frame`` (its publish starts before this task's first suspension, so in
+        the order the tasks were made), then answer it once ``before`` has answered its own."""
+        refused: FrameError | None = None
+        ack = None
+        try:
+            ack = await self._publish_send(frame)
+        except FrameError as exc:
+            refused = exc
+        except Exception:
+            logger.exception("unexpected error publishing a frame", extra={"conn": self.conn.id})
+            self.conn.close(CloseCode.INTERNAL_ERROR, "internal error")
+            return
+        if before is not None:
+            await asyncio.wait([before])
+        if refused is not None:
+            self.metrics.error_sent(refused.code)
+            self.conn.offer(error_frame(refused.code, refused.message, _ref(text)))
+        elif ack is not None:
+            self.conn.offer(ack)
+
+    async def _publish_send(self, frame: Send) -> str | None:
+        """Publish a ``send`` frame; its ack (None without a ``cid``). Raises FrameError."""
         conn = self.conn
         if frame.room is not None and not conn.identity.may_use(frame.room):
             raise FrameError(ErrorCode.FORBIDDEN, f"your token does not allow room {frame.room!r}")
@@ -505,8 +565,9 @@ class Session:
             ) from None
         now = time.perf_counter()
         self.metrics.publish_took(now - started, now)
-        if frame.cid is not None:
-            conn.offer(ack_frame(frame.cid, published.id, published.duplicate))
+        if frame.cid is None:
+            return None
+        return ack_frame(frame.cid, published.id, published.duplicate)
 
 
 def _ref(text: str) -> dict[str, object] | None:
@@ -720,6 +781,7 @@ async def _read_frames(
     while True:
         message = await ws.receive()
         if message["type"] == "websocket.disconnect":
+            await session.settle()  # the sends in flight are published all the same
             return int(message.get("code", CloseCode.NORMAL_CLOSURE))
         if conn.closing:
             continue  # the server is closing this socket: the disconnect is on its way
@@ -731,6 +793,8 @@ async def _read_frames(
             conn.close(CloseCode.MESSAGE_TOO_BIG, "frame too large")
             continue
         verdict = conn.limiter.check(now)
+        if verdict is not Verdict.ALLOW or text is None:
+            await session.settle()  # answers go out in the order of the frames
         if verdict is not Verdict.ALLOW:
             received["rate_limited"] += 1
             if verdict is Verdict.ABUSE:

@@ -121,6 +121,14 @@ class Settings(BaseSettings):
         "its hard limit at startup), keeping 5% (at least 64) for upgrades in flight, Redis "
         "and logs: with 20,000 descriptors, 19,000 sockets.",
     )
+    sends_in_flight_max: int = Field(
+        16,
+        ge=1,
+        le=1_000,
+        description="`send` frames of one connection published at once (pipelined; their "
+        "order in the room, their acks' and errors' order stay the order they were sent). 1: "
+        "one at a time, each waiting for the one before to be acked.",
+    )
     max_frame_bytes: int = Field(
         65_536,
         ge=256,
@@ -691,7 +699,7 @@ _SECRET_FIELDS = frozenset(
         "webhook_secret",
         "redis_password",
         "redis_sentinel_password",
-    }  # fmt: skip
+    }
 )
 
 

@@ -14,9 +14,11 @@ import sys
 import tempfile
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import httpx2 as httpx
+from redis.asyncio import Redis
+from redis.exceptions import RedisError
 
 from tests.helpers import free_port
 
@@ -102,6 +104,16 @@ class SentinelDeployment:
         self.sentinels: list[asyncio.subprocess.Process] = []
         self.dir = tempfile.mkdtemp(prefix="hubbub-sentinels-")
         self.killed: RedisServer | None = None
+        # Sentinels rewrite their configuration file: each gets its own.
+        self.confs = [Path(self.dir, f"sentinel-{i}.conf") for i in range(3)]
+        for conf, port in zip(self.confs, self.sentinel_ports, strict=True):
+            conf.write_text(
+                f"port {port}\nbind 127.0.0.1\ndir {self.dir}\n"
+                f"sentinel monitor {self.NAME} 127.0.0.1 {self.servers[0].port} 2\n"
+                f"sentinel down-after-milliseconds {self.NAME} 1000\n"
+                f"sentinel failover-timeout {self.NAME} 5000\n"
+                f"sentinel parallel-syncs {self.NAME} 1\n"
+            )
 
     @property
     def addresses(self) -> str:
@@ -111,17 +123,7 @@ class SentinelDeployment:
     async def start(self) -> None:
         for server in self.servers:
             await server.start()
-        master = self.servers[0].port
-        for i, port in enumerate(self.sentinel_ports):
-            # Sentinels rewrite their configuration file: each gets its own.
-            conf = Path(self.dir, f"sentinel-{i}.conf")
-            conf.write_text(
-                f"port {port}\nbind 127.0.0.1\ndir {self.dir}\n"
-                f"sentinel monitor {self.NAME} 127.0.0.1 {master} 2\n"
-                f"sentinel down-after-milliseconds {self.NAME} 1000\n"
-                f"sentinel failover-timeout {self.NAME} 5000\n"
-                f"sentinel parallel-syncs {self.NAME} 1\n"
-            )
+        for conf, port in zip(self.confs, self.sentinel_ports, strict=True):
             proc = await asyncio.create_subprocess_exec(
                 self.servers[0].binary, str(conf), "--sentinel",
                 stdout=asyncio.subprocess.DEVNULL,
@@ -132,16 +134,11 @@ class SentinelDeployment:
 
     async def master_port(self) -> int:
         """The master's port, as the first Sentinel that answers names it."""
-        from redis.asyncio import Redis
-        from redis.exceptions import RedisError
-
         for port in self.sentinel_ports:
             sentinel = Redis(port=port, socket_timeout=1)
             try:
-                host_port = await sentinel.execute_command(
-                    "SENTINEL", "GET-MASTER-ADDR-BY-NAME", self.NAME
-                )
-                return int(host_port[1])
+                address = await sentinel.sentinel_get_master_addr_by_name(self.NAME)
+                return int(cast(tuple[str, int], address)[1])
             except (OSError, RedisError):
                 continue
             finally:
@@ -151,23 +148,35 @@ class SentinelDeployment:
     def master(self, port: int) -> RedisServer:
         return next(server for server in self.servers if server.port == port)
 
-    async def wait_replicated(self, timeout: float = 20) -> None:
-        """Until the master has a replica online and the Sentinels know it."""
-        from redis.asyncio import Redis
-
+    async def wait_replicated(self, timeout: float = 30) -> None:
+        """Until the master has a replica in sync and every Sentinel knows that replica (a
+        failover needs one it can promote)."""
         async with asyncio.timeout(timeout):
-            while True:
-                master = Redis(port=await self.master_port())
-                try:
-                    info = await master.info("replication")
-                    replica = info.get("slave0")  # redis-py parses it into a dict
-                    if isinstance(replica, dict) and replica.get("state") == "online":
-                        return
-                except OSError:
-                    pass
-                finally:
-                    await master.aclose()
+            while not await self._replicated():
                 await asyncio.sleep(0.1)
+
+    async def _replicated(self) -> bool:
+        master = Redis(port=await self.master_port())
+        sentinels = [Redis(port=port, socket_timeout=1) for port in self.sentinel_ports]
+        try:
+            # redis-py parses "slave0" into a dict. Its offset is 0 until the replica's first
+            # acknowledgement, which is when a diskless sync starts streaming writes.
+            replica = (await master.info("replication")).get("slave0")
+            if not isinstance(replica, dict) or replica.get("state") != "online":
+                return False
+            if not replica.get("offset"):
+                return False
+            for sentinel in sentinels:
+                known = await sentinel.sentinel_slaves(self.NAME)
+                if not any("s_down" not in r["flags"] and r.get("master-link-status") == "ok"
+                           for r in known):  # fmt: skip
+                    return False
+            return True
+        except (OSError, RedisError):
+            return False
+        finally:
+            for client in (master, *sentinels):
+                await client.aclose()
 
     async def kill_master(self) -> int:
         """SIGKILL the master; returns its port."""

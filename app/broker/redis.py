@@ -26,6 +26,7 @@ from typing import Any, cast
 
 import orjson
 from redis.asyncio import Redis
+from redis.asyncio.sentinel import SentinelConnectionPool
 
 from app.broker import BrokerHandler, BrokerStats, History, Message, Published
 from app.broker import redis_scripts as scripts
@@ -93,6 +94,8 @@ class RedisBroker:
         self._reconnects = 0
         self._deaf_reconnects = 0
         self._memory_used = self._memory_max = 0
+        self._master: Any = None  # with Sentinels: the master's address, as last named
+        self._master_moved = False
 
     # -- channels and keys --------------------------------------------------------------------
 
@@ -169,7 +172,11 @@ class RedisBroker:
         while not self._stopping:
             self._listener = asyncio.create_task(self._listen())
             await asyncio.wait({self._listener})
-            failure = "deaf subscription" if self._listener.cancelled() else None
+            deaf = self._listener.cancelled() and not self._master_moved
+            failure = (
+                "deaf subscription" if deaf else "master moved" if self._master_moved else None
+            )
+            self._master_moved = False
             if failure is None:
                 exc = self._listener.exception()
                 failure = repr(exc) if exc is not None else "listener stopped"
@@ -177,7 +184,7 @@ class RedisBroker:
                 delay = 0.1  # it had been working: start the backoff over
             self._set_unready()
             self._reconnects += 1
-            if self._listener.cancelled():
+            if deaf:
                 self._deaf_reconnects += 1
             pause = random.uniform(delay / 2, delay)
             logger.warning("redis pub/sub lost (%s); reconnecting in %.2f s", failure, pause)
@@ -256,10 +263,29 @@ class RedisBroker:
                 continue
             with contextlib.suppress(*REDIS_ERRORS):
                 await self._redis.publish(self._control_channel, repr(time.time()))
+                await self._follow_master()
             silent_for = time.monotonic() - self._canary_seen
             if silent_for > self._settings.canary_timeout_s and self._listener is not None:
                 logger.warning("no canary for %.1f s: resubscribing", silent_for)
                 self._listener.cancel()
+
+    async def _follow_master(self) -> None:
+        """With Sentinels: when they name another master (a planned failover leaves the old
+        one up, taking writes, until they demote it), move the publishes and the subscription
+        there now. Publishes waiting on the old master fail with ``broker_unavailable``."""
+        pool = self._redis.connection_pool
+        if not isinstance(pool, SentinelConnectionPool):
+            return
+        master = await pool.get_master_address()  # type: ignore[no-untyped-call]
+        if self._master is not None and master != self._master:
+            logger.warning(
+                "the Sentinels name a new master %s (was %s): moving", master, self._master
+            )
+            self._pipeline.reconnect()
+            if self._listener is not None:
+                self._master_moved = True
+                self._listener.cancel()
+        self._master = master
 
     # -- subscriptions ------------------------------------------------------------------------
 

@@ -278,6 +278,13 @@ class AutoPipeline:
         if not loaded.cancelled() and loaded.exception() is not None:
             logger.warning("could not load a script into Redis: %r", loaded.exception())
 
+    def reconnect(self) -> None:
+        """Drop the connection (the calls waiting on it fail with a ``ConnectionError``); the
+        next call opens a new one (with Sentinels: to the master they name now)."""
+        if self._replies is not None:
+            self._replies.close()
+            self._replies = None
+
     async def close(self) -> None:
         """Fail every call not answered yet and close the connection; later calls fail."""
         self._closed = True

@@ -1,0 +1,125 @@
+"""A connection's ``send`` frames are pipelined (``CHAT_SENDS_IN_FLIGHT_MAX``): published together,
+in the order they came, answered in that order; any other frame waits for them."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+
+from app.broker.redis import RedisBroker
+from tests.helpers import ChatClient, LiveServer, make_settings, run_server, wait_until
+from tests.processes import RedisServer
+from tests.test_redis_fanout import redis_settings
+
+pytestmark = pytest.mark.timeout(60)
+SENDS = 200
+
+
+@pytest.fixture(params=["memory", "redis"])
+async def server_for(request: pytest.FixtureRequest) -> AsyncIterator[Any]:
+    redis = RedisServer() if request.param == "redis" else None
+    if redis is not None:
+        await redis.start()
+
+    @contextlib.asynccontextmanager
+    async def serve(**overrides: Any) -> AsyncIterator[LiveServer]:
+        if redis is None:
+            settings = make_settings(**overrides)
+        else:
+            settings = redis_settings(redis, **overrides)
+        async with run_server(settings) as live:
+            await wait_until(lambda: live.state.broker.ready)
+            yield live
+
+    try:
+        yield serve
+    finally:
+        if redis is not None:
+            await redis.stop()
+
+
+async def test_sends_keep_their_order_and_their_answers_order(server_for: Any) -> None:
+    """200 sends written at once, every tenth refused (too long): the acks and errors come
+    back in the order of the frames, the ids grow in that order, and a member receives the
+    messages in it."""
+    async with (
+        server_for(max_text_chars=50) as live,
+        ChatClient.connect(live.ws_url("reader")) as reader,
+        ChatClient.connect(live.ws_url("writer")) as writer,
+    ):
+        await reader.join("r")
+        await writer.join("r")
+        for n in range(SENDS):
+            text = "x" * 51 if n % 10 == 9 else f"m{n}"
+            await writer.say("r", text, cid=n)
+        answers = [
+            await writer.next_frame(skip=("ping", "presence", "message")) for _ in range(SENDS)
+        ]
+        assert [a.get("cid") for a in answers] == list(range(SENDS))
+        assert [a["type"] for a in answers] == [
+            "error" if n % 10 == 9 else "ack" for n in range(SENDS)
+        ]
+        ids = [a["id"] for a in answers if a["type"] == "ack"]
+        assert ids == sorted(ids) and len(set(ids)) == len(ids)
+        got = await reader.messages(len(ids))
+        assert [m["id"] for m in got] == ids
+        assert [m["text"] for m in got] == [f"m{n}" for n in range(SENDS) if n % 10 != 9]
+
+
+async def test_other_frames_wait_for_the_sends_before_them(server_for: Any) -> None:
+    """Sends then a leave: every send is acked before `left`, so each was published while
+    the sender was in the room; a send after the leave is refused `not_joined`."""
+    async with server_for() as live, ChatClient.connect(live.ws_url("w")) as writer:
+        await writer.join("r")
+        for n in range(20):
+            await writer.say("r", f"m{n}", cid=n)
+        await writer.send({"type": "leave", "room": "r"})
+        await writer.say("r", "late", cid="late")
+        kinds = [
+            (await writer.next_frame(skip=("ping", "presence", "message")))["type"]
+            for _ in range(22)
+        ]
+        assert kinds == ["ack"] * 20 + ["left", "error"]
+
+
+@pytest.mark.parametrize("limit", [1, 4])
+async def test_at_most_the_limit_of_sends_is_in_flight(
+    redis_server: RedisServer, limit: int
+) -> None:
+    """With Redis paused, a connection that sent 10 frames has exactly
+    CHAT_SENDS_IN_FLIGHT_MAX of them waiting on Redis (1: each waits for the one before);
+    once Redis resumes all 10 are acked, in order."""
+    settings = redis_settings(
+        redis_server, sends_in_flight_max=limit, redis_timeout_s=5, canary_timeout_s=8
+    )
+    async with run_server(settings) as live, ChatClient.connect(live.ws_url("w")) as writer:
+        await wait_until(lambda: live.state.broker.ready)
+        await writer.join("r")
+        await writer.say("r", "first", cid="first")  # the pipeline's connection is open
+        first = await writer.next_frame(skip=("ping", "presence", "message"))
+        assert (first["type"], first["cid"]) == ("ack", "first")
+        broker = live.state.broker
+        assert isinstance(broker, RedisBroker)
+        assert redis_server.proc is not None
+        redis_server.proc.send_signal(signal.SIGSTOP)
+        try:
+            for n in range(10):
+                await writer.say("r", f"m{n}", cid=n)
+
+            def in_flight() -> int:
+                replies = broker._pipeline._replies
+                return 0 if replies is None else len(replies._waiting)
+
+            await wait_until(lambda: in_flight() == limit)
+            await asyncio.sleep(0.2)  # and no more come: the rest wait in the session
+            assert in_flight() == limit
+        finally:
+            redis_server.proc.send_signal(signal.SIGCONT)
+        for n in range(10):
+            ack = await writer.next_frame(skip=("ping", "presence", "message"))
+            assert (ack["type"], ack["cid"]) == ("ack", n)
