@@ -238,7 +238,10 @@ class Replay:
                         continue
                     answered = False
                 if not page.recovered:
-                    if not answered:
+                    # A join answered `recovered:false` told the client of the gap before it;
+                    # live frames lost since the fetch began (the subscription was lost, or
+                    # the buffer overflowed) are a new one.
+                    if not answered or self._buffer is None:
                         host.report_gap(self)
                     self._release_buffer()
                     host.go_live(self)

@@ -210,6 +210,34 @@ async def test_a_gap_too_long_to_replay_is_reported_not_hidden(world: World) -> 
     await wait_until(lambda: socket.ids()[-1:] == [after])
 
 
+@pytest.mark.parametrize("world", [{"recovery_max_messages": 3}], indirect=True)
+async def test_a_link_lost_during_a_join_answered_not_recovered_is_a_new_gap(
+    world: World,
+) -> None:
+    """A join whose `since` cannot be recovered answers `recovered:false` (the gap before
+    it); if the subscription is lost while it runs, a message published then is not silently
+    skipped either: the client gets a `resync` for the room (found by the Sentinel chaos run,
+    where a worker resubscribed twice in a row)."""
+    since = await world.say("m0")
+    for n in range(5):
+        await world.say(f"m{n + 1}")
+    conn, socket = world.connect("ada")
+    world.broker.gate.clear()
+    join = asyncio.create_task(world.hub.join(conn, "r", since))
+    await wait_until(lambda: world.broker.reads == 1)
+    world.hub.link_lost()
+    during = await world.say("during")
+    world.hub.resubscribed()
+    world.broker.gate.set()
+    await join
+    assert socket.of_type("joined")[0]["recovered"] is False
+    await wait_until(lambda: bool(socket.of_type("error")) or during in socket.ids())
+    assert [e["code"] for e in socket.of_type("error")] == ["resync"]
+    await wait_until(lambda: world.hub.behind("r") == 0)
+    after = await world.say("after")
+    await wait_until(lambda: socket.ids()[-1:] == [after])
+
+
 async def test_a_rejoin_with_since_replays_again(world: World) -> None:
     """A client that lost track rejoins with an older `since`: it gets those messages again,
     then live ones, without leaving the room."""

@@ -217,7 +217,7 @@ async def test_chaos_smoke_on_sentinel_loses_no_acked_message(tmp_path: Path) ->
     stored: none was lost with the master."""
     out = tmp_path / "chaos.json"
     status, text, err = await _chaos(
-        "--smoke", "--sentinel", "--store", "--json", str(out), "--events", "/tmp/sentinel-events.jsonl", limit_s=160
+        "--smoke", "--sentinel", "--store", "--json", str(out), limit_s=160
     )
     report: dict[str, Any] = json.loads(out.read_text())
     context = f"{text}\n{err[-3000:]}"

@@ -94,7 +94,7 @@ class RedisBroker:
         self._reconnects = 0
         self._deaf_reconnects = 0
         self._memory_used = self._memory_max = 0
-        self._master: Any = None  # with Sentinels: the master's address, as last named
+        self._master: Any = None  # with Sentinels: the master the subscription is on
         self._master_moved = False
 
     # -- channels and keys --------------------------------------------------------------------
@@ -204,6 +204,8 @@ class RedisBroker:
         """Subscribe everything on a new connection; return only by raising what ended it."""
         subscription = await Subscription.open(self._sub_redis, self._on_push)
         self._subscription = subscription
+        # With Sentinels: the master it was opened on (see _follow_master).
+        self._master = getattr(self._sub_redis.connection_pool, "master_address", None)
         try:
             channels = [self._room_channel(r) for r in self._rooms]
             channels += [self._user_channel(u) for u in self._users]
@@ -277,7 +279,7 @@ class RedisBroker:
         if not isinstance(pool, SentinelConnectionPool):
             return
         master = await pool.get_master_address()  # type: ignore[no-untyped-call]
-        if self._master is not None and master != self._master:
+        if self._ready and self._master is not None and master != self._master:
             logger.warning(
                 "the Sentinels name a new master %s (was %s): moving", master, self._master
             )
@@ -285,7 +287,6 @@ class RedisBroker:
             if self._listener is not None:
                 self._master_moved = True
                 self._listener.cancel()
-        self._master = master
 
     # -- subscriptions ------------------------------------------------------------------------
 
