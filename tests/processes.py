@@ -10,6 +10,7 @@ import os
 import resource
 import shutil
 import signal
+import socket
 import sys
 import tempfile
 from collections.abc import Callable, Mapping
@@ -207,6 +208,101 @@ class SentinelDeployment:
         for server in self.servers:
             await server.stop()
         shutil.rmtree(self.dir, ignore_errors=True)
+
+
+class ClusterDeployment:
+    """A Redis Cluster on loopback: ``masters`` masters with ``replicas`` replicas each, made
+    with ``redis-cli --cluster create``; a master SIGKILLed fails over to its replica after
+    about ``--cluster-node-timeout`` (1 s)."""
+
+    def __init__(self, masters: int = 3, replicas: int = 1) -> None:
+        options = (
+            "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
+            "--cluster-node-timeout", "1000", "--repl-diskless-sync-delay", "0",
+        )  # fmt: skip
+        self.masters, self.replicas = masters, replicas
+        self.servers = [RedisServer(extra=options) for _ in range(masters * (1 + replicas))]
+        for server in self.servers:
+            server.port = _cluster_port()
+
+    @property
+    def addresses(self) -> str:
+        """``CHAT_REDIS_CLUSTER_NODES`` (every node: any one would do as a seed)."""
+        return ",".join(f"127.0.0.1:{server.port}" for server in self.servers)
+
+    async def start(self) -> None:
+        for server in self.servers:
+            await server.start()
+        cli = shutil.which("redis-cli")
+        assert cli, "redis-cli is missing: `make test` installs redis-server (it has it)"
+        create = await asyncio.create_subprocess_exec(
+            cli, "--cluster", "create", *(f"127.0.0.1:{s.port}" for s in self.servers),
+            "--cluster-replicas", str(self.replicas), "--cluster-yes",
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+        )  # fmt: skip
+        output, _ = await create.communicate()
+        assert create.returncode == 0, output.decode(errors="replace")
+        await self.wait_ok()
+
+    async def wait_ok(self, timeout: float = 30) -> None:
+        """Until every live node says ``cluster_state:ok`` and every slot has a master."""
+        async with asyncio.timeout(timeout):
+            while not await self._ok():
+                await asyncio.sleep(0.1)
+
+    async def _ok(self) -> bool:
+        for server in self.servers:
+            if server.proc is None:
+                continue
+            client = Redis(port=server.port, socket_timeout=1)
+            try:
+                info = await _cluster_command(client, "CLUSTER INFO")  # parsed into a dict
+                if (info.get("cluster_state"), info.get("cluster_slots_ok")) != ("ok", "16384"):
+                    return False
+            except (OSError, RedisError):
+                return False
+            finally:
+                await client.aclose()
+        return True
+
+    async def master_of(self, slot: int) -> RedisServer:
+        """The server that serves ``slot`` now."""
+        for server in self.servers:
+            if server.proc is None:
+                continue
+            client = Redis(port=server.port, socket_timeout=1)
+            try:
+                for start, end, master, *_ in await _cluster_command(client, "CLUSTER SLOTS"):
+                    if start <= slot <= end:
+                        port = int(master[1])
+                        return next(s for s in self.servers if s.port == port)
+            except (OSError, RedisError):
+                continue
+            finally:
+                await client.aclose()
+        raise AssertionError("no node answers CLUSTER SLOTS")
+
+    async def stop(self) -> None:
+        for server in self.servers:
+            await server.stop()
+
+
+def _cluster_port() -> int:
+    """A free port whose cluster bus port (+10000) is a valid, free port too."""
+    while True:
+        port = free_port()
+        if port + 10000 > 65535:
+            continue
+        with socket.socket() as probe:
+            try:
+                probe.bind(("127.0.0.1", port + 10000))
+            except OSError:
+                continue
+        return port
+
+
+async def _cluster_command(client: Redis, command: str) -> Any:
+    return await client.execute_command(command)  # type: ignore[no-untyped-call]
 
 
 def postgres_binaries() -> Path:
