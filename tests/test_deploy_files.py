@@ -159,11 +159,34 @@ def _interpolate(value: Any, env: Mapping[str, str]) -> Any:
     return _COMPOSE_VARIABLE.sub(one, value)
 
 
-async def test_compose_file_follows_the_compose_specification() -> None:
+@pytest.mark.parametrize("name", ["docker-compose.yml", "docker-compose.sentinel.yml"])
+async def test_compose_file_follows_the_compose_specification(name: str) -> None:
     await _run(
-        str(VENV_BIN / "check-jsonschema"),
-        "--builtin-schema", "vendor.compose-spec", "docker-compose.yml",
+        str(VENV_BIN / "check-jsonschema"), "--builtin-schema", "vendor.compose-spec", name,
     )  # fmt: skip
+
+
+async def test_compose_sentinel_override_runs_the_app_on_sentinels(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """docker-compose.sentinel.yml: the app's Redis URL is emptied (empty is unset, so the
+    settings accept the Sentinels alone), it names the three Sentinels and waits for them, and
+    each Sentinel's generated configuration monitors the "redis" service, quorum 2 of 3."""
+    override = yaml.safe_load((ROOT / "docker-compose.sentinel.yml").read_text())
+    services = override["services"]
+    app = _compose()["services"]["app"]["environment"] | services["app"]["environment"]
+    sentinels = [name for name in services if name.startswith("sentinel-")]
+    assert app["CHAT_REDIS_SENTINELS"] == ",".join(f"{name}:26379" for name in sentinels)
+    assert len(sentinels) == 3 and set(sentinels) <= set(services["app"]["depends_on"])
+    plain = {key: str(value) for key, value in app.items() if "$" not in str(value)}
+    settings = _settings_from(plain | {"CHAT_AUTH_MODE": "guest"}, monkeypatch)
+    assert settings.uses_redis and settings.redis_url is None and settings.redis_wait_replicas == 1
+    script = services["sentinel-1"]["entrypoint"][2].replace(
+        "> /tmp/sentinel.conf && exec redis-server /tmp/sentinel.conf --sentinel", ""
+    )
+    conf = (await _run("sh", "-c", script)).splitlines()
+    assert "sentinel monitor hubbub redis 6379 2" in conf, conf
+    assert "port 26379" in conf and "sentinel resolve-hostnames yes" in conf, conf
 
 
 def test_compose_stack_is_wired_together() -> None:
