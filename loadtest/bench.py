@@ -289,8 +289,8 @@ def cases(smoke: bool) -> list[Case]:
         Case("churn", "churn, 100 connect-join-leave-disconnect cycles/s",
              ["churn", "--churn", "100", "--seconds", s], ["hubbub", "baseline"], "p99_ms",
              higher_is_better=False),
-        # Ten publishers: one connection's messages are published one at a time, in order, so
-        # a lone publisher is bound by its Redis round trips (docs/benchmarks.md).
+        # Ten publishers, as before sends were pipelined per connection (the lone publisher has
+        # its own script, loadtest/lone_publisher.sh; docs/benchmarks.md).
         Case("redis-fanout",
              "Redis broker (gunicorn, 2 workers) vs memory: fan-out, 10 publishers × 10 msg/s",
              ["fanout", "--subscribers", subs, "--publishers", "10", "--rate", "100",

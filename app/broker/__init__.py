@@ -93,11 +93,14 @@ class History:
 @dataclass(frozen=True, slots=True)
 class BrokerStats:
     """Health counters for the metrics: subscription losses since start (``deaf_reconnects``
-    of them found by the canary, not by an error), the latest pub/sub round trip, and the
-    backend's memory."""
+    of them found by the canary, ``failovers`` moves to a new master the Sentinels named,
+    not errors), publishes refused because too few replicas confirmed them
+    (``not_replicated``), the latest pub/sub round trip, and the backend's memory."""
 
     reconnects: int = 0
     deaf_reconnects: int = 0
+    failovers: int = 0
+    not_replicated: int = 0
     pubsub_lag_s: float = 0.0
     # The backend's memory, as last read (Redis INFO): used, and its maxmemory (0: none).
     memory_used_bytes: int = 0

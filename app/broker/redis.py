@@ -34,7 +34,7 @@ from app.conversation import addressed, direct, is_direct
 from app.errors import BrokerUnavailable, MessageGone, QuotaExceeded
 from app.lifecycle import Change, Kind, Target, with_state
 from app.protocol import event_frame_parts, is_message_frame, message_frame_parts, message_id_of
-from app.redisio.autopipeline import AutoPipeline
+from app.redisio.autopipeline import AutoPipeline, NotReplicated
 from app.redisio.clients import REDIS_ERRORS, call_redis, command_client, subscriber_client
 from app.redisio.subscription import Subscription
 from app.settings import Settings
@@ -96,6 +96,7 @@ class RedisBroker:
         self._memory_used = self._memory_max = 0
         self._master: Any = None  # with Sentinels: the master the subscription is on
         self._master_moved = False
+        self._failovers = self._not_replicated = 0
 
     # -- channels and keys --------------------------------------------------------------------
 
@@ -134,6 +135,8 @@ class RedisBroker:
         return BrokerStats(
             self._reconnects,
             self._deaf_reconnects,
+            self._failovers,
+            self._not_replicated,
             self._pubsub_lag_s,
             self._memory_used,
             self._memory_max,
@@ -186,6 +189,8 @@ class RedisBroker:
             self._reconnects += 1
             if deaf:
                 self._deaf_reconnects += 1
+            elif failure == "master moved":
+                self._failovers += 1
             pause = random.uniform(delay / 2, delay)
             logger.warning("redis pub/sub lost (%s); reconnecting in %.2f s", failure, pause)
             await asyncio.sleep(pause)
@@ -430,6 +435,8 @@ class RedisBroker:
         try:
             reply = await self._pipeline.submit(self._scripts[script], keys, args, durable=True)
         except REDIS_ERRORS as exc:
+            if isinstance(exc, NotReplicated):
+                self._not_replicated += 1
             raise BrokerUnavailable(f"redis: {exc!r}") from exc
         message_id, outcome, ts_ms = reply
         if outcome == _REFUSED_BY_QUOTA:

@@ -217,11 +217,17 @@ class Metrics:
         )
         self.broker_reconnects = counter(
             "hubbub_broker_reconnects_total",
-            "Broker subscription losses, by reason (`deaf`: canaries stopped arriving).",
+            "Broker subscription losses, by reason (`deaf`: canaries stopped arriving; "
+            "`failover`: the Sentinels named a new master).",
             ("reason",),
         )
-        for reason in ("error", "deaf"):
+        for reason in ("error", "deaf", "failover"):
             self.broker_reconnects.labels(reason)
+        self.acks_not_replicated = counter(
+            "hubbub_broker_acks_not_replicated_total",
+            "Sends answered broker_unavailable because fewer than CHAT_REDIS_WAIT_REPLICAS "
+            "replicas confirmed them in time (written on the master, not acked).",
+        )
         self.pubsub_lag = gauge(
             "hubbub_broker_pubsub_lag_seconds",
             "Latest canary's trip through the broker's pub/sub, per worker.",
@@ -360,6 +366,7 @@ class Metrics:
         self.gc_pauses_since_sync: list[tuple[int, float, int]] = []
         self._broker_reconnects = 0
         self._broker_deaf = 0
+        self._broker_failovers = self._acks_not_replicated = 0
         self._archive_counts = (0, 0, 0)  # stored, failures, dropped: as last synced
         self._webhook_counts = (0, 0, 0)  # delivered, failed, given up: as last synced
         self._next_latency_sample = 0.0
@@ -439,12 +446,16 @@ class Metrics:
         self.redis_memory_used.set(stats.memory_used_bytes)
         self.redis_memory_max.set(stats.memory_max_bytes)
         deaf = stats.deaf_reconnects - self._broker_deaf
-        errors = stats.reconnects - self._broker_reconnects - deaf
-        if deaf > 0:
-            self.broker_reconnects.labels("deaf").inc(deaf)
-        if errors > 0:
-            self.broker_reconnects.labels("error").inc(errors)
+        failovers = stats.failovers - self._broker_failovers
+        errors = stats.reconnects - self._broker_reconnects - deaf - failovers
+        for reason, count in (("deaf", deaf), ("failover", failovers), ("error", errors)):
+            if count > 0:
+                self.broker_reconnects.labels(reason).inc(count)
         self._broker_reconnects, self._broker_deaf = stats.reconnects, stats.deaf_reconnects
+        self._broker_failovers = stats.failovers
+        if stats.not_replicated > self._acks_not_replicated:
+            self.acks_not_replicated.inc(stats.not_replicated - self._acks_not_replicated)
+            self._acks_not_replicated = stats.not_replicated
 
         if archive is not None:
             self._sync_archive(archive)
