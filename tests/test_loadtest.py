@@ -3,8 +3,10 @@ every scenario, briefly, against a real server; the figures must add up."""
 
 from __future__ import annotations
 
+import ast
 import asyncio
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -204,3 +206,32 @@ async def test_the_archiving_benchmarks_smoke(tmp_path: Path) -> None:
     rows = raw["store-redis-rtt"]
     assert set(rows) == {"hubbub-redis-store", "hubbub-redis"}
     assert all(run["messages_per_s"] > 0 for runs in rows.values() for run in runs)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(
+    ("script", "env", "label"),
+    [
+        ("loadtest/lone_publisher.sh", {"SUBSCRIBERS": "50", "RATE": "50"}, "in flight"),
+        ("loadtest/wait_cost.sh", {"CLIENTS": "10"}, "wait"),
+    ],
+)
+async def test_redis_benchmark_scripts_run(
+    script: str, env: dict[str, str], label: str, tmp_path: Path
+) -> None:
+    """The smoke version of loadtest/lone_publisher.sh and loadtest/wait_cost.sh: one round of
+    2 s each way; each prints its two measurements, both with traffic."""
+    proc = await asyncio.create_subprocess_exec(
+        "bash", script, cwd=ROOT, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+        env={**os.environ, "ROUNDS": "1", "SECONDS_RUN": "2", "OUT": str(tmp_path), **env},
+    )  # fmt: skip
+    out, _ = await proc.communicate()
+    text = out.decode(errors="replace")
+    assert proc.returncode == 0, text
+    rows = [line for line in text.splitlines() if line.startswith("round 1 ")]
+    assert len(rows) == 2 and all(f" {label} " in row for row in rows), text
+    for row in rows:
+        measured = ast.literal_eval(row[row.index("{") :])
+        rate = measured.get("deliveries_per_s") or measured.get("messages_per_s")
+        assert rate and rate > 0, text
+        assert not measured.get("missing") and not measured.get("out_of_order"), text
