@@ -735,6 +735,8 @@ class Faults:
         self.redis = redis
         self.instances = instances
         self.postgres = postgres
+        # When each Redis SIGKILL was confirmed (the process gone): (fault name, time).
+        self.redis_kills: list[tuple[str, float]] = []
 
     async def run(self, name: str) -> Fault:
         started = time.time()
@@ -772,6 +774,7 @@ class Faults:
         before = await self.redis.dbsize()
         files = sum(1 for p in self.redis.dir.rglob("*") if p.is_file())
         status = await self.redis.kill()
+        self.redis_kills.append(("redis_kill_aof" if keep_aof else "redis_kill_empty", time.time()))
         removed = 0 if keep_aof else self.redis.wipe()
         await self.redis.start()
         after = await self.redis.dbsize()
@@ -953,7 +956,10 @@ async def _quiet(run: Run, clients: list[ChaosClient], within_s: float) -> None:
 
 
 async def _check_store(
-    redis: RedisServer | SentinelRedis, database_url: str, log: RunLog
+    redis: RedisServer | SentinelRedis,
+    database_url: str,
+    log: RunLog,
+    redis_kills: list[tuple[str, float]],
 ) -> dict[str, Any]:
     """Once the archive stream is empty: which acked messages the store lacks, and which it
     holds more than once (it cannot: its key is the room and the id; checked all the same)."""
@@ -976,11 +982,11 @@ async def _check_store(
     stored = Counter((str(conversation), int(message_id)) for conversation, message_id in rows)
     rooms = {(send.client, send.cid): send.room for send in log.sends}
     acked = {(rooms[(ack.client, ack.cid)], ack.id): ack.at for ack in log.acks}
-    emptied = [f.started_at for f in log.faults if f.name == "redis_kill_empty"]
-    crashed = [f.started_at for f in log.faults if f.name == "redis_kill_aof"]
+    emptied = [at for name, at in redis_kills if name == "redis_kill_empty"]
+    crashed = [at for name, at in redis_kills if name == "redis_kill_aof"]
     missing = [key for key in acked if key not in stored]
-    # An id is its publish time (1000 x ms): published shortly before Redis was emptied, or
-    # before it crashed with the writes its append-only file had not synced yet
+    # An id is its publish time (1000 x ms): published shortly before Redis was SIGKILLed and
+    # emptied, or before it was SIGKILLed with writes its append-only file had not synced yet
     # (`appendfsync everysec` loses up to 2 s of them, Redis' documentation says).
     with_redis = [key for key in missing if any(t - 3 <= key[1] / 1e6 <= t for t in emptied)]
     with_crash = [
@@ -1079,7 +1085,7 @@ async def run_chaos(config: Config) -> tuple[Report, dict[str, Any]]:
             _say(f"{sum(not c.settled_all for c in clients)} clients did not settle")
         await _quiet(run, clients, 15)
         if database_url is not None:
-            facts["store"] = await _check_store(redis, database_url, log)
+            facts["store"] = await _check_store(redis, database_url, log, faults.redis_kills)
         edits = {(s.client, s.cid) for s in log.sends if s.edit_of is not None}
         facts["edits"] = {
             "sent": len(edits),
