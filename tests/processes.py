@@ -136,14 +136,12 @@ class SentinelDeployment:
     async def master_port(self) -> int:
         """The master's port, as the first Sentinel that answers names it."""
         for port in self.sentinel_ports:
-            sentinel = Redis(port=port, socket_timeout=1)
-            try:
-                address = await sentinel.sentinel_get_master_addr_by_name(self.NAME)
-                return int(cast(tuple[str, int], address)[1])
-            except (OSError, RedisError):
-                continue
-            finally:
-                await sentinel.aclose()
+            async with Redis(port=port, socket_timeout=1) as sentinel:
+                try:
+                    address = await sentinel.sentinel_get_master_addr_by_name(self.NAME)
+                    return int(cast(tuple[str, int], address)[1])
+                except (OSError, RedisError):
+                    continue
         raise AssertionError("no Sentinel answers")
 
     def master(self, port: int) -> RedisServer:

@@ -62,19 +62,20 @@ async def test_a_durable_call_is_answered_once_a_replica_has_it() -> None:
     replica = RedisServer(extra=("--replicaof", "127.0.0.1", str(master.port)))
     await replica.start()
     redis = Redis.from_url(master.url)
+    on_replica = Redis(port=replica.port)
     pipeline = AutoPipeline(redis, wait_replicas=1, wait_timeout_s=0.3)
     script = redis.register_script(INCR)
     try:
         async with asyncio.timeout(20):  # until the replica is in sync
             while (await pipeline.call(script, ["warm"], [], durable=False)) and not (
-                await Redis(port=replica.port).get("warm")
+                await on_replica.get("warm")
             ):
                 await asyncio.sleep(0.05)
         replies = await asyncio.gather(
             *(pipeline.call(script, ["k"], [], durable=True) for _ in range(5))
         )
         assert replies == [1, 2, 3, 4, 5]
-        assert await Redis(port=replica.port).get("k") == b"5"  # the ack came after the copy
+        assert await on_replica.get("k") == b"5"  # the ack came after the copy
         await replica.kill()
         began = time.monotonic()
         with pytest.raises(NotReplicated):
@@ -84,6 +85,7 @@ async def test_a_durable_call_is_answered_once_a_replica_has_it() -> None:
     finally:
         await pipeline.close()
         await redis.aclose()
+        await on_replica.aclose()
         await replica.stop()
         await master.stop()
 
@@ -103,13 +105,13 @@ async def test_a_planned_failover_moves_the_broker_to_the_new_master(
     )
     broker = RedisBroker(settings)
     await broker.start(Recorder())
+    new: Redis | None = None
     try:
         await wait_until(lambda: broker.ready, 10)
         await broker.publish("r", "u", "before", None)
         old = await sentinels.master_port()
-        sentinel = Redis(port=sentinels.sentinel_ports[0])
-        await sentinel.sentinel_failover(sentinels.NAME)
-        await sentinel.aclose()
+        async with Redis(port=sentinels.sentinel_ports[0]) as sentinel:
+            await sentinel.sentinel_failover(sentinels.NAME)
         new = Redis(port=await sentinels.wait_failover(old))
         landed = None
         # The Sentinels demote the old master some 10 s later (and kill its clients then).
@@ -123,8 +125,9 @@ async def test_a_planned_failover_moves_the_broker_to_the_new_master(
                         landed = published
                 await asyncio.sleep(0.05)
         await wait_until(lambda: broker.ready, 10)
-        await new.aclose()
     finally:
+        if new is not None:
+            await new.aclose()
         await broker.stop()
 
 
@@ -187,7 +190,8 @@ async def test_gunicorn_follows_a_sigkilled_master_and_loses_no_acked_message(
             for n in range(20):
                 await _send_until_acked(sender, f"after-{n}", acks)
             watcher.cancel()
-            assert 503 in statuses and statuses[-1] == 200, statuses
+            # Not ready during the failover, ready again after it.
+            assert 503 in statuses and 200 in statuses[statuses.index(503) :], statuses
         # Every acked message survived, with the id its ack gave.
         async with httpx.AsyncClient() as http:
             page = (await http.get(f"{app.http_url}/rooms/r/messages?limit=100")).json()

@@ -77,7 +77,7 @@ def subscriber_client(settings: Settings) -> Redis:
         "retry": Retry(NoBackoff(), 0),
     }
     if settings.redis_sentinels:
-        pool = SentinelConnectionPool(  # type: ignore[no-untyped-call]
+        pool = _SentinelPool(  # type: ignore[no-untyped-call]
             settings.redis_sentinel_master, _sentinel(settings), **_master_auth(settings), **options
         )
         return pack_with_hiredis(Redis.from_pool(pool))
@@ -85,7 +85,17 @@ def subscriber_client(settings: Settings) -> Redis:
     return pack_with_hiredis(Redis.from_url(settings.redis_url, **options))
 
 
-class _BlockingSentinelPool(SentinelConnectionPool, BlockingConnectionPool):
+class _SentinelPool(SentinelConnectionPool):
+    """A Sentinel-managed pool that also closes its clients of the Sentinels when it is
+    closed (its client's ``aclose``); a master change only drops its idle connections."""
+
+    async def disconnect(self, inuse_connections: bool = True) -> None:
+        await super().disconnect(inuse_connections)
+        if inuse_connections:
+            await self.sentinel_manager.aclose()
+
+
+class _BlockingSentinelPool(_SentinelPool, BlockingConnectionPool):
     """A Sentinel-managed pool that waits for a free connection, as ``command_client``'s
     does without Sentinels."""
 
