@@ -206,6 +206,23 @@ class Settings(BaseSettings):
         "workers ask them for the master of `CHAT_REDIS_SENTINEL_MASTER` and follow its "
         'failovers (docs/operations.md, "Choosing a Redis"). Excludes `CHAT_REDIS_URL`.',
     )
+    redis_cluster_nodes: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="Redis Cluster instead of one Redis: some of its nodes' `host:port`s "
+        "(comma-separated; the rest are found from them). Rooms spread over its masters by "
+        "their keys' hash slots, with sharded pub/sub (docs/operations.md, \"Choosing a "
+        'Redis"). Excludes `CHAT_REDIS_URL` and `CHAT_REDIS_SENTINELS`.',
+    )
+    redis_cluster_partitions: int = Field(
+        64,
+        ge=1,
+        le=16_384,
+        description="With Redis Cluster: conversations are spread over this many partitions "
+        "(each a hash slot: its conversations' keys and its archive stream), spread evenly "
+        "over the slots. Above the number of masters you may ever run; fixed for a "
+        "deployment's life (a change moves every conversation to new keys: their Redis "
+        "history is left behind, the store keeps it).",
+    )
     redis_sentinel_master: str = Field(
         "hubbub", min_length=1, description="The Sentinels' name for Hubbub's master."
     )
@@ -614,7 +631,7 @@ class Settings(BaseSettings):
         "are counted (`hubbub_webhook_events_not_queued_total`), not queued.",
     )
 
-    @field_validator("webhook_events", "redis_sentinels", mode="before")
+    @field_validator("webhook_events", "redis_sentinels", "redis_cluster_nodes", mode="before")
     @classmethod
     def _split_events(cls, value: object) -> object:
         if isinstance(value, str):
@@ -625,30 +642,52 @@ class Settings(BaseSettings):
     def uses_redis(self) -> bool:
         """Whether the deployment runs on Redis (one, or through Sentinels) rather than on
         the embedded memory broker."""
-        return self.redis_url is not None or bool(self.redis_sentinels)
+        return self.redis_url is not None or bool(self.redis_sentinels or self.redis_cluster_nodes)
 
     @model_validator(mode="after")
     def _check_relations(self) -> Self:
-        if self.redis_url is not None and self.redis_sentinels:
+        chosen = [
+            ENV_PREFIX + name
+            for name, value in (
+                ("REDIS_URL", self.redis_url),
+                ("REDIS_SENTINELS", self.redis_sentinels),
+                ("REDIS_CLUSTER_NODES", self.redis_cluster_nodes),
+            )
+            if value
+        ]
+        if len(chosen) > 1:
             raise ValueError(
-                f"{ENV_PREFIX}REDIS_URL and {ENV_PREFIX}REDIS_SENTINELS exclude each other: "
-                "set the Sentinels alone (the master's password is "
-                f"{ENV_PREFIX}REDIS_PASSWORD)"
+                f"{' and '.join(chosen)} exclude each other: set one (the password of the "
+                f"Sentinels' master and of a cluster's nodes is {ENV_PREFIX}REDIS_PASSWORD)"
             )
         if self.redis_wait_replicas and self.redis_wait_timeout_s >= self.redis_timeout_s:
             raise ValueError(
                 f"{ENV_PREFIX}REDIS_WAIT_TIMEOUT_S ({self.redis_wait_timeout_s}) must be below "
                 f"{ENV_PREFIX}REDIS_TIMEOUT_S ({self.redis_timeout_s})"
             )
-        for address in self.redis_sentinels:
-            host, _, port = address.rpartition(":")
-            if not host or not port.isdigit() or not 0 < int(port) < 65536:
-                raise ValueError(f"{ENV_PREFIX}REDIS_SENTINELS: {address!r} is not host:port")
+        for name, addresses in (
+            ("REDIS_SENTINELS", self.redis_sentinels),
+            ("REDIS_CLUSTER_NODES", self.redis_cluster_nodes),
+        ):
+            for address in addresses:
+                host, _, port = address.rpartition(":")
+                if not host or not port.isdigit() or not 0 < int(port) < 65536:
+                    raise ValueError(f"{ENV_PREFIX}{name}: {address!r} is not host:port")
         unknown = set(self.webhook_events) - set(WEBHOOK_EVENTS)
         if unknown:
             raise ValueError(
                 f"{ENV_PREFIX}WEBHOOK_EVENTS: unknown {', '.join(sorted(unknown))} "
                 f"(known: {', '.join(WEBHOOK_EVENTS)})"
+            )
+        if (
+            self.redis_cluster_nodes
+            and self.webhook_url is not None
+            and "message.created" in self.webhook_events
+        ):
+            raise ValueError(
+                f"{ENV_PREFIX}WEBHOOK_EVENTS: message.created is not supported with "
+                f"{ENV_PREFIX}REDIS_CLUSTER_NODES yet (the queue is one stream, not one per "
+                "partition): leave it out, or run on one Redis or Sentinel"
             )
         if self.webhook_url is not None and (self.webhook_secret is None or not self.uses_redis):
             raise ValueError(

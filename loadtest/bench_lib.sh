@@ -18,5 +18,14 @@ start_app() {
     taskset -c 0 .venv/bin/gunicorn -c deploy/gunicorn.conf.py --bind "127.0.0.1:$port" --workers 2 \
     > "$log" 2>&1 &
   APP=$!
-  for _ in $(seq 50); do curl -fs "http://127.0.0.1:$port/readyz" >/dev/null 2>&1 && return; sleep 0.2; done
+  .venv/bin/python - "$port" <<'PY' || true
+import sys, time, urllib.request
+deadline = time.monotonic() + 10
+while time.monotonic() < deadline:
+    try:
+        urllib.request.urlopen(f"http://127.0.0.1:{sys.argv[1]}/readyz", timeout=1)
+        break
+    except OSError:
+        time.sleep(0.1)
+PY
 }

@@ -41,6 +41,10 @@ for a replica to confirm every ack (``CHAT_REDIS_WAIT_REPLICAS=1``), and the Red
 back as a replica of the new one) and ``pubsub_kill``. With ``--store`` every acked message must
 be stored: none may be lost with the master.
 
+``--cluster``: Redis Cluster instead (``tests.processes.ClusterDeployment``: three masters, a
+replica each), acks waiting for the replica; ``master_kill`` SIGKILLs the master of room-00's
+slot and restarts it once its replica has taken over (it rejoins as a replica).
+
 ``--smoke``: 40 clients in 8 rooms, four faults (pubsub_kill, redis_kill_aof, redis_stop,
 worker_kill) 8 s apart, under a minute in all (the test suite runs it). ``--no-faults``: the
 same traffic without any fault (the harness's own control: it must report no loss and no
@@ -74,12 +78,16 @@ import httpx2 as httpx
 import orjson
 import uvloop
 from redis.asyncio import Redis
+from redis.asyncio.cluster import RedisCluster
+from redis.crc import key_slot
 from redis.exceptions import RedisError
 from sqlalchemy import select
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake
 
+from app.broker.keys import KeyLayout
 from app.broker.redis_scripts import archive_keys
+from app.settings import Settings
 from app.store.database import engine_for
 from app.store.schema import messages
 from loadtest.bench import free_port
@@ -101,7 +109,7 @@ from loadtest.invariants import (
     SendError,
     check,
 )
-from tests.processes import PostgresServer, SentinelDeployment
+from tests.processes import ClusterDeployment, PostgresServer, SentinelDeployment
 
 ROOT = Path(__file__).resolve().parent.parent
 FAULTS = (
@@ -180,7 +188,22 @@ async def _wait_exit(proc: subprocess.Popen[bytes], within_s: float) -> int | No
     return None
 
 
-class RedisServer:
+class _OneMaster:
+    """What the faults do on Redis with one master, reached by ``client()``."""
+
+    def client(self) -> Redis:
+        raise NotImplementedError
+
+    async def kill_pubsub(self) -> int:
+        async with self.client() as redis:
+            return int(await redis.client_kill_filter(_type="pubsub"))
+
+    async def archive_length(self) -> int:
+        async with self.client() as redis:
+            return int(await redis.xlen(archive_keys("hubbub")[0]))
+
+
+class RedisServer(_OneMaster):
     """A redis-server with its append-only file (``everysec``) in a directory of its own."""
 
     def __init__(self, root: Path) -> None:
@@ -254,7 +277,7 @@ class RedisServer:
         return {"CHAT_REDIS_URL": self.url}
 
 
-class SentinelRedis:
+class SentinelRedis(_OneMaster):
     """Redis with Sentinel (``SentinelDeployment``), with the face of :class:`RedisServer`
     that the runner and the faults use: :meth:`client` reaches whichever server is master."""
 
@@ -301,6 +324,78 @@ class SentinelRedis:
                     server.proc.kill()
         shutil.rmtree(self.deployment.dir, ignore_errors=True)
         for server in self.deployment.servers:
+            shutil.rmtree(server.dir, ignore_errors=True)
+
+
+class ClusterRedis:
+    """Redis Cluster (``ClusterDeployment``: 3 masters, a replica each), with the face of
+    :class:`RedisServer` that the runner and the faults use. ``master_kill`` SIGKILLs the
+    master of the busiest room's slot (``room-00``), waits until its replica took over, then
+    restarts it (it rejoins as a replica)."""
+
+    def __init__(self) -> None:
+        self.deployment = ClusterDeployment()
+        self.port = 0
+        self._layout = KeyLayout(
+            "hubbub", Settings.model_fields["redis_cluster_partitions"].default
+        )
+
+    @property
+    def app_env(self) -> dict[str, str]:
+        return {
+            "CHAT_REDIS_CLUSTER_NODES": self.deployment.addresses,
+            "CHAT_REDIS_WAIT_REPLICAS": "1",
+            "CHAT_REDIS_WAIT_TIMEOUT_S": "0.5",
+        }
+
+    def client(self) -> Redis:
+        return Redis(port=self.port, socket_timeout=2, socket_connect_timeout=2)
+
+    async def start(self) -> None:
+        await self.deployment.start()
+        self.port = self.deployment.servers[0].port
+
+    async def kill_pubsub(self) -> int:
+        killed = 0
+        for server in self.deployment.servers:
+            if server.proc is not None:
+                async with Redis(port=server.port, socket_timeout=2) as node:
+                    killed += int(await node.client_kill_filter(_type="pubsub"))
+        return killed
+
+    async def archive_length(self) -> int:
+        cluster = RedisCluster(host="127.0.0.1", port=self.port, socket_timeout=2)
+        try:
+            return sum([int(await cluster.xlen(key)) for key, _ in self._layout.archives()])
+        finally:
+            await cluster.aclose()
+
+    async def kill_master(self) -> tuple[bool, str]:
+        began = time.monotonic()
+        slot = key_slot(self._layout.tag("room-00").strip("{}").encode())
+        old = await self.deployment.master_of(slot)
+        await old.kill()
+        new = old
+        while new is old and time.monotonic() - began < 30:
+            await asyncio.sleep(0.1)
+            with contextlib.suppress(AssertionError):
+                new = await self.deployment.master_of(slot)
+        took = time.monotonic() - began
+        await old.start()  # it rejoins from its nodes.conf, as a replica of the new master
+        await self.deployment.wait_ok()
+        if self.port == old.port:
+            self.port = new.port
+        detail = (
+            f"SIGKILLed {old.port}, master of slot {slot}; its replica {new.port} took over in "
+            f"{took:.1f} s; {old.port} back as a replica after {time.monotonic() - began:.1f} s"
+        )
+        return new is not old, detail
+
+    def stop(self) -> None:
+        for server in self.deployment.servers:
+            if server.proc is not None and server.proc.returncode is None:
+                with contextlib.suppress(ProcessLookupError):
+                    server.proc.kill()
             shutil.rmtree(server.dir, ignore_errors=True)
 
 
@@ -728,7 +823,7 @@ class Faults:
 
     def __init__(
         self,
-        redis: RedisServer | SentinelRedis,
+        redis: RedisServer | SentinelRedis | ClusterRedis,
         instances: list[Instance],
         postgres: PostgresServer | None = None,
     ) -> None:
@@ -749,11 +844,10 @@ class Faults:
 
     async def _kill_pubsub(self, times: int) -> list[int]:
         killed = []
-        async with self.redis.client() as redis:
-            for n in range(times):
-                if n:
-                    await asyncio.sleep(0.1)
-                killed.append(int(await redis.client_kill_filter(_type="pubsub")))
+        for n in range(times):
+            if n:
+                await asyncio.sleep(0.1)
+            killed.append(await self.redis.kill_pubsub())
         return killed
 
     async def pubsub_kill(self) -> tuple[bool, str]:
@@ -766,7 +860,7 @@ class Faults:
         return killed[0] > 0 and sum(k > 0 for k in killed) >= 2, detail
 
     async def master_kill(self) -> tuple[bool, str]:
-        assert isinstance(self.redis, SentinelRedis), "master_kill needs --sentinel"
+        assert not isinstance(self.redis, RedisServer), "master_kill needs --sentinel or --cluster"
         return await self.redis.kill_master()
 
     async def _kill_redis(self, keep_aof: bool) -> tuple[bool, str]:
@@ -911,6 +1005,7 @@ class Config:
     events: Path | None = None
     store: bool = False
     sentinel: bool = False
+    cluster: bool = False
 
 
 def _client_sockets(pid: int, port: int) -> int:
@@ -956,23 +1051,19 @@ async def _quiet(run: Run, clients: list[ChaosClient], within_s: float) -> None:
 
 
 async def _check_store(
-    redis: RedisServer | SentinelRedis,
+    redis: RedisServer | SentinelRedis | ClusterRedis,
     database_url: str,
     log: RunLog,
     redis_kills: list[tuple[str, float]],
 ) -> dict[str, Any]:
     """Once the archive stream is empty: which acked messages the store lacks, and which it
     holds more than once (it cannot: its key is the room and the id; checked all the same)."""
-    client = redis.client()
-    try:
-        drained = False
-        for _ in range(600):
-            if not await client.xlen(archive_keys("hubbub")[0]):
-                drained = True
-                break
-            await asyncio.sleep(0.1)
-    finally:
-        await client.aclose()
+    drained = False
+    for _ in range(600):
+        if not await redis.archive_length():
+            drained = True
+            break
+        await asyncio.sleep(0.1)
     engine = engine_for(database_url)
     try:
         async with engine.connect() as connection:
@@ -1025,7 +1116,11 @@ def _say(text: str) -> None:
 async def run_chaos(config: Config) -> tuple[Report, dict[str, Any]]:
     """Start everything, run traffic and faults, stop everything; the report and run facts."""
     root = Path(tempfile.mkdtemp(prefix="hubbub-chaos-"))
-    redis = SentinelRedis() if config.sentinel else RedisServer(root)
+    redis: RedisServer | SentinelRedis | ClusterRedis = RedisServer(root)
+    if config.sentinel:
+        redis = SentinelRedis()
+    elif config.cluster:
+        redis = ClusterRedis()
     postgres = PostgresServer() if config.store else None
     database_url = None
     if postgres is not None:
@@ -1046,7 +1141,8 @@ async def run_chaos(config: Config) -> tuple[Report, dict[str, Any]]:
             instance.start()
         await asyncio.gather(*(instance.wait_ready() for instance in instances))
         _say(
-            f"redis{' (Sentinel) master' if config.sentinel else ''} on {redis.port}, "
+            f"redis{' (Sentinel) master' if config.sentinel else ''}"
+            f"{' (Cluster) node' if config.cluster else ''} on {redis.port}, "
             f"gunicorn on {[i.port for i in instances]} serving {config.server_root}; "
             f"logs in {root}"
         )
@@ -1154,18 +1250,25 @@ def parse_args(argv: list[str] | None) -> tuple[Config, argparse.Namespace]:
         "the Redis faults are the master's SIGKILL",
     )
     parser.add_argument(
+        "--cluster",
+        action="store_true",
+        help="Redis Cluster (3 masters, a replica each), acks waiting for the replica; the "
+        "Redis faults are a master's SIGKILL",
+    )
+    parser.add_argument(
         "--recheck", type=Path, help="run no chaos: check the event log written by --events"
     )
     args = parser.parse_args(argv)
     config = Config(
         seed=args.seed, keep=args.keep, server_root=args.server_root.resolve(), events=args.events,
-        store=args.store, sentinel=args.sentinel,
+        store=args.store, sentinel=args.sentinel, cluster=args.cluster,
     )  # fmt: skip
-    if args.sentinel:
+    replicated = args.sentinel or args.cluster
+    if replicated:
         config.faults = SENTINEL_SMOKE_FAULTS if args.smoke else SENTINEL_FAULTS
     if args.smoke:
         config.clients, config.rooms = 40, 8
-        config.faults = SENTINEL_SMOKE_FAULTS if args.sentinel else SMOKE_FAULTS
+        config.faults = SENTINEL_SMOKE_FAULTS if replicated else SMOKE_FAULTS
     if args.faults:
         chosen = tuple(name.strip() for name in args.faults.split(",") if name.strip())
         unknown = set(chosen) - set(FAULTS) - {"postgres_kill", "master_kill"}

@@ -192,6 +192,39 @@ class ChatClient:
         return bool(frame == {"type": "pong"})
 
 
+async def send_until_acked(client: ChatClient, room: str, text: str, acks: dict[str, int]) -> None:
+    """Send ``text`` in ``room`` (with ``text`` as its cid) again after each error until it is
+    acked, as a client does through a failover; records its id in ``acks``."""
+    while text not in acks:
+        await client.say(room, text, cid=text)
+        async with asyncio.timeout(15):
+            while True:
+                frame = await client.next_frame(15, skip=("ping", "presence", "message"))
+                if frame["type"] == "ack" and frame["cid"] == text:
+                    acks[text] = frame["id"]
+                    return
+                if frame["type"] == "error" and frame.get("cid") == text:
+                    await asyncio.sleep(0.1)
+                    break
+
+
+async def assert_live_delivery(ws_url: Callable[[str], str], room: str, text: str) -> None:
+    """Four readers and a sender connect to ``ws_url(name)`` (gunicorn spreads them over its
+    workers) and join ``room``; the sender's ``text`` reaches every reader live."""
+    async with contextlib.AsyncExitStack() as stack:
+        readers = [
+            await stack.enter_async_context(ChatClient.connect(ws_url(f"reader{i}")))
+            for i in range(4)
+        ]
+        for reader in readers:
+            await reader.join(room)
+        async with ChatClient.connect(ws_url("sender")) as sender:
+            await sender.join(room)
+            await send_until_acked(sender, room, text, {})
+        for reader in readers:
+            assert (await reader.expect("message", 10))["text"] == text
+
+
 async def raw_upgrade(
     port: int, rcvbuf: int, name: str, extra_headers: bytes = b""
 ) -> tuple[socket.socket, bytes]:

@@ -62,6 +62,10 @@ class RedisServer:
     def url(self) -> str:
         return f"redis://127.0.0.1:{self.port}/0"
 
+    def settings(self) -> dict[str, Any]:
+        """The settings that point the app at this Redis."""
+        return {"redis_url": self.url}
+
     async def start(self) -> None:
         self.proc = await asyncio.create_subprocess_exec(
             self.binary,
@@ -228,9 +232,18 @@ class ClusterDeployment:
         """``CHAT_REDIS_CLUSTER_NODES`` (every node: any one would do as a seed)."""
         return ",".join(f"127.0.0.1:{server.port}" for server in self.servers)
 
+    def settings(self) -> dict[str, Any]:
+        """The settings that point the app at this cluster."""
+        return {"redis_cluster_nodes": self.addresses}
+
     async def start(self) -> None:
         for server in self.servers:
             await server.start()
+        if self.masters == 1 and self.replicas == 0:  # `--cluster create` needs three
+            async with Redis(port=self.servers[0].port) as node:
+                await node.execute_command("CLUSTER", "ADDSLOTSRANGE", 0, 16383)  # type: ignore[no-untyped-call]
+            await self.wait_ok()
+            return
         cli = shutil.which("redis-cli")
         assert cli, "redis-cli is missing: `make test` installs redis-server (it has it)"
         create = await asyncio.create_subprocess_exec(
@@ -283,6 +296,16 @@ class ClusterDeployment:
     async def stop(self) -> None:
         for server in self.servers:
             await server.stop()
+
+
+def redis_deployment(kind: str) -> RedisServer | ClusterDeployment | None:
+    """A Redis of ``kind`` for a parametrized test (not started): ``redis`` one server,
+    ``cluster`` a 3-master cluster with a replica each; None for ``memory``."""
+    if kind == "redis":
+        return RedisServer()
+    if kind == "cluster":
+        return ClusterDeployment()
+    return None
 
 
 def _cluster_port() -> int:

@@ -19,7 +19,7 @@ from app.broker.redis import RedisBroker
 from app.errors import QuotaExceeded
 from app.protocol import message_frame, message_frame_parts
 from tests.helpers import make_settings, wait_until
-from tests.processes import RedisServer
+from tests.processes import RedisServer, redis_deployment
 
 
 class Recorder:
@@ -60,10 +60,10 @@ BrokerFactory = Callable[..., AbstractAsyncContextManager[Broker]]
 OpenedFactory = Callable[..., AbstractAsyncContextManager[Opened]]
 
 
-@pytest.fixture(params=["memory", "redis"])
+@pytest.fixture(params=["memory", "redis", "cluster"])
 async def opened_of(request: pytest.FixtureRequest) -> AsyncIterator[OpenedFactory]:
     """Opens a started, ready broker of the parameter's kind with the given settings."""
-    server = RedisServer() if request.param == "redis" else None
+    server = redis_deployment(request.param)
 
     @asynccontextmanager
     async def open_broker(**settings: object) -> AsyncIterator[Opened]:
@@ -71,7 +71,7 @@ async def opened_of(request: pytest.FixtureRequest) -> AsyncIterator[OpenedFacto
         if server is None:
             broker = MemoryBroker(make_settings(**settings))
         else:
-            broker = RedisBroker(make_settings(redis_url=server.url, **settings))
+            broker = RedisBroker(make_settings(**server.settings(), **settings))
         recorder = Recorder()
         await broker.start(recorder)
         try:

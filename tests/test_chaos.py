@@ -456,3 +456,24 @@ async def test_chaos_smoke_run_loses_nothing_silently(tmp_path: Path) -> None:
         0, 0, 0,
     ), context  # fmt: skip
     assert status == 0, context
+
+
+async def replicated_chaos_smoke(mode: str, tmp_path: Path) -> None:
+    """``--smoke --store`` on Redis with replicas (``mode``: ``--sentinel`` or ``--cluster``):
+    a master SIGKILLed under 40 clients' traffic, a worker killed, PostgreSQL killed; no silent
+    loss, duplicate or reordering, and every acked message stored (acks waited for a replica,
+    so none may be lost with the master)."""
+    out = tmp_path / "chaos.json"
+    status, text, err = await _chaos("--smoke", mode, "--store", "--json", str(out), limit_s=160)
+    report: dict[str, Any] = json.loads(out.read_text())
+    context = f"{text}\n{err[-3000:]}"
+    faults = {f["name"]: f for f in report["faults"]}
+    assert set(faults) == {"master_kill", "worker_kill", "postgres_kill"}, context
+    assert all(f["happened"] for f in faults.values()), context
+    assert report["acked"] > 300 and report["deliveries"] > 1000, context
+    invariants = (report["silent_losses"], report["duplicates"], report["out_of_order"])
+    assert invariants == (0, 0, 0), context
+    store = report["facts"]["store"]
+    assert store["archive_drained"], context
+    assert (store["missing"], store["stored_twice"]) == (0, 0), context
+    assert status == 0, context

@@ -18,6 +18,7 @@ from redis.asyncio import Redis
 from app.broker.redis import RedisBroker
 from app.errors import CloseCode
 from app.presence.redis import RedisPresence
+from app.redisio.autopipeline import AutoPipeline
 from tests.helpers import ChatClient, Frame, LiveServer, make_settings, run_server, wait_until
 from tests.processes import RedisServer
 from tests.test_broker_contract import Recorder
@@ -386,4 +387,4 @@ async def test_a_broker_stopping_with_redis_down_still_cleans_up(
     await redis_server.kill()
     await presence.stop()
     await broker.stop()
-    assert broker._pipeline._closed
+    assert isinstance(broker._pipeline, AutoPipeline) and broker._pipeline._closed

@@ -159,11 +159,35 @@ def _interpolate(value: Any, env: Mapping[str, str]) -> Any:
     return _COMPOSE_VARIABLE.sub(one, value)
 
 
-@pytest.mark.parametrize("name", ["docker-compose.yml", "docker-compose.sentinel.yml"])
+@pytest.mark.parametrize(
+    "name", ["docker-compose.yml", "docker-compose.sentinel.yml", "docker-compose.cluster.yml"]
+)
 async def test_compose_file_follows_the_compose_specification(name: str) -> None:
     await _run(
         str(VENV_BIN / "check-jsonschema"), "--builtin-schema", "vendor.compose-spec", name,
     )  # fmt: skip
+
+
+def test_compose_cluster_override_runs_the_app_on_the_cluster(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """docker-compose.cluster.yml: six nodes made three masters with a replica each by a
+    one-shot job the app waits for; the app's settings accept the cluster's seed nodes alone."""
+    override = yaml.safe_load((ROOT / "docker-compose.cluster.yml").read_text())
+    services = override["services"]
+    nodes = sorted(name for name in services if name.startswith("redis-node-"))
+    assert len(nodes) == 6
+    create = services["redis-cluster-init"]["entrypoint"][2]
+    assert all(f"{node}:6379" in create for node in nodes) and "--cluster-replicas 1" in create
+    assert set(services["redis-cluster-init"]["depends_on"]) == set(nodes)
+    app = _compose()["services"]["app"]["environment"] | services["app"]["environment"]
+    assert services["app"]["depends_on"]["redis-cluster-init"] == {
+        "condition": "service_completed_successfully"
+    }
+    plain = {key: str(value) for key, value in app.items() if "$" not in str(value)}
+    settings = _settings_from(plain | {"CHAT_AUTH_MODE": "guest"}, monkeypatch)
+    assert settings.redis_url is None and len(settings.redis_cluster_nodes) == 3
+    assert settings.redis_wait_replicas == 1
 
 
 async def test_compose_sentinel_override_runs_the_app_on_sentinels(

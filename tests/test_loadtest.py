@@ -235,3 +235,20 @@ async def test_redis_benchmark_scripts_run(
         rate = measured.get("deliveries_per_s") or measured.get("messages_per_s")
         assert rate and rate > 0, text
         assert not measured.get("missing") and not measured.get("out_of_order"), text
+
+
+@pytest.mark.timeout(120)
+async def test_cluster_scale_benchmark_runs() -> None:
+    """``python -m loadtest.cluster_scale``, tiny: 3 masters, 300 messages a second for 2 s,
+    all published and delivered, each master's share of a core measured."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "loadtest.cluster_scale", "--masters", "3", "--rooms", "60",
+        "--rate", "300", "--seconds", "2", cwd=ROOT, stdout=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    out, _ = await proc.communicate()
+    assert proc.returncode == 0
+    result = json.loads(out.decode().splitlines()[-1])
+    assert result["masters"] == 3 and len(result["master_core_share"]) == 3
+    assert result["failed"] == 0 and result["published_per_s"] > 200
+    assert result["delivered_per_s"] > 200
+    assert all(share >= 0 for share in result["master_core_share"])

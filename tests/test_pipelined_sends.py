@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from app.broker.redis import RedisBroker
+from app.redisio.autopipeline import AutoPipeline
 from tests.helpers import ChatClient, LiveServer, make_settings, run_server, wait_until
 from tests.processes import RedisServer
 from tests.test_redis_fanout import redis_settings
@@ -111,8 +112,11 @@ async def test_at_most_the_limit_of_sends_is_in_flight(
             for n in range(10):
                 await writer.say("r", f"m{n}", cid=n)
 
+            pipeline = broker._pipeline
+            assert isinstance(pipeline, AutoPipeline)
+
             def in_flight() -> int:
-                replies = broker._pipeline._replies
+                replies = pipeline._replies
                 return 0 if replies is None else len(replies._waiting)
 
             await wait_until(lambda: in_flight() == limit)

@@ -17,7 +17,7 @@ from app.presence import Presence, RoomPresence
 from app.presence.memory import MemoryPresence
 from app.presence.redis import RedisPresence
 from tests.helpers import make_settings, wait_until
-from tests.processes import RedisServer
+from tests.processes import RedisServer, redis_deployment
 from tests.test_broker_contract import Recorder
 
 
@@ -34,10 +34,10 @@ class Opened:
 OpenedFactory = Callable[..., AbstractAsyncContextManager[Opened]]
 
 
-@pytest.fixture(params=["memory", "redis"])
+@pytest.fixture(params=["memory", "redis", "cluster"])
 async def opened_of(request: pytest.FixtureRequest) -> AsyncIterator[OpenedFactory]:
     """Opens presence (and the broker it announces through, subscribed to room ``r``)."""
-    server = RedisServer() if request.param == "redis" else None
+    server = redis_deployment(request.param)
 
     @asynccontextmanager
     async def open_presence(**overrides: object) -> AsyncIterator[Opened]:
@@ -48,7 +48,7 @@ async def opened_of(request: pytest.FixtureRequest) -> AsyncIterator[OpenedFacto
             broker = MemoryBroker(settings)
             presence = MemoryPresence(settings, broker)
         else:
-            settings = make_settings(redis_url=server.url, **overrides)
+            settings = make_settings(**server.settings(), **overrides)
             broker = RedisBroker(settings)
             presence = RedisPresence(settings, broker)
         recorder = Recorder()

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import time
 from pathlib import Path
 from typing import Any
@@ -20,10 +19,16 @@ from app.broker.redis import RedisBroker
 from app.errors import BrokerUnavailable
 from app.redisio.autopipeline import AutoPipeline, NotReplicated
 from app.settings import SettingsError, load_settings
-from tests.helpers import ChatClient, make_settings, wait_until
+from tests.helpers import (
+    ChatClient,
+    assert_live_delivery,
+    make_settings,
+    send_until_acked,
+    wait_until,
+)
 from tests.processes import AppProcess, RedisServer, SentinelDeployment
 from tests.test_broker_contract import Recorder
-from tests.test_chaos import _chaos
+from tests.test_chaos import replicated_chaos_smoke
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -131,21 +136,6 @@ async def test_a_planned_failover_moves_the_broker_to_the_new_master(
         await broker.stop()
 
 
-async def _send_until_acked(client: ChatClient, text: str, acks: dict[str, int]) -> None:
-    """Send ``text`` (its own cid) until it is acked; records the id."""
-    while text not in acks:
-        await client.say("r", text, cid=text)
-        async with asyncio.timeout(10):
-            while True:
-                frame = await client.next_frame(10, skip=("ping", "presence", "message"))
-                if frame["type"] == "ack" and frame["cid"] == text:
-                    acks[text] = frame["id"]
-                    return
-                if frame["type"] == "error" and frame.get("cid") == text:
-                    await asyncio.sleep(0.1)
-                    break
-
-
 async def test_gunicorn_follows_a_sigkilled_master_and_loses_no_acked_message(
     sentinels: SentinelDeployment,
 ) -> None:
@@ -172,7 +162,7 @@ async def test_gunicorn_follows_a_sigkilled_master_and_loses_no_acked_message(
         async with ChatClient.connect(app.ws_url("sender")) as sender:
             await sender.join("r")
             for n in range(20):
-                await _send_until_acked(sender, f"before-{n}", acks)
+                await send_until_acked(sender, "r", f"before-{n}", acks)
             statuses: list[int] = []
 
             async def watch_readyz() -> None:
@@ -182,13 +172,13 @@ async def test_gunicorn_follows_a_sigkilled_master_and_loses_no_acked_message(
 
             watcher = asyncio.create_task(watch_readyz())
             old = await sentinels.kill_master()
-            sending = asyncio.create_task(_send_until_acked(sender, "during", acks))
+            sending = asyncio.create_task(send_until_acked(sender, "r", "during", acks))
             await sentinels.wait_failover(old)
             await sentinels.restart_killed()
             await app.wait_status(200)
             await sending
             for n in range(20):
-                await _send_until_acked(sender, f"after-{n}", acks)
+                await send_until_acked(sender, "r", f"after-{n}", acks)
             watcher.cancel()
             # Not ready during the failover, ready again after it.
             assert 503 in statuses and 200 in statuses[statuses.index(503) :], statuses
@@ -198,18 +188,7 @@ async def test_gunicorn_follows_a_sigkilled_master_and_loses_no_acked_message(
         stored = {m["text"]: m["id"] for m in page["messages"]}
         assert {text: stored.get(text) for text in acks} == acks
         # Live delivery works again, across the workers (several receivers: both get some).
-        async with contextlib.AsyncExitStack() as stack:
-            receivers = [
-                await stack.enter_async_context(ChatClient.connect(app.ws_url(f"reader{i}")))
-                for i in range(4)
-            ]
-            for receiver in receivers:
-                await receiver.join("r")
-            async with ChatClient.connect(app.ws_url("sender")) as sender:
-                await sender.join("r")
-                await _send_until_acked(sender, "live", acks)
-            for receiver in receivers:
-                assert (await receiver.expect("message", 10))["text"] == "live"
+        await assert_live_delivery(app.ws_url, "r", "live")
     finally:
         await app.stop()
 
@@ -219,19 +198,4 @@ async def test_chaos_smoke_on_sentinel_loses_no_acked_message(tmp_path: Path) ->
     """The chaos run on Sentinel (master SIGKILLed under 40 clients' traffic, a worker killed,
     PostgreSQL killed): no silent loss, duplicate or reordering, and every acked message is
     stored: none was lost with the master."""
-    out = tmp_path / "chaos.json"
-    status, text, err = await _chaos(
-        "--smoke", "--sentinel", "--store", "--json", str(out), limit_s=160
-    )
-    report: dict[str, Any] = json.loads(out.read_text())
-    context = f"{text}\n{err[-3000:]}"
-    faults = {f["name"]: f for f in report["faults"]}
-    assert set(faults) == {"master_kill", "worker_kill", "postgres_kill"}, context
-    assert all(f["happened"] for f in faults.values()), context
-    assert report["acked"] > 300 and report["deliveries"] > 1000, context
-    invariants = (report["silent_losses"], report["duplicates"], report["out_of_order"])
-    assert invariants == (0, 0, 0), context
-    store = report["facts"]["store"]
-    assert store["archive_drained"], context
-    assert (store["missing"], store["stored_twice"]) == (0, 0), context
-    assert status == 0, context
+    await replicated_chaos_smoke("--sentinel", tmp_path)

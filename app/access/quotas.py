@@ -14,19 +14,21 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import enum
+import functools
 import logging
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Final, Literal, Protocol
+from typing import TYPE_CHECKING, Final, Literal, Protocol, cast
 
 from redis.asyncio import Redis
-from redis.exceptions import RedisError
+from redis.asyncio.cluster import RedisCluster
 
 from app.access.buckets import TokenBuckets
-from app.broker.redis_scripts import NOW, TOKEN_BUCKET
+from app.broker.redis_scripts import ABSENT, NOW, TOKEN_BUCKET, sharded
 from app.redisio.autopipeline import AutoPipeline
-from app.redisio.clients import command_client, preload
+from app.redisio.clients import REDIS_ERRORS, command_client, node_client, preload
+from app.redisio.cluster import ClusterPipelines
 from app.settings import Settings
 
 if TYPE_CHECKING:
@@ -134,7 +136,7 @@ return #KEYS
 
 _REFUSALS: Final = {1: Refusal.BANNED, 2: Refusal.TOO_MANY_CONNECTIONS, 3: Refusal.IP_RATE}
 _REFRESH_BATCH: Final = 500
-_ERRORS: Final = (RedisError, OSError)
+_ERRORS: Final = REDIS_ERRORS
 
 
 class RedisQuotas:
@@ -146,14 +148,27 @@ class RedisQuotas:
         self._prefix = settings.redis_prefix
         self._redis: Redis = command_client(settings)
         self._take = self._redis.register_script(TAKE)
-        self._pipeline = AutoPipeline(self._redis)
-        self._admit = self._redis.register_script(ADMIT)
+        # Redis Cluster: a user's ban and connections share a hash tag (one slot for ADMIT),
+        # the address bucket is taken apart, and calls are routed by slot.
+        self._cluster = bool(settings.redis_cluster_nodes)
+        self._pipeline: AutoPipeline | ClusterPipelines
+        if self._cluster:
+            self._pipeline = ClusterPipelines(
+                cast(RedisCluster, self._redis), functools.partial(node_client, settings)
+            )
+        else:
+            self._pipeline = AutoPipeline(self._redis)
+        self._admit = self._redis.register_script(sharded(ADMIT, self._cluster))
         self._refresh = self._redis.register_script(REFRESH)
         self._rates = _rates(settings)
         self._ttl_ms = int(settings.presence_ttl_s * 1000)
 
     def _key(self, *parts: str) -> str:
         return ":".join((self._prefix, "q", *parts))
+
+    def _user_key(self, kind: str, user: str) -> str:
+        """A user's ``ban`` or ``conns`` key (on Redis Cluster, in the user's slot)."""
+        return f"{self._prefix}:q:{{u:{user}}}:{kind}" if self._cluster else self._key(kind, user)
 
     async def admit_address(self, ip: str | None) -> bool:
         if ip is None:
@@ -167,12 +182,16 @@ class RedisQuotas:
 
     async def admit(self, user: str, conn_id: str, ip: str | None) -> Refusal | None:
         rate, burst = self._rates["ip"]
-        keys = ["" if ip is None else self._key("ip", ip), self._key("ban", user)]
-        keys.append(self._key("conns", user))
+        ip_key = "" if ip is None else self._key("ip", ip)
+        keys = [ip_key, self._user_key("ban", user), self._user_key("conns", user)]
         args: list[str | float] = [
             rate, burst, conn_id, self._settings.max_connections_per_user, self._ttl_ms,
         ]  # fmt: skip
         try:
+            if self._cluster:  # the address's bucket is in another slot: taken apart
+                if ip_key and not await self._pipeline.call(self._take, [ip_key], [rate, burst]):
+                    return Refusal.IP_RATE
+                keys[0] = f"{self._prefix}:q:{{u:{user}}}{ABSENT}"  # none, in the user's slot
             code = int(await self._admit(keys=keys, args=args))
         except _ERRORS as exc:
             logger.warning("quotas unavailable, admitting %s: %r", user, exc)
@@ -181,15 +200,23 @@ class RedisQuotas:
 
     async def release(self, user: str, conn_id: str) -> None:
         with contextlib.suppress(*_ERRORS):  # else the entry expires by itself
-            await self._redis.zrem(self._key("conns", user), conn_id)
+            await self._redis.zrem(self._user_key("conns", user), conn_id)
 
     async def refresh(self, conns: Iterable[tuple[str, str]]) -> None:
         pairs = list(conns)
         for start in range(0, len(pairs), _REFRESH_BATCH):
             batch = pairs[start : start + _REFRESH_BATCH]
-            keys = [self._key("conns", user) for user, _ in batch]
+            keys = [self._user_key("conns", user) for user, _ in batch]
             try:
-                await self._refresh(keys=keys, args=[self._ttl_ms, *(c for _, c in batch)])
+                if self._cluster:  # one call per user's slot, pipelined per master
+                    await asyncio.gather(
+                        *(
+                            self._pipeline.call(self._refresh, [key], [self._ttl_ms, conn])
+                            for key, (_, conn) in zip(keys, batch, strict=True)
+                        )
+                    )
+                else:
+                    await self._refresh(keys=keys, args=[self._ttl_ms, *(c for _, c in batch)])
             except _ERRORS as exc:
                 logger.warning("could not refresh connection counts: %r", exc)
                 return
@@ -203,13 +230,14 @@ class RedisQuotas:
             return True
 
     async def ban(self, user: str, duration_s: float, reason: str) -> None:
-        await self._redis.set(self._key("ban", user), reason, px=max(1, int(duration_s * 1000)))
+        key = self._user_key("ban", user)
+        await self._redis.set(key, reason, px=max(1, int(duration_s * 1000)))
 
     async def unban(self, user: str) -> bool:
-        return bool(await self._redis.delete(self._key("ban", user)))
+        return bool(await self._redis.delete(self._user_key("ban", user)))
 
     async def ban_of(self, user: str) -> Ban | None:
-        key = self._key("ban", user)
+        key = self._user_key("ban", user)
         async with self._redis.pipeline(transaction=False) as pipe:
             pipe.get(key)
             pipe.pttl(key)

@@ -4,7 +4,15 @@ One pub/sub connection per worker, subscribed to the rooms and users its clients
 control channel of its own that carries a periodic canary. Publishing runs one Lua script that
 assigns the id, appends to the room's bounded stream and publishes the frame atomically, so id
 order is delivery order on every worker. Frames are built once, in Redis, and forwarded to
-sockets as they arrive. See :mod:`app.broker.redis_scripts` for the key layout.
+sockets as they arrive. See :mod:`app.broker.redis_scripts` and :mod:`app.broker.keys` for the
+key layout.
+
+On one Redis, or through Sentinels, that is one master. On Redis Cluster each room's keys and
+channel are in its partition's slot: publishes go to that slot's master
+(:class:`~app.redisio.cluster.ClusterPipelines`, a pipeline per master), rooms are heard on one
+sharded pub/sub connection per master (:class:`~app.redisio.shards.Shards`, ``SSUBSCRIBE``,
+each with a canary), users and control channels on one classic connection; any of them lost
+is handled as the one connection is below, on the topology as it is then.
 
 Self-healing: if the pub/sub connection fails, or the canary stops coming back (a deaf
 subscription), the broker is not ready (``/readyz`` fails), reconnects with capped, jittered
@@ -26,16 +34,26 @@ from typing import Any, cast
 
 import orjson
 from redis.asyncio import Redis
+from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.sentinel import SentinelConnectionPool
 
 from app.broker import BrokerHandler, BrokerStats, History, Message, Published
 from app.broker import redis_scripts as scripts
+from app.broker.keys import KeyLayout
 from app.conversation import addressed, direct, is_direct
 from app.errors import BrokerUnavailable, MessageGone, QuotaExceeded
 from app.lifecycle import Change, Kind, Target, with_state
 from app.protocol import event_frame_parts, is_message_frame, message_frame_parts, message_id_of
 from app.redisio.autopipeline import AutoPipeline, NotReplicated
-from app.redisio.clients import REDIS_ERRORS, call_redis, command_client, subscriber_client
+from app.redisio.clients import (
+    REDIS_ERRORS,
+    call_redis,
+    command_client,
+    node_client,
+    subscriber_client,
+)
+from app.redisio.cluster import ClusterPipelines
+from app.redisio.shards import Shards
 from app.redisio.subscription import Subscription
 from app.settings import Settings
 from app.webhooks import webhook_keys
@@ -56,25 +74,38 @@ class RedisBroker:
         self._settings = settings
         self._prefix = settings.redis_prefix
         self.worker_id = secrets.token_hex(6)
+        self._keys = KeyLayout.of(settings)
         self._redis: Redis = command_client(settings)
-        self._sub_redis: Redis = subscriber_client(settings)
+        # Redis Cluster: sharded pub/sub, scripts routed by slot (see _listen, ClusterPipelines).
+        self._cluster: RedisCluster | None = None
+        self._shards: Shards | None = None
+        self._pipeline: AutoPipeline | ClusterPipelines
+        wait = (settings.redis_wait_replicas, settings.redis_wait_timeout_s)
+        if settings.redis_cluster_nodes:
+            self._cluster = cast(RedisCluster, self._redis)
+            self._sub_redis = self._redis  # unused: Shards opens one connection per master
+            self._pipeline = ClusterPipelines(
+                self._cluster, functools.partial(node_client, settings), *wait
+            )
+        else:
+            self._sub_redis = subscriber_client(settings)
+            self._pipeline = AutoPipeline(
+                self._redis, wait_replicas=wait[0], wait_timeout_s=wait[1]
+            )
         self._scripts = {
-            name: self._redis.register_script(getattr(scripts, name))
+            name: self._redis.register_script(
+                scripts.sharded(getattr(scripts, name), self._cluster is not None)
+            )
             for name in ("PUBLISH", "EVENT", "HISTORY_SINCE", "LAST_ID")
         }
-        # The PUBLISH script's archive keys: none without a store (see redis_scripts).
-        stream, dropped = scripts.archive_keys(self._prefix)
-        self._archive_keys = ["", ""] if settings.database_url is None else [stream, dropped]
-        # The PUBLISH script's webhook keys: none unless message.created goes to a webhook.
+        self._take = self._redis.register_script(scripts.TAKE)
+        self._archiving = settings.database_url is not None
+        # The PUBLISH script's webhook keys: none unless message.created goes to a webhook
+        # (never on Redis Cluster: the settings refuse it).
         queue, not_queued, _ = webhook_keys(self._prefix)
         wanted = settings.webhook_url is not None and "message.created" in settings.webhook_events
         self._webhook_keys = [queue, not_queued] if wanted else ["", ""]
         self._webhook_args: list[Any] = [settings.webhook_backlog_max]
-        self._pipeline = AutoPipeline(
-            self._redis,
-            wait_replicas=settings.redis_wait_replicas,
-            wait_timeout_s=settings.redis_wait_timeout_s,
-        )
         self._handler: BrokerHandler | None = None
         self._rooms: set[str] = set()
         self._users: set[str] = set()
@@ -85,10 +116,14 @@ class RedisBroker:
         self._rooms_bytes = self._rooms_channel.encode()
         self._control_bytes = self._control_channel.encode()
         self._confirmations: dict[bytes, asyncio.Future[None]] = {}
+        # The canary channels (this worker's control channel, and on Redis Cluster one shard
+        # channel per master) -> when each was last heard; and those not confirmed yet since
+        # the last (re)subscription: the broker is ready once none is left.
+        self._canaries: dict[bytes, float] = {}
+        self._unconfirmed: set[bytes] = set()
         self._ready = False
         self._tasks: list[asyncio.Task[None]] = []
         self._listener: asyncio.Task[None] | None = None
-        self._canary_seen = 0.0
         self._stopping = False
         self._pubsub_lag_s = 0.0
         self._reconnects = 0
@@ -101,6 +136,8 @@ class RedisBroker:
     # -- channels and keys --------------------------------------------------------------------
 
     def _room_channel(self, room: str) -> str:
+        if self._cluster is not None:  # a shard channel, in the room's slot
+            return f"{self._prefix}:{self._keys.tag(room)}:c:{room}"
         return f"{self._prefix}:r:{room}"
 
     def _user_channel(self, user: str) -> str:
@@ -119,7 +156,7 @@ class RedisBroker:
         return f"{self._prefix}:w:{self.worker_id}"
 
     def _room_key(self, room: str, part: str) -> str:
-        return scripts.room_key(self._prefix, room, part)
+        return self._keys.room(room, part)
 
     def _quota_key(self, user: str) -> str:
         return f"{self._prefix}:q:message:{user}"
@@ -167,7 +204,8 @@ class RedisBroker:
             logger.warning("redis broker: %d tasks did not stop in time", len(pending))
         await self._pipeline.close()
         await self._redis.aclose()
-        await self._sub_redis.aclose()
+        if self._sub_redis is not self._redis:
+            await self._sub_redis.aclose()
 
     async def _supervise(self) -> None:
         """Keep one listener running; back off (capped, jittered) between attempts."""
@@ -207,6 +245,9 @@ class RedisBroker:
 
     async def _listen(self) -> None:
         """Subscribe everything on a new connection; return only by raising what ended it."""
+        if self._cluster is not None:
+            await self._listen_to_shards(self._cluster)
+            return
         subscription = await Subscription.open(self._sub_redis, self._on_push)
         self._subscription = subscription
         # With Sentinels: the master it was opened on (see _follow_master).
@@ -214,6 +255,7 @@ class RedisBroker:
         try:
             channels = [self._room_channel(r) for r in self._rooms]
             channels += [self._user_channel(u) for u in self._users]
+            self._expect_canaries([self._control_channel])
             # The control channel goes last: its confirmation means all the others are done.
             subscription.subscribe(
                 *channels, self._moderation_channel, self._rooms_channel, self._control_channel
@@ -223,13 +265,57 @@ class RedisBroker:
             self._subscription = None
             subscription.close()
 
+    async def _listen_to_shards(self, cluster: RedisCluster) -> None:
+        """Redis Cluster: the rooms' shard channels on a connection per master (each with a
+        canary of its own, last), users' and control channels on a classic one."""
+        shards = await Shards.open(
+            cluster, functools.partial(node_client, self._settings, subscriber=True), self._on_push
+        )
+        self._shards = shards
+        try:
+            canaries = shards.canary_channels(self._control_channel)
+            self._expect_canaries([self._control_channel, *canaries.values()])
+            by_master: dict[Subscription, list[str]] = {}
+            for room in self._rooms:
+                channel = self._room_channel(room)
+                subscription = shards.for_channel(channel)
+                if subscription is None:
+                    raise BrokerUnavailable(f"no master serves {channel}'s slot")
+                by_master.setdefault(subscription, []).append(channel)
+            for name, subscription in shards.by_master.items():
+                # One SSUBSCRIBE per channel: Redis takes several only within one slot. The
+                # canary goes last: its confirmation means the others are done.
+                for channel in [*by_master.get(subscription, []), canaries[name]]:
+                    subscription.ssubscribe(channel)
+            assert shards.classic is not None
+            shards.classic.subscribe(
+                *[self._user_channel(u) for u in self._users],
+                self._moderation_channel, self._rooms_channel, self._control_channel,
+            )  # fmt: skip
+            raise await shards.lost()
+        finally:
+            self._shards = None
+            shards.close()
+
+    def _expect_canaries(self, channels: list[str]) -> None:
+        """A (re)subscription begins: ready once each canary channel is confirmed."""
+        self._canaries = {channel.encode(): 0.0 for channel in channels}
+        self._unconfirmed = set(self._canaries)
+
     def _on_push(self, push: list[Any]) -> None:
         """Handle one push of the subscription (called from its ``data_received``)."""
         kind, channel = push[0], push[1]
         handler = self._handler
         assert handler is not None
-        if kind == b"message":
-            data: bytes = push[2]
+        if kind == b"smessage":  # Redis Cluster: a room's shard channel, or a canary
+            data = push[2]
+            if channel in self._canaries:
+                self._heard_canary(channel, data)
+            else:
+                room = channel[channel.index(b"}:c:") + 4 :].decode()
+                handler.deliver_room(room, message_id_of(data), data)
+        elif kind == b"message":
+            data = push[2]
             if channel.startswith(self._room_prefix):
                 room = channel[len(self._room_prefix) :].decode()
                 handler.deliver_room(room, message_id_of(data), data)
@@ -241,12 +327,20 @@ class RedisBroker:
             elif channel == self._moderation_bytes:
                 order = orjson.loads(data)
                 handler.kick(order["user"], order["reason"])
-            elif channel == self._control_bytes:
-                self._canary_seen = time.monotonic()
-                self._pubsub_lag_s = max(0.0, time.time() - float(data))
-        elif kind == b"subscribe":
-            if channel == self._control_bytes and not self._ready:
-                self._canary_seen = time.monotonic()
+            elif channel in self._canaries:
+                self._heard_canary(channel, data)
+        elif kind == b"sunsubscribe":
+            # Redis Cluster drops the shard channels of a slot that moved to another master:
+            # for a room still wanted, every subscription is made again, on today's topology.
+            room = channel[channel.index(b"}:c:") + 4 :].decode() if b"}:c:" in channel else None
+            if room in self._rooms and self._ready and self._listener is not None:
+                logger.warning("redis cluster: %r moved to another master; resubscribing", channel)
+                self._listener.cancel()
+        elif kind in (b"subscribe", b"ssubscribe"):
+            self._unconfirmed.discard(channel)
+            if not self._unconfirmed and not self._ready:
+                now = time.monotonic()
+                self._canaries = dict.fromkeys(self._canaries, now)
                 self._ready = True
                 if self._reconnects:
                     handler.resubscribed()
@@ -261,17 +355,26 @@ class RedisBroker:
             if future is not None and not future.done():
                 future.set_result(None)
 
+    def _heard_canary(self, channel: bytes, data: bytes) -> None:
+        self._canaries[channel] = time.monotonic()
+        self._pubsub_lag_s = max(0.0, time.time() - float(data))
+
     async def _canary(self) -> None:
-        """Publish to our own control channel; no echo within the timeout means deaf."""
+        """Publish to each canary channel; one not heard within the timeout means deaf."""
         interval = self._settings.canary_interval_s
         while not self._stopping:
             await asyncio.sleep(interval)
             if not self._ready:
                 continue
             with contextlib.suppress(*REDIS_ERRORS):
-                await self._redis.publish(self._control_channel, repr(time.time()))
+                for channel in list(self._canaries):
+                    sent = repr(time.time())
+                    if channel == self._control_bytes:
+                        await self._redis.publish(self._control_channel, sent)
+                    else:  # a shard's canary (Redis Cluster): routed by its slot
+                        await self._redis.spublish(channel.decode(), sent)
                 await self._follow_master()
-            silent_for = time.monotonic() - self._canary_seen
+            silent_for = time.monotonic() - min(self._canaries.values(), default=0.0)
             if silent_for > self._settings.canary_timeout_s and self._listener is not None:
                 logger.warning("no canary for %.1f s: resubscribing", silent_for)
                 self._listener.cancel()
@@ -280,7 +383,7 @@ class RedisBroker:
         """With Sentinels: when they name another master (a planned failover leaves the old
         one up, taking writes, until they demote it), move the publishes and the subscription
         there now. Publishes waiting on the old master fail with ``broker_unavailable``."""
-        pool = self._redis.connection_pool
+        pool = getattr(self._redis, "connection_pool", None)  # RedisCluster has none
         if not isinstance(pool, SentinelConnectionPool):
             return
         master = await pool.get_master_address()  # type: ignore[no-untyped-call]
@@ -295,33 +398,52 @@ class RedisBroker:
 
     # -- subscriptions ------------------------------------------------------------------------
 
-    async def _subscribe(self, channel: str) -> None:
-        subscription = self._subscription
-        if subscription is None or not self._ready:
+    def _subscription_for(self, channel: str, room: bool) -> Subscription | None:
+        """The connection ``channel`` is subscribed on (a room's shard channel on Redis
+        Cluster: its master's); None while there is none."""
+        if self._cluster is None:
+            return self._subscription
+        if self._shards is None:
+            return None
+        return self._shards.for_channel(channel) if room else self._shards.classic
+
+    async def _subscribe(self, channel: str, room: bool = False) -> None:
+        if not self._ready:
             return  # remembered; the next connection subscribes it
+        subscription = self._subscription_for(channel, room)
+        if subscription is None:  # Redis Cluster: the slot's master is new to this worker
+            if self._listener is not None:
+                self._listener.cancel()  # every subscription again, on today's topology
+            raise BrokerUnavailable(f"no subscription serves {channel!r} yet")
         future = asyncio.get_running_loop().create_future()
         self._confirmations[channel.encode()] = future
         try:
-            subscription.subscribe(channel)
+            if room and self._cluster is not None:
+                subscription.ssubscribe(channel)
+            else:
+                subscription.subscribe(channel)
             async with asyncio.timeout(self._settings.redis_timeout_s):
                 await future
         except REDIS_ERRORS as exc:
             self._confirmations.pop(channel.encode(), None)
             raise BrokerUnavailable(f"cannot subscribe: {exc!r}") from exc
 
-    async def _unsubscribe(self, channel: str) -> None:
-        subscription = self._subscription
+    async def _unsubscribe(self, channel: str, room: bool = False) -> None:
+        subscription = self._subscription_for(channel, room)
         if subscription is not None and self._ready:
             with contextlib.suppress(*REDIS_ERRORS):
-                subscription.unsubscribe(channel)
+                if room and self._cluster is not None:
+                    subscription.sunsubscribe(channel)
+                else:
+                    subscription.unsubscribe(channel)
 
     async def subscribe_room(self, room: str) -> None:
         self._rooms.add(room)
-        await self._subscribe(self._room_channel(room))
+        await self._subscribe(self._room_channel(room), room=True)
 
     async def unsubscribe_room(self, room: str) -> None:
         self._rooms.discard(room)
-        await self._unsubscribe(self._room_channel(room))
+        await self._unsubscribe(self._room_channel(room), room=True)
 
     async def subscribe_user(self, user: str) -> None:
         self._users.add(user)
@@ -347,7 +469,7 @@ class RedisBroker:
         keys = [*self._publish_keys(room, user, cid), *self._webhook_keys]
         return await self._publish(
             keys, room, self._room_channel(room), head, body, "", extra=self._webhook_args,
-            quota=quota,
+            quota=quota, user=user,
         )  # fmt: skip
 
     async def publish_direct(
@@ -365,7 +487,7 @@ class RedisBroker:
         channel, copy = self._user_channel(to), self._user_channel(sender)
         return await self._publish(
             keys, conversation, channel, head, body, copy, extra=self._webhook_args,
-            quota=quota,
+            quota=quota, user=sender,
         )  # fmt: skip
 
     def _channels(self, conversation: str, user: str) -> tuple[str, str, str, str]:
@@ -395,14 +517,19 @@ class RedisBroker:
         kind = Kind.REACTION_ON if change.kind is Kind.REACTION_OFF else change.kind
         extra = [change.target, int(kind), change.user, change.text, body_off,
                  b"" if known is None else orjson.dumps(known)]  # fmt: skip
-        return await self._publish(keys, conversation, channel, head, body, copy, "EVENT", extra)
+        return await self._publish(
+            keys, conversation, channel, head, body, copy, "EVENT", extra, user=change.user
+        )
 
     def _publish_keys(self, conversation: str, user: str, cid: str | int | None) -> list[str]:
         """The PUBLISH script's keys (see redis_scripts)."""
         dedup = "" if cid is None else self._room_key(conversation, f"cid:{user}:{cid!r}")
         log = "" if self._settings.history_size == 0 else self._room_key(conversation, "log")
         meta = self._room_key(conversation, "meta")
-        return [meta, log, dedup, self._quota_key(user), *self._archive_keys]
+        # On Redis Cluster the quota is taken before the script, in the user's slot (_publish).
+        quota = "" if self._cluster is not None else self._quota_key(user)
+        archive = self._keys.archive(conversation) if self._archiving else ("", "")
+        return [meta, log, dedup, quota, *archive]
 
     async def _publish(
         self,
@@ -415,6 +542,7 @@ class RedisBroker:
         script: str = "PUBLISH",
         extra: list[Any] | None = None,
         quota: tuple[float, int] | None = None,
+        user: str = "",
     ) -> Published:
         settings = self._settings
         rate, burst = quota or (settings.user_messages_per_s, settings.user_message_burst)
@@ -432,7 +560,17 @@ class RedisBroker:
             settings.archive_backlog_max,
             *(extra or ()),
         ]
+        if self._cluster is not None:  # every key in the conversation's slot, see sharded()
+            absent = f"{self._prefix}:{self._keys.tag(conversation)}{scripts.ABSENT}"
+            keys = [key or absent for key in keys]
         try:
+            if self._cluster is not None:
+                # The quota bucket is in the user's slot, not the conversation's. Calls on one
+                # slot are answered in order and their callers resume in that order, so one
+                # connection's pipelined sends still reach the script in the order they came.
+                user_key = self._quota_key(user)
+                if not await self._pipeline.submit(self._take, [user_key], [rate, burst]):
+                    raise QuotaExceeded(user_key)
             reply = await self._pipeline.submit(self._scripts[script], keys, args, durable=True)
         except REDIS_ERRORS as exc:
             if isinstance(exc, NotReplicated):
@@ -440,7 +578,7 @@ class RedisBroker:
             raise BrokerUnavailable(f"redis: {exc!r}") from exc
         message_id, outcome, ts_ms = reply
         if outcome == _REFUSED_BY_QUOTA:
-            raise QuotaExceeded(keys[3])
+            raise QuotaExceeded(self._quota_key(user))
         if outcome == _GONE:
             raise MessageGone(conversation)
         return Published(int(message_id), int(ts_ms), duplicate=outcome == 1)
@@ -554,10 +692,12 @@ class RedisBroker:
         users = sorted(self._users)
         if not users or self._handler is None:
             return
+        keys = [self._kick_key(user) for user in users]
         try:
-            orders = await call_redis(
-                lambda: self._redis.mget([self._kick_key(user) for user in users])
-            )
+            if self._cluster is not None:  # the keys are in many slots
+                orders = await call_redis(lambda: self._cluster.mget_nonatomic(keys))  # type: ignore[union-attr]
+            else:
+                orders = await call_redis(lambda: self._redis.mget(keys))
         except BrokerUnavailable as exc:
             logger.warning("cannot check for missed kicks: %s", exc)
             return
@@ -570,7 +710,11 @@ class RedisBroker:
         await call_redis(lambda: self._redis.publish(self._user_channel(user), payload))
 
     async def broadcast(self, room: str, payload: bytes) -> None:
-        await call_redis(lambda: self._redis.publish(self._room_channel(room), payload))
+        channel = self._room_channel(room)
+        if self._cluster is not None:
+            await call_redis(lambda: self._redis.spublish(channel, payload))
+        else:
+            await call_redis(lambda: self._redis.publish(channel, payload))
 
     async def _watch_memory(self) -> None:
         """Read Redis' memory every few seconds (:meth:`_read_memory`)."""
@@ -585,9 +729,21 @@ class RedisBroker:
     async def _read_memory(self) -> None:
         """Redis' memory and its limit, for the metrics (a full Redis with `noeviction`
         refuses every publish: SREs must see it coming)."""
-        info = await self._redis.info("memory")
-        self._memory_used = int(info.get("used_memory", 0))
-        self._memory_max = int(info.get("maxmemory", 0))
+        if self._cluster is None:
+            readings = [await self._redis.info("memory")]
+        else:  # every master's; the fullest is the one that refuses first
+            readings = [
+                await self._cluster.info("memory", target_nodes=[node])
+                for node in self._cluster.get_primaries()
+            ]
+        fullest = max(
+            readings,
+            key=lambda info: (
+                int(info.get("used_memory", 0)) / max(1, int(info.get("maxmemory", 0)))
+            ),
+        )
+        self._memory_used = int(fullest.get("used_memory", 0))
+        self._memory_max = int(fullest.get("maxmemory", 0))
 
 
 def _as_now(payload: bytes, state: bytes | str) -> bytes:

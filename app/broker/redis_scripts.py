@@ -19,15 +19,36 @@ from __future__ import annotations
 
 from typing import Final
 
+from app.broker.keys import KeyLayout
+
 
 def room_key(prefix: str, room: str, part: str) -> str:
-    """The key ``part`` of ``room`` (its hash tag keeps a room's keys in one cluster slot)."""
-    return f"{prefix}:{{r:{room}}}:{part}"
+    """The key ``part`` of ``room`` on one Redis (see :class:`app.broker.keys.KeyLayout`)."""
+    return KeyLayout(prefix).room(room, part)
+
+
+def sharded(script: str, cluster: bool) -> str:
+    """``script`` for one Redis (a room's channel is published with ``PUBLISH``) or for Redis
+    Cluster (with ``SPUBLISH``: sharded pub/sub, the channel in the room's slot). On Redis
+    Cluster every key a script is given must be in its conversation's slot, '' included: an
+    absent key is passed as :data:`ABSENT` under the conversation's hash tag instead, and the
+    script sees it as ''."""
+    if not cluster:
+        return f"local ROOM_PUBLISH = 'PUBLISH'\n{script}"
+    return (
+        "local ROOM_PUBLISH = 'SPUBLISH'\n"
+        f"for i = 1, #KEYS do if string.sub(KEYS[i], -2) == '{ABSENT}' then KEYS[i] = '' end end\n"
+        f"{script}"
+    )
+
+
+# The last characters of a key that stands for none (see sharded); no real key ends so.
+ABSENT: Final = ":-"
 
 
 def archive_keys(prefix: str) -> tuple[str, str]:
-    """The archive stream, and its count of messages not archived (the backlog was full)."""
-    return f"{prefix}:archive", f"{prefix}:archive:dropped"
+    """The archive stream on one Redis, and its count of messages not archived."""
+    return KeyLayout(prefix).archive("")
 
 
 # `now`: Redis' clock in ms (every script that needs time starts with it).
@@ -80,6 +101,9 @@ local function incarnation(meta, log, ttl_ms)
 end
 """
 
+# A token from a bucket. KEYS: bucket   ARGV: rate, burst   -> 1 taken, 0 refused
+TAKE: Final = NOW + TOKEN_BUCKET + "return take(KEYS[1], tonumber(ARGV[1]), tonumber(ARGV[2]), now)"
+
 # Message ids: max(last + 1, 1000 * Redis time in ms). They increase per room and survive the
 # loss of the room's keys (as long as Redis' clock does not go back), and stay below 2^53 so
 # Lua's doubles and JavaScript clients hold them exactly. Messages and events (edits, deletes,
@@ -112,7 +136,8 @@ local function publish_frame(head, body)
   end
   -- Subscribers get the frame itself: workers of the previous release read it too (a rolling
   -- deploy runs both), and the broker reads the id from it (app.protocol.message_id_of).
-  redis.call('PUBLISH', ARGV[1], payload)
+  -- A room's channel (no second channel) is a shard channel on Redis Cluster (see sharded).
+  redis.call(ARGV[7] == '' and ROOM_PUBLISH or 'PUBLISH', ARGV[1], payload)
   if ARGV[7] ~= '' and ARGV[7] ~= ARGV[1] then redis.call('PUBLISH', ARGV[7], payload) end
   if KEYS[3] ~= '' then redis.call('SET', KEYS[3], id, 'PX', ARGV[6]) end
   return {id, 0, now}, payload
@@ -122,7 +147,7 @@ end
 # The sender's quota, then its dedup marker: {0, 2, 0} refused by the quota, {id, 1, 0} a
 # duplicate of message id.
 QUOTA_AND_DEDUP: Final = """
-if take(KEYS[4], tonumber(ARGV[8]), tonumber(ARGV[9]), now) == 0 then
+if KEYS[4] ~= '' and take(KEYS[4], tonumber(ARGV[8]), tonumber(ARGV[9]), now) == 0 then
   return {0, 2, 0}
 end
 if KEYS[3] ~= '' then

@@ -3,7 +3,7 @@
 Each worker keeps entries for the users it has in each room, refreshed every third of
 ``CHAT_PRESENCE_TTL_S``; a worker that dies stops refreshing, its entries expire, and the
 survivors' sweeps announce those users' departure. The keys share their room's hash tag
-(:func:`app.broker.redis_scripts.room_key`), so each script stays within one cluster slot.
+(:class:`app.broker.keys.KeyLayout`), so each script stays within one cluster slot.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from typing import Final, cast
 from redis.asyncio import Redis
 
 from app.broker import Broker
-from app.broker.redis_scripts import room_key
+from app.broker.keys import KeyLayout
 from app.errors import BrokerUnavailable
 from app.presence import RoomPresence
 from app.presence.announcer import PresenceAnnouncer
@@ -82,6 +82,7 @@ class RedisPresence:
         assert settings.uses_redis
         self._settings = settings
         self._prefix = settings.redis_prefix
+        self._room_key = KeyLayout.of(settings).room
         self.worker_id = secrets.token_hex(6)
         self._redis: Redis = command_client(settings)
         self._join = self._redis.register_script(JOIN)
@@ -117,8 +118,8 @@ class RedisPresence:
 
     def _keys(self, room: str, user: str) -> list[str]:
         return [
-            room_key(self._prefix, room, "present"),
-            room_key(self._prefix, room, f"tabs:{user}"),
+            self._room_key(room, "present"),
+            self._room_key(room, f"tabs:{user}"),
         ]
 
     async def join(self, room: str, user: str) -> None:
@@ -143,14 +144,14 @@ class RedisPresence:
             await self._announcer.announce(room, "leave", user)
 
     async def _count(self, room: str) -> int:
-        key, now = room_key(self._prefix, room, "present"), int(time.time() * 1000)
+        key, now = self._room_key(room, "present"), int(time.time() * 1000)
         return int(await call_redis(lambda: self._redis.zcount(key, now, "+inf")))
 
     async def of(self, room: str) -> RoomPresence:
         count = await self._count(room)
         if count > self._settings.presence_max_members:
             return RoomPresence(count, None)
-        key, now = room_key(self._prefix, room, "present"), int(time.time() * 1000)
+        key, now = self._room_key(room, "present"), int(time.time() * 1000)
         users = await call_redis(lambda: self._redis.zrangebyscore(key, now, "+inf"))
         return RoomPresence(count, sorted(cast(bytes, u).decode() for u in users))
 
@@ -170,8 +171,8 @@ class RedisPresence:
         ttl = int(self._settings.presence_ttl_s * 1000)
         for room, users in list(self._present.items()):
             ordered = sorted(users)
-            keys = [room_key(self._prefix, room, "present")]
-            keys += [room_key(self._prefix, room, f"tabs:{u}") for u in ordered]
+            keys = [self._room_key(room, "present")]
+            keys += [self._room_key(room, f"tabs:{u}") for u in ordered]
             await self._refresh(keys=keys, args=[self.worker_id, now + ttl, ttl, *ordered])
 
     async def _sweep_rooms(self) -> None:
@@ -180,8 +181,8 @@ class RedisPresence:
         now = int(time.time() * 1000)
         for room in list(self._present):
             gone = await self._sweep(
-                keys=[room_key(self._prefix, room, "present")],
-                args=[now, room_key(self._prefix, room, "tabs:")],
+                keys=[self._room_key(room, "present")],
+                args=[now, self._room_key(room, "tabs:")],
             )
             for user in gone:
                 await self._announcer.announce(room, "leave", user.decode())

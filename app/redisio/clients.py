@@ -15,22 +15,24 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Awaitable, Callable
-from typing import Any, Final, TypeVar
+from typing import Any, Final, TypeVar, cast
 
 from redis.asyncio import BlockingConnectionPool, ConnectionPool, Redis
+from redis.asyncio.cluster import ClusterNode, RedisCluster
 from redis.asyncio.retry import Retry
 from redis.asyncio.sentinel import Sentinel, SentinelConnectionPool
 from redis.backoff import NoBackoff
 from redis.commands.core import AsyncScript
-from redis.exceptions import RedisError
+from redis.exceptions import RedisClusterException, RedisError
 
 from app.errors import BrokerUnavailable
 from app.redisio.redis_seam import pack_with_hiredis
 from app.settings import Settings
 
 T = TypeVar("T")
-# What a call to Redis raises when Redis cannot be reached or does not answer in time.
-REDIS_ERRORS: Final = (RedisError, OSError, asyncio.TimeoutError)
+# What a call to Redis raises when Redis cannot be reached or does not answer in time (on
+# Redis Cluster also when no master is known for a slot: failing over).
+REDIS_ERRORS: Final = (RedisError, RedisClusterException, OSError, asyncio.TimeoutError)
 
 
 async def call_redis(call: Callable[[], Awaitable[T]]) -> T:
@@ -59,6 +61,8 @@ def command_client(settings: Settings) -> Redis:
         "socket_connect_timeout": settings.redis_timeout_s,
         "retry": Retry(NoBackoff(), 1),
     }
+    if settings.redis_cluster_nodes:
+        return cast(Redis, cluster_client(settings))
     if settings.redis_sentinels:
         pool: ConnectionPool = _BlockingSentinelPool(  # type: ignore[no-untyped-call]
             settings.redis_sentinel_master, _sentinel(settings), **_master_auth(settings), **options
@@ -67,6 +71,37 @@ def command_client(settings: Settings) -> Redis:
         assert settings.redis_url is not None
         pool = BlockingConnectionPool.from_url(settings.redis_url, **options)
     return pack_with_hiredis(Redis.from_pool(pool))
+
+
+def cluster_client(settings: Settings) -> RedisCluster:
+    """A Redis Cluster client from the seed nodes ``CHAT_REDIS_CLUSTER_NODES``: it reads the
+    slots' masters, routes each command by its key's slot, and reads the slots again on
+    ``MOVED`` and after a failover. ``command_client`` returns it (typed as a ``Redis``:
+    the commands Hubbub uses on it are the same, each on keys of one slot)."""
+    addresses = [address.rpartition(":") for address in settings.redis_cluster_nodes]
+    return RedisCluster(
+        startup_nodes=[ClusterNode(host, int(port)) for host, _, port in addresses],
+        socket_timeout=settings.redis_timeout_s,
+        socket_connect_timeout=settings.redis_timeout_s,
+        max_connections=settings.redis_pool_size,
+        **_master_auth(settings),
+    )
+
+
+def node_client(settings: Settings, node: ClusterNode, subscriber: bool = False) -> Redis:
+    """A client of one cluster node, for a hot path that takes a connection over (a node's
+    pipeline; with ``subscriber``, a pub/sub connection: no socket timeout)."""
+    timeout = None if subscriber else settings.redis_timeout_s
+    return pack_with_hiredis(
+        Redis(
+            host=node.host,
+            port=int(node.port),
+            socket_timeout=timeout,
+            socket_connect_timeout=settings.redis_timeout_s,
+            retry=Retry(NoBackoff(), 0),
+            **_master_auth(settings),
+        )
+    )
 
 
 def subscriber_client(settings: Settings) -> Redis:

@@ -60,6 +60,14 @@ class Subscription(asyncio.Protocol):
     def unsubscribe(self, *channels: str) -> None:
         self._write(("UNSUBSCRIBE", *channels))
 
+    def ssubscribe(self, *channels: str) -> None:
+        """Sharded pub/sub (Redis Cluster): every channel must be in a slot of this node; the
+        confirmations are ``ssubscribe`` pushes, the messages ``smessage`` ones."""
+        self._write(("SSUBSCRIBE", *channels))
+
+    def sunsubscribe(self, *channels: str) -> None:
+        self._write(("SUNSUBSCRIBE", *channels))
+
     def _write(self, command: tuple[Any, ...]) -> None:
         if self.lost.done() or self.writer.transport.is_closing():
             raise RedisConnectionError("pub/sub connection lost")

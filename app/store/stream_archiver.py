@@ -1,14 +1,16 @@
 """StreamArchiver: moves every published message from Redis into the store, in batches, off
 the messages' latency path (the Redis broker's half of archiving).
 
-The PUBLISH script appends each frame to the archive stream (``{prefix}:archive``, see
-:mod:`app.broker.redis_scripts`) in the same atomic step that numbers and publishes it: a
-message that was acked is in the stream. Every worker runs a StreamArchiver; one of them at a
-time leads, under a lease (a Redis key it renews every third of ``CHAT_ARCHIVE_LEASE_S``), and
-consumes the stream through a consumer group:
+The PUBLISH script appends each frame to its conversation's archive stream
+(``{prefix}:archive``; on Redis Cluster one per partition, see :mod:`app.broker.keys`) in the
+same atomic step that numbers and publishes it: a message that was acked is in a stream.
+Every worker runs a StreamArchiver; one of them at a time leads, under a lease (a Redis key
+it renews every third of ``CHAT_ARCHIVE_LEASE_S``), and consumes the streams through a
+consumer group:
 
 - it first claims what earlier leaders left pending (they died between reading and acking),
-  then reads new entries, always in stream order, one batch at a time;
+  then reads new entries, always in stream order, one batch of one stream at a time, taking
+  the streams in turn;
 - a batch is stored (idempotently: :meth:`~app.store.messages.MessageStore.add`), then the
   conversations' ``archived`` marks are raised, then its entries are acked and deleted;
 - a batch the store refuses is retried, with a jittered backoff, until it is stored or the
@@ -39,6 +41,7 @@ from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 
 from app.broker import redis_scripts as scripts
+from app.broker.keys import KeyLayout
 from app.conversation import is_direct
 from app.redisio.clients import REDIS_ERRORS
 from app.settings import Settings
@@ -77,8 +80,10 @@ class StreamArchiver:
         self._store = store
         self._settings = settings
         self._prefix = settings.redis_prefix
-        # The stream, and the count of what the PUBLISH script could not append to it.
-        self.key, self._dropped_key = scripts.archive_keys(self._prefix)
+        # The streams (one, or one per partition on Redis Cluster), and for each the count of
+        # what the PUBLISH script could not append to it.
+        self._keys = KeyLayout.of(settings)
+        self.streams = self._keys.archives()
         self._dropped_seen: int | None = None
         self._lease_key = f"{self._prefix}:archive:lease"
         self.name = f"{socket.gethostname()}:{os.getpid()}:{id(self):x}"
@@ -131,8 +136,9 @@ class StreamArchiver:
         logger.info("archiving: this worker leads (%s)", self.name)
         self._leading = True
         self._stats.leading = True
-        with contextlib.suppress(ResponseError):  # BUSYGROUP: it exists
-            await self._redis.xgroup_create(self.key, GROUP, id="0", mkstream=True)
+        for stream, _ in self.streams:
+            with contextlib.suppress(ResponseError):  # BUSYGROUP: it exists
+                await self._redis.xgroup_create(stream, GROUP, id="0", mkstream=True)
         renewing = asyncio.create_task(self._keep_lease(), name="archive-lease")
         consuming = asyncio.create_task(self._consume(), name="archive-consume")
         try:
@@ -160,38 +166,46 @@ class StreamArchiver:
 
     async def _consume(self) -> None:
         settings = self._settings
-        await self._claim_pending()
-        # Entries this consumer holds (just claimed) first, then new ones: stream order.
-        position = "0"
+        for stream, _ in self.streams:
+            await self._claim_pending(stream)
+        # Per stream: the entries this consumer holds (just claimed) first, then new ones.
+        positions = {stream: "0" for stream, _ in self.streams}
+        interval_ms = int(settings.archive_interval_s * 1000)
+        single = len(positions) == 1
         while True:
-            block = None if position == "0" else int(settings.archive_interval_s * 1000)
-            reply: Any = await self._redis.xreadgroup(
-                GROUP, self.name, {self.key: position}, count=settings.archive_batch_max,
-                block=block,
-            )  # fmt: skip
-            entries = _entries_of(reply)
-            if not entries:
-                if position == "0":
-                    position = ">"
-                continue
-            await self._archive(entries)
-            if position == ">" and len(entries) < settings.archive_batch_max:
-                await asyncio.sleep(settings.archive_interval_s)  # let the next batch fill
+            waiting = False  # a batch of new entries was not full: let the next ones gather
+            for stream, position in positions.items():
+                # One stream: wait in Redis for new entries; several: look at each in turn.
+                block = interval_ms if single and position == ">" else None
+                reply: Any = await self._redis.xreadgroup(
+                    GROUP, self.name, {stream: position}, count=settings.archive_batch_max,
+                    block=block,
+                )  # fmt: skip
+                entries = _entries_of(reply)
+                if not entries:
+                    positions[stream] = ">"
+                    waiting = waiting or not single
+                    continue
+                await self._archive(stream, entries)
+                if position == ">" and len(entries) < settings.archive_batch_max:
+                    waiting = True
+            if waiting:
+                await asyncio.sleep(settings.archive_interval_s)
 
-    async def _claim_pending(self) -> None:
+    async def _claim_pending(self, stream: str) -> None:
         """Take over what earlier leaders read and did not ack (they died, or lost the lease)."""
         start = "0-0"
         while True:
             # [next start, claimed entries, deleted ids]: only the cursor matters here.
             reply: Any = await self._redis.xautoclaim(
-                self.key, GROUP, self.name, min_idle_time=0, start_id=start,
+                stream, GROUP, self.name, min_idle_time=0, start_id=start,
                 count=self._settings.archive_batch_max,
             )  # fmt: skip
             start = reply[0].decode() if isinstance(reply[0], bytes) else str(reply[0])
             if start == "0-0":
                 return
 
-    async def _archive(self, entries: list[_Entry]) -> None:
+    async def _archive(self, stream: str, entries: list[_Entry]) -> None:
         batch: list[StoredMessage] = []
         for _, fields in entries:
             message = _stored(fields)
@@ -203,14 +217,14 @@ class StreamArchiver:
         marks: dict[str, int] = {}
         for message in batch:
             marks[message.conversation] = message.id  # the batch is in id order
-        if marks:
-            metas = [scripts.room_key(self._prefix, c, "meta") for c in marks]
+        if marks:  # the stream's conversations: in its slot on Redis Cluster
+            metas = [self._keys.room(c, "meta") for c in marks]
             await self._mark(keys=metas, args=list(marks.values()))
         ids = [entry_id for entry_id, _ in entries]
         # Together (MULTI): an entry acked but left in the stream would count as lag forever.
         async with self._redis.pipeline(transaction=True) as pipe:
-            pipe.xack(self.key, GROUP, *ids)
-            pipe.xdel(self.key, *ids)
+            pipe.xack(stream, GROUP, *ids)
+            pipe.xdel(stream, *ids)
             await pipe.execute()
         self._stats.stored += len(batch)
 
@@ -232,13 +246,16 @@ class StreamArchiver:
         while True:
             with contextlib.suppress(*REDIS_ERRORS):
                 async with self._redis.pipeline(transaction=False) as pipe:
-                    pipe.xlen(self.key)
-                    pipe.xrange(self.key, "-", "+", count=1)
-                    pipe.get(self._dropped_key)
-                    length, oldest, dropped = await pipe.execute()
-                self._stats.lag_messages = int(length)
-                self._stats.lag_seconds = _age_s(oldest[0][0]) if oldest else 0.0
-                self._count_dropped(int(dropped or 0))
+                    for stream, dropped_key in self.streams:
+                        pipe.xlen(stream)
+                        pipe.xrange(stream, "-", "+", count=1)
+                        pipe.get(dropped_key)
+                    replies = await pipe.execute()
+                lengths, oldests, drops = replies[0::3], replies[1::3], replies[2::3]
+                self._stats.lag_messages = sum(int(length) for length in lengths)
+                ages = [_age_s(oldest[0][0]) for oldest in oldests if oldest]
+                self._stats.lag_seconds = max(ages, default=0.0)
+                self._count_dropped(sum(int(dropped or 0) for dropped in drops))
             await asyncio.sleep(_LAG_READ_INTERVAL_S)
 
     def _count_dropped(self, total: int) -> None:

@@ -19,7 +19,7 @@ from typing import Any, Final
 import orjson
 from redis.asyncio import Redis
 
-from app.broker.redis_scripts import room_key
+from app.broker.keys import KeyLayout
 from app.redisio.clients import call_redis
 from app.settings import Settings
 from app.webhooks import ONLINE_ROOM, webhook_keys
@@ -62,7 +62,7 @@ class WebhookQueue:
         self._redis = redis
         self._settings = settings
         self.queue, self.dropped, self._pending = webhook_keys(settings.redis_prefix)
-        self._present = room_key(settings.redis_prefix, ONLINE_ROOM, "present")
+        self._present = KeyLayout.of(settings).room(ONLINE_ROOM, "present")
         self._enqueue = redis.register_script(ENQUEUE)
         self._online = redis.register_script(ONLINE)
         self._offline_due = redis.register_script(OFFLINE_DUE)

@@ -1,0 +1,155 @@
+"""Script calls on a Redis Cluster: each routed to the master of its keys' slot, and each
+master's calls pipelined by an :class:`~app.redisio.autopipeline.AutoPipeline` of its own.
+
+redis-py's ``RedisCluster`` knows the topology (``CLUSTER SLOTS``, reloaded on ``MOVED`` and
+after a failover); this module keeps its fast path: one write per loop iteration per master,
+replies parsed by hiredis.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from redis.asyncio import Redis
+from redis.asyncio.cluster import ClusterNode, RedisCluster
+from redis.commands.core import AsyncScript
+from redis.crc import key_slot
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import RedisClusterException, RedisError, ResponseError
+
+from app.redisio.autopipeline import AutoPipeline
+
+logger = logging.getLogger(__name__)
+
+# Error replies that mean the call went to a node that does not serve its slot (now): the
+# script did not run, so it is safe to send it again once the topology is reloaded.
+_REROUTE = ("MOVED ", "ASK ", "TRYAGAIN", "CLUSTERDOWN")
+_ATTEMPTS = 3
+
+
+class ClusterPipelines:
+    """Routes script calls by the slot of their first key (every key of a call must share it:
+    Redis refuses a script that touches another slot).
+
+    Contract:
+
+    * **Ordering:** calls on one slot reach Redis in the order they were made (one connection
+      per master); calls on different slots are not ordered with each other.
+    * **Re-routing:** a call answered ``MOVED``/``ASK``/``TRYAGAIN``/``CLUSTERDOWN`` did not
+      run; the topology is reloaded and the call sent again (at most three times in all).
+    * **Failures:** a lost connection fails the calls waiting on it (``ConnectionError``, as
+      :class:`AutoPipeline` does: they may have run) and reloads the topology in the
+      background, so the next calls go to the master that replaced the lost one.
+    * The owner calls :meth:`close`.
+    """
+
+    def __init__(
+        self,
+        cluster: RedisCluster,
+        client_for: Callable[[ClusterNode], Redis],
+        wait_replicas: int = 0,
+        wait_timeout_s: float = 0.5,
+    ) -> None:
+        self._cluster = cluster
+        self._client_for = client_for
+        self._wait = (wait_replicas, wait_timeout_s)
+        self._pipelines: dict[str, tuple[Redis, AutoPipeline]] = {}
+        self._refreshing: asyncio.Task[None] | None = None
+
+    def pipeline_for(self, key: str | bytes) -> AutoPipeline:
+        """The pipeline of the master serving ``key``'s slot now."""
+        node = self._cluster.nodes_manager.get_node_from_slot(key_slot(_encoded(key)))
+        entry = self._pipelines.get(node.name)
+        if entry is None:
+            client = self._client_for(node)
+            replicas, timeout_s = self._wait
+            entry = (client, AutoPipeline(client, wait_replicas=replicas, wait_timeout_s=timeout_s))
+            self._pipelines[node.name] = entry
+        return entry[1]
+
+    @property
+    def batches(self) -> int:
+        """Writes so far, over every master's pipeline (for tests and profiling)."""
+        return sum(pipeline.batches for _, pipeline in self._pipelines.values())
+
+    def submit(
+        self,
+        script: AsyncScript,
+        keys: Sequence[Any],
+        args: Sequence[Any],
+        durable: bool = False,
+    ) -> asyncio.Future[Any]:
+        """:meth:`call` as a future. Calls submitted one after the other reach their
+        pipelines in that order (each task's first step runs in the order they were made)."""
+        return asyncio.ensure_future(self.call(script, keys, args, durable))
+
+    def reconnect(self) -> None:
+        """Drop every master's connection (the calls waiting fail); the next calls reopen."""
+        for _, pipeline in self._pipelines.values():
+            pipeline.reconnect()
+
+    async def call(
+        self,
+        script: AsyncScript,
+        keys: Sequence[Any],
+        args: Sequence[Any],
+        durable: bool = False,
+    ) -> Any:
+        """Run ``script`` on the master of ``keys[0]``'s slot (see the class)."""
+        await self._cluster.initialize()  # the first call reads the slots; then a no-op
+        for attempt in range(1, _ATTEMPTS + 1):
+            try:
+                pipeline = self.pipeline_for(keys[0])
+            except RedisClusterException as exc:  # no master known for the slot (failing over)
+                self._reload_soon()
+                raise RedisConnectionError(f"redis cluster: {exc}") from exc
+            try:
+                return await pipeline.submit(script, keys, args, durable)
+            except ResponseError as exc:
+                if attempt == _ATTEMPTS or not str(exc).startswith(_REROUTE):
+                    raise
+                logger.info("redis cluster: %s; reloading the slots", str(exc)[:60])
+                await self.reload()
+            except (RedisConnectionError, OSError):
+                self._reload_soon()
+                raise
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    async def reload(self) -> None:
+        """Read the topology again; drop the pipelines of nodes that are no longer masters."""
+        await self._cluster.nodes_manager.initialize()
+        masters = {node.name for node in self._cluster.get_primaries()}
+        for name in [name for name in self._pipelines if name not in masters]:
+            client, pipeline = self._pipelines.pop(name)
+            await pipeline.close()
+            await client.aclose()
+
+    def _reload_soon(self) -> None:
+        if self._refreshing is None or self._refreshing.done():
+            self._refreshing = asyncio.create_task(self._reload_quietly())
+
+    async def _reload_quietly(self) -> None:
+        try:
+            await self.reload()
+        except (RedisError, RedisClusterException, OSError) as exc:
+            logger.warning("redis cluster: cannot reload the slots: %r", exc)
+
+    async def close(self) -> None:
+        if self._refreshing is not None:
+            self._refreshing.cancel()
+            with contextlib.suppress(
+                asyncio.CancelledError, RedisError, RedisClusterException, OSError
+            ):
+                await self._refreshing
+        for client, pipeline in self._pipelines.values():
+            await pipeline.close()
+            await client.aclose()
+        self._pipelines.clear()
+
+
+def _encoded(key: str | bytes) -> bytes:
+    return key.encode() if isinstance(key, str) else key
