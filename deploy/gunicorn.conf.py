@@ -67,9 +67,10 @@ def on_starting(server: Any) -> None:
     afresh; listen on the metrics port (added here, so it holds whatever ``--bind`` says)."""
     if server.cfg.workers > 1 and not _settings.uses_redis:
         sys.exit(
-            f"hubbub: {server.cfg.workers} workers need a shared broker: set CHAT_REDIS_URL or "
-            "CHAT_REDIS_SENTINELS (the embedded memory broker lives in one process, so workers "
-            "would not see each other's messages), or run with --workers 1"
+            f"hubbub: {server.cfg.workers} workers need a shared broker: set CHAT_REDIS_URL, "
+            "CHAT_REDIS_SENTINELS or CHAT_REDIS_CLUSTER_NODES (the embedded memory broker lives "
+            "in one process, so workers would not see each other's messages), or run with "
+            "--workers 1"
         )
     if _settings.database_url is not None:
         # Once, in the master: workers (and pods, under an advisory lock) never race to migrate.
