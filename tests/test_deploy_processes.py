@@ -55,13 +55,14 @@ async def test_gunicorn_two_workers_fan_out(redis_server: RedisServer) -> None:
 
 
 async def test_gunicorn_refuses_two_workers_with_memory_broker() -> None:
-    """Several workers without CHAT_REDIS_URL refuse to start, saying why."""
+    """Several workers without a shared Redis refuse to start, saying how to give them one."""
     app = AppProcess({"CHAT_REDIS_URL": ""}, gunicorn_workers=2)
     await app.start(wait_ready=False)
     try:
         code = await app.wait(timeout=30)
         assert code != 0
-        assert "CHAT_REDIS_URL" in app.output()
+        for setting in ("CHAT_REDIS_URL", "CHAT_REDIS_SENTINELS", "CHAT_REDIS_CLUSTER_NODES"):
+            assert setting in app.output()
     finally:
         await app.stop()
 
