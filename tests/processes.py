@@ -88,6 +88,18 @@ class RedisServer:
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
+# The service's settings for failover tests: acks wait for a replica, and a lost or moved
+# master is noticed, and reconnected to, within a couple of seconds.
+FAILOVER_ENV = {
+    "CHAT_AUTH_MODE": "names",
+    "CHAT_REDIS_WAIT_REPLICAS": "1",
+    "CHAT_REDIS_TIMEOUT_S": "1",
+    "CHAT_REDIS_RECONNECT_MAX_S": "0.5",
+    "CHAT_CANARY_INTERVAL_S": "0.5",
+    "CHAT_CANARY_TIMEOUT_S": "2",
+}
+
+
 class SentinelDeployment:
     """Redis with Sentinel, as production runs it, on loopback: a master, a replica and three
     Sentinels (quorum 2) that fail the master over about a second after it stops answering.

@@ -29,7 +29,7 @@ from tests.helpers import (
     send_until_acked,
     wait_until,
 )
-from tests.processes import AppProcess, ClusterDeployment
+from tests.processes import FAILOVER_ENV, AppProcess, ClusterDeployment
 from tests.test_broker_contract import Recorder
 from tests.test_chaos import replicated_chaos_smoke
 from tests.test_security import refused_with
@@ -183,15 +183,7 @@ async def test_gunicorn_on_the_cluster_survives_a_sigkilled_master(
     in that shard wait for it): the sends are acked, every acked message (in every room) is in
     its room's history with the id its ack gave, and live delivery works across the workers."""
     app = AppProcess(
-        {
-            "CHAT_AUTH_MODE": "names",
-            "CHAT_REDIS_CLUSTER_NODES": cluster.addresses,
-            "CHAT_REDIS_WAIT_REPLICAS": "1",
-            "CHAT_REDIS_TIMEOUT_S": "1",
-            "CHAT_REDIS_RECONNECT_MAX_S": "0.5",
-            "CHAT_CANARY_INTERVAL_S": "0.5",
-            "CHAT_CANARY_TIMEOUT_S": "2",
-        },
+        {**FAILOVER_ENV, "CHAT_REDIS_CLUSTER_NODES": cluster.addresses},
         gunicorn_workers=2,
     )
     await app.start()

@@ -26,7 +26,7 @@ from tests.helpers import (
     send_until_acked,
     wait_until,
 )
-from tests.processes import AppProcess, RedisServer, SentinelDeployment
+from tests.processes import FAILOVER_ENV, AppProcess, RedisServer, SentinelDeployment
 from tests.test_broker_contract import Recorder
 from tests.test_chaos import replicated_chaos_smoke
 
@@ -145,14 +145,9 @@ async def test_gunicorn_follows_a_sigkilled_master_and_loses_no_acked_message(
     history afterwards, and live messages flow again between sockets on both workers."""
     app = AppProcess(
         {
-            "CHAT_AUTH_MODE": "names",
+            **FAILOVER_ENV,
             "CHAT_REDIS_SENTINELS": sentinels.addresses,
             "CHAT_REDIS_SENTINEL_MASTER": sentinels.NAME,
-            "CHAT_REDIS_WAIT_REPLICAS": "1",
-            "CHAT_REDIS_TIMEOUT_S": "1",
-            "CHAT_REDIS_RECONNECT_MAX_S": "0.5",
-            "CHAT_CANARY_INTERVAL_S": "0.5",
-            "CHAT_CANARY_TIMEOUT_S": "2",
         },
         gunicorn_workers=2,
     )

@@ -307,14 +307,7 @@ class RedisBroker:
         kind, channel = push[0], push[1]
         handler = self._handler
         assert handler is not None
-        if kind == b"smessage":  # Redis Cluster: a room's shard channel, or a canary
-            data = push[2]
-            if channel in self._canaries:
-                self._heard_canary(channel, data)
-            else:
-                room = channel[channel.index(b"}:c:") + 4 :].decode()
-                handler.deliver_room(room, message_id_of(data), data)
-        elif kind == b"message":
+        if kind == b"message":
             data = push[2]
             if channel.startswith(self._room_prefix):
                 room = channel[len(self._room_prefix) :].decode()
@@ -329,10 +322,16 @@ class RedisBroker:
                 handler.kick(order["user"], order["reason"])
             elif channel in self._canaries:
                 self._heard_canary(channel, data)
+        elif kind == b"smessage":  # Redis Cluster: a room's shard channel, or a canary
+            data = push[2]
+            if channel in self._canaries:
+                self._heard_canary(channel, data)
+            else:
+                handler.deliver_room(_room_of(channel), message_id_of(data), data)
         elif kind == b"sunsubscribe":
             # Redis Cluster drops the shard channels of a slot that moved to another master:
             # for a room still wanted, every subscription is made again, on today's topology.
-            room = channel[channel.index(b"}:c:") + 4 :].decode() if b"}:c:" in channel else None
+            room = _room_of(channel) if _SHARD_ROOM in channel else None
             if room in self._rooms and self._ready and self._listener is not None:
                 logger.warning("redis cluster: %r moved to another master; resubscribing", channel)
                 self._listener.cancel()
@@ -744,6 +743,14 @@ class RedisBroker:
         )
         self._memory_used = int(fullest.get("used_memory", 0))
         self._memory_max = int(fullest.get("maxmemory", 0))
+
+
+_SHARD_ROOM = b"}:c:"  # in a room's shard channel, between its hash tag and the room's name
+
+
+def _room_of(shard_channel: bytes) -> str:
+    """The room of a shard channel (``{prefix}:{tag}:c:{room}``, see ``_room_channel``)."""
+    return shard_channel[shard_channel.index(_SHARD_ROOM) + len(_SHARD_ROOM) :].decode()
 
 
 def _as_now(payload: bytes, state: bytes | str) -> bytes:

@@ -173,7 +173,7 @@ class StreamArchiver:
         interval_ms = int(settings.archive_interval_s * 1000)
         single = len(positions) == 1
         while True:
-            waiting = False  # a batch of new entries was not full: let the next ones gather
+            full = partial = False  # a batch filled up; one of new entries did not
             for stream, position in positions.items():
                 # One stream: wait in Redis for new entries; several: look at each in turn.
                 block = interval_ms if single and position == ">" else None
@@ -184,12 +184,15 @@ class StreamArchiver:
                 entries = _entries_of(reply)
                 if not entries:
                     positions[stream] = ">"
-                    waiting = waiting or not single
                     continue
                 await self._archive(stream, entries)
-                if position == ">" and len(entries) < settings.archive_batch_max:
-                    waiting = True
-            if waiting:
+                if len(entries) == settings.archive_batch_max:
+                    full = True
+                elif position == ">":
+                    partial = True
+            # Unless a backlog is being worked off, let the next batches gather (several
+            # streams are only looked at, not waited on).
+            if not full and (partial or not single):
                 await asyncio.sleep(settings.archive_interval_s)
 
     async def _claim_pending(self, stream: str) -> None:
