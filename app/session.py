@@ -15,7 +15,6 @@ import os
 import secrets
 import socket
 import time
-from collections import deque
 
 from starlette.websockets import WebSocket
 
@@ -72,6 +71,7 @@ from app.protocol import (
     typing_frame,
 )
 from app.rooms import RoomError, RoomRecord
+from app.send_window import SendWindow
 from app.settings import Settings
 from app.state import ChatState
 from app.store.database import StoreError
@@ -95,10 +95,9 @@ _TOO_MANY_MESSAGES = "too many messages, slow down"
 class Session:
     """Handles the frames of one connection. Created by :func:`serve`.
 
-    Frames are answered in the order they came. ``send`` frames are pipelined: up to
-    ``CHAT_SENDS_IN_FLIGHT_MAX`` are published at once, each handed to the broker in the order
-    it came (one Redis connection per worker keeps that order: their ids, and so their order in
-    the room, are the order they were sent), and their acks and errors are offered in that
+    Frames are answered in the order they came. ``send`` frames are pipelined
+    (:class:`~app.send_window.SendWindow`): up to ``CHAT_SENDS_IN_FLIGHT_MAX`` are published
+    at once, each started in the order it came, and their acks and errors are offered in that
     order too. Any other frame waits until the sends before it are answered (:meth:`settle`).
     """
 
@@ -111,12 +110,11 @@ class Session:
         self._broker = state.broker
         self.settings = state.settings
         self.metrics = state.metrics
-        self._sends: deque[asyncio.Task[None]] = deque()  # in flight, oldest first
+        self._sends = SendWindow(self.settings.sends_in_flight_max, conn.offer)
 
     async def settle(self) -> None:
         """Return once every pipelined send so far is answered (acked or refused)."""
-        if self._sends:
-            await asyncio.wait([self._sends[-1]])  # each finishes after the one before it
+        await self._sends.settle()
 
     async def handle_text(self, text: str) -> None:
         """Answer one text frame. Raises nothing for bad input: the client gets an error frame."""
@@ -129,7 +127,8 @@ class Session:
                 raise
             received[frame.type] += 1
             if isinstance(frame, Send) and frame.reply_to is None:
-                await self._pipeline_send(frame, text)
+                await self._sends.admit()
+                self._sends.start(self._send_answer(frame, text))
                 return
             await self.settle()
             if isinstance(frame, Send):
@@ -490,44 +489,19 @@ class Session:
             raise FrameError(ErrorCode.STORE_UNAVAILABLE, "inbox unavailable, try again") from None
         self.conn.offer(inbox_frame([inbox_entry(entry, self.conn.user) for entry in entries]))
 
-    async def _pipeline_send(self, frame: Send, text: str) -> None:
-        """Hand ``frame`` to a task that publishes it and answers it after the sends before it;
-        waits first while ``CHAT_SENDS_IN_FLIGHT_MAX`` are in flight."""
-        sends = self._sends
-        while len(sends) >= self.settings.sends_in_flight_max:
-            await asyncio.wait([sends[0]])
-        before = sends[-1] if sends else None
-        task = asyncio.create_task(self._answer_send(frame, text, before))
-        sends.append(task)
-        task.add_done_callback(self._send_answered)
-
-    def _send_answered(self, task: asyncio.Task[None]) -> None:
-        if self._sends and self._sends[0] is task:  # the tasks finish in order
-            self._sends.popleft()
-        else:
-            with contextlib.suppress(ValueError):
-                self._sends.remove(task)
-
-    async def _answer_send(self, frame: Send, text: str, before: asyncio.Task[None] | None) -> None:
-        """Publish ``frame`` (its publish starts before this task's first suspension, so in
-        the order the tasks were made), then answer it once ``before`` has answered its own."""
-        refused: FrameError | None = None
-        ack = None
+    async def _send_answer(self, frame: Send, text: str) -> str | None:
+        """Publish ``frame``; the frame that answers it (its ack, None without a ``cid``, or
+        an error frame). An unexpected failure closes the connection (1011) and answers
+        nothing."""
         try:
-            ack = await self._publish_send(frame)
+            return await self._publish_send(frame)
         except FrameError as exc:
-            refused = exc
+            self.metrics.error_sent(exc.code)
+            return error_frame(exc.code, exc.message, _ref(text))
         except Exception:
             logger.exception("unexpected error publishing a frame", extra={"conn": self.conn.id})
             self.conn.close(CloseCode.INTERNAL_ERROR, "internal error")
-            return
-        if before is not None:
-            await asyncio.wait([before])
-        if refused is not None:
-            self.metrics.error_sent(refused.code)
-            self.conn.offer(error_frame(refused.code, refused.message, _ref(text)))
-        elif ack is not None:
-            self.conn.offer(ack)
+            return None
 
     async def _publish_send(self, frame: Send) -> str | None:
         """Publish a ``send`` frame; its ack (None without a ``cid``). Raises FrameError."""

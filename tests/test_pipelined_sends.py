@@ -9,6 +9,7 @@ import signal
 from collections.abc import AsyncIterator
 from typing import Any
 
+import orjson
 import pytest
 
 from app.broker.redis import RedisBroker
@@ -127,3 +128,42 @@ async def test_at_most_the_limit_of_sends_is_in_flight(
         for n in range(10):
             ack = await writer.next_frame(skip=("ping", "presence", "message"))
             assert (ack["type"], ack["cid"]) == ("ack", n)
+
+
+async def test_a_burst_of_sends_leaves_coalesced() -> None:
+    """60 sends read together (one TCP write) with the embedded broker are published at once
+    and reach a member in a few coalesced WebSocket frames, not one frame each: a fan-out's
+    throughput depends on it (issue 42: a send waiting a loop iteration for the one before
+    it cut one-room fan-out 10×)."""
+    burst = 60
+    async with (
+        run_server(make_settings()) as live,
+        ChatClient.connect(live.ws_url("reader")) as reader,
+        ChatClient.connect(live.ws_url("writer")) as writer,
+    ):
+        await reader.join("r")
+        await writer.join("r")
+        frames = [
+            orjson.dumps({"type": "send", "room": "r", "text": f"m{n}"}).decode()
+            for n in range(burst)
+        ]
+        # One write of 60 frames: the server reads them in one go.
+        await writer.ws.send(frames[0])  # warm: the writer's first frame alone
+        got = await reader.expect("message")
+        assert got["text"] == "m0"
+        protocol = writer.ws.protocol
+        for text in frames[1:]:
+            protocol.send_text(text.encode())
+        writer.ws.transport.write(b"".join(protocol.data_to_send()))
+        texts: list[str] = []
+        ws_frames = 0
+        async with asyncio.timeout(5):
+            while len(texts) < burst - 1:
+                data = await reader.ws.recv()
+                assert isinstance(data, str)
+                ws_frames += 1
+                texts += [
+                    m["text"] for m in map(orjson.loads, data.split("\n")) if m["type"] == "message"
+                ]
+        assert texts == [f"m{n}" for n in range(1, burst)]
+        assert ws_frames <= 3, f"{burst - 1} messages came in {ws_frames} frames"
