@@ -134,7 +134,7 @@ async def test_a_burst_of_sends_leaves_coalesced() -> None:
     """60 sends read together (one TCP write) with the embedded broker are published at once
     and reach a member in a few coalesced WebSocket frames, not one frame each: a fan-out's
     throughput depends on it (issue 42: a send waiting a loop iteration for the one before
-    it cut one-room fan-out 10×)."""
+    it cut one-room fan-out 10x)."""
     burst = 60
     async with (
         run_server(make_settings()) as live,
