@@ -931,16 +931,70 @@ async def test_kubernetes_is_sized_and_scaled_as_ops_run_it() -> None:
             deployment["spec"]["template"]["metadata"]["labels"].items()
         )
         allowed = [
-            (rule["ports"][0]["port"], rule["from"][0]["namespaceSelector"].get("matchLabels"),
+            (rule["ports"][0]["port"], rule["from"][0].get("namespaceSelector"),
              rule["from"][0].get("podSelector"))
             for rule in policy["spec"]["ingress"]
         ]  # fmt: skip
         assert allowed == [
-            ("http", {"kubernetes.io/metadata.name": "ingress-nginx"}, None),
-            ("metrics", {"kubernetes.io/metadata.name": "monitoring"}, None),
-            # The application's backend, for the backend API: labelled pods of any namespace.
+            ("http", {"matchLabels": {"kubernetes.io/metadata.name": "ingress-nginx"}}, None),
+            ("metrics", {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}, None),
+            # The application's backend, for the backend API: labelled pods of this namespace.
             ("http", None, {"matchLabels": {"hubbub.io/backend-api": "true"}}),
         ]
+
+
+# The label Kubernetes itself sets on every namespace (its name): users cannot choose it.
+NAMESPACE_NAME_LABEL = "kubernetes.io/metadata.name"
+
+
+def _namespaces_a_peer_admits(peer: dict[str, Any]) -> set[str] | None:
+    """The namespaces a NetworkPolicy ``from`` entry admits pods of, by name: {""} for the
+    policy's own namespace (no namespaceSelector), None for any namespace at all (an empty
+    selector, or one that names no namespace: any namespace can carry a label users set)."""
+    if "namespaceSelector" not in peer:
+        return {""}
+    selector = peer["namespaceSelector"] or {}
+    names: set[str] | None = None
+    if NAMESPACE_NAME_LABEL in (selector.get("matchLabels") or {}):
+        names = {selector["matchLabels"][NAMESPACE_NAME_LABEL]}
+    for expression in selector.get("matchExpressions") or []:
+        if expression["key"] == NAMESPACE_NAME_LABEL and expression["operator"] == "In":
+            allowed = set(expression["values"])
+            names = allowed if names is None else names & allowed
+    return names
+
+
+def test_the_network_policy_admits_no_pod_of_an_unnamed_namespace() -> None:
+    """Every ``from`` entry of every NetworkPolicy shipped (k8s/**/*.yaml, as written) admits
+    pods of its own namespace or of namespaces it names: never ``namespaceSelector: {}`` nor a
+    selector on labels users set, which admit pods of any namespace. Whoever may create a pod
+    anywhere in the cluster can label it hubbub.io/backend-api=true: the backend API is open to
+    the labelled pods of the app's own namespace only."""
+    policies = [
+        (manifest, doc)
+        for manifest in sorted((ROOT / "k8s").rglob("*.yaml"))
+        for doc in yaml.safe_load_all(manifest.read_text())
+        if doc and doc.get("kind") == "NetworkPolicy"
+    ]
+    assert policies, "no NetworkPolicy shipped"
+    backend_peers = []
+    for manifest, policy in policies:
+        for rule in policy["spec"].get("ingress", []):
+            assert rule.get("from"), f"{manifest}: a rule admitting every source"
+            for peer in rule["from"]:
+                assert "ipBlock" not in peer, f"{manifest}: {peer}"
+                admitted = _namespaces_a_peer_admits(peer)
+                assert admitted is not None, f"{manifest}: {peer} admits any namespace"
+                labels = (peer.get("podSelector") or {}).get("matchLabels") or {}
+                if labels.get("hubbub.io/backend-api") == "true":
+                    backend_peers.append(admitted)
+    assert backend_peers == [{""}], "the backend's pods: this namespace only"
+    # The check itself: the shapes that admit any namespace are caught.
+    label = {"podSelector": {"matchLabels": {"hubbub.io/backend-api": "true"}}}
+    for selector in ({}, None, {"matchLabels": {"team": "backend"}}, {"matchExpressions": []}):
+        assert _namespaces_a_peer_admits(label | {"namespaceSelector": selector}) is None
+    named = {"matchLabels": {NAMESPACE_NAME_LABEL: "shop"}}
+    assert _namespaces_a_peer_admits(label | {"namespaceSelector": named}) == {"shop"}
 
 
 # -- nginx and hosts ----------------------------------------------------------------------
