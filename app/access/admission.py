@@ -1,7 +1,15 @@
-"""Who may open a chat socket: the user's identity (a verified JWT from ``?token=`` or a first
-``auth`` frame; a guest identity from ``?name=`` and ``?guest=``; or, in ``names`` mode,
-whatever ``?name=`` says) and the cross-server quotas (bans, connections per user, new
-connections per address).
+"""Who may open a chat socket: the user's identity (a verified JWT from a first ``auth`` frame
+or, from old clients, ``?token=``; a guest identity from a first ``auth`` frame with ``name``
+and ``guest`` or, from old clients, ``?name=`` and ``?guest=``; or, in ``names`` mode, whatever
+the name says) and the cross-server quotas (bans, connections per user, new connections per
+address).
+
+Credentials belong in the first frame, not in the URL: a URL is written to access logs,
+proxies' logs and the browser console's connection errors. A client says it sends them so
+with ``?auth=frame`` (hubbub.js always does); in ``jwt`` mode a URL without ``?token=`` says
+the same. The server then sends nothing and waits ``CHAT_AUTH_TIMEOUT_S`` for the ``auth``
+frame (4001 without one). The log formatter redacts the credentials old clients still put in
+the URL (:func:`app.ops.logs.redact`).
 
 The Origin check comes before (it needs no socket: :mod:`app.access.origin`); everything here
 runs on an accepted socket, so a refusal is a close code the client can act on.
@@ -14,7 +22,9 @@ import logging
 import re
 import secrets
 from dataclasses import dataclass
+from typing import Final
 
+import orjson
 from starlette.websockets import WebSocket
 
 from app.access.auth import AuthError, Identity
@@ -27,6 +37,9 @@ from app.state import ChatState
 
 logger = logging.getLogger(__name__)
 _USER = re.compile(USER_PATTERN)
+# ``?auth=frame``: the client sends who it is in its first frame, not in the URL.
+AUTH_IN_FRAME: Final = "frame"
+_AUTH_FIRST_GUEST: Final = 'authenticate first: {"type":"auth","name":…,"guest":…}'
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,37 +50,37 @@ class Refused:
 
 async def identify(ws: WebSocket, state: ChatState) -> Identity | Refused | None:
     """The connection's identity (see ``CHAT_AUTH_MODE``); a refusal (4001, or 1008 for a bad
-    ``?name=`` or ``?guest=``); None when the client left before saying who it is."""
-    mode = state.settings.auth_mode
-    if mode == "guest":
-        try:
-            guest = identify_guest(ws.query_params.get("name"), ws.query_params.get("guest"))
-        except GuestError as exc:
-            return Refused(CloseCode.POLICY_VIOLATION, str(exc))
-        return Identity(guest.user, guest_key=guest.new_key)
+    name or guest key); None when the client left before saying who it is."""
+    mode, query = state.settings.auth_mode, ws.query_params
     authenticator = state.authenticator
-    if mode == "names" or authenticator is None:
-        name = ws.query_params.get("name") or f"guest-{secrets.token_hex(3)}"
+    if mode == "guest" or mode == "names" or authenticator is None:
+        name, key = query.get("name"), query.get("guest")
+        if query.get("auth") == AUTH_IN_FRAME:
+            first = await _first_frame(ws, state)
+            if first is None or isinstance(first, Refused):
+                return first
+            credentials = _guest_credentials(first)
+            if credentials is None:
+                return Refused(CloseCode.AUTH_FAILED, _AUTH_FIRST_GUEST)
+            # The frame's values, or the URL's (a name may ride there: it is no secret).
+            name, key = credentials[0] or name, credentials[1] or key
+        if mode == "guest":
+            try:
+                guest = identify_guest(name, key)
+            except GuestError as exc:
+                return Refused(CloseCode.POLICY_VIOLATION, str(exc))
+            return Identity(guest.user, guest_key=guest.new_key)
+        name = name or f"guest-{secrets.token_hex(3)}"
         if not _USER.fullmatch(name):
             return Refused(CloseCode.POLICY_VIOLATION, "invalid name")
         return Identity(name)
-    token = ws.query_params.get("token")
+    token = query.get("token")
     if not token:
-        ip = ws.client.host if ws.client else None
-        full = state.pending_auth.enter(ip)
-        if full is not None:
-            return Refused(full.code, full.reason)
+        first = await _first_frame(ws, state)
+        if first is None or isinstance(first, Refused):
+            return first
         try:
-            async with asyncio.timeout(state.settings.auth_timeout_s):
-                message = await ws.receive()
-        except TimeoutError:
-            return Refused(CloseCode.AUTH_FAILED, "no auth frame in time")
-        finally:
-            state.pending_auth.leave(ip)
-        if message["type"] == "websocket.disconnect":
-            return None
-        try:
-            frame = parse_client_frame(message.get("text") or "")
+            frame = parse_client_frame(first)
         except FrameError:
             frame = None
         if not isinstance(frame, Auth):
@@ -77,6 +90,42 @@ async def identify(ws: WebSocket, state: ChatState) -> Identity | Refused | None
         return authenticator.verify(token)
     except AuthError as exc:
         return Refused(CloseCode.AUTH_FAILED, str(exc)[:120])
+
+
+async def _first_frame(ws: WebSocket, state: ChatState) -> str | Refused | None:
+    """The text of the client's first frame ("" for a binary one), waited for at most
+    ``CHAT_AUTH_TIMEOUT_S`` (4001 after that); None when the client left first. The socket
+    counts as waiting to authenticate meanwhile (:class:`app.access.pending.PendingAuth`)."""
+    ip = ws.client.host if ws.client else None
+    full = state.pending_auth.enter(ip)
+    if full is not None:
+        return Refused(full.code, full.reason)
+    try:
+        async with asyncio.timeout(state.settings.auth_timeout_s):
+            message = await ws.receive()
+    except TimeoutError:
+        return Refused(CloseCode.AUTH_FAILED, "no auth frame in time")
+    finally:
+        state.pending_auth.leave(ip)
+    if message["type"] == "websocket.disconnect":
+        return None
+    return str(message.get("text") or "")
+
+
+def _guest_credentials(text: str) -> tuple[str | None, str | None] | None:
+    """``name`` and ``guest`` (the key) of a first frame ``{"type":"auth",...}`` in ``guest``
+    and ``names`` mode (either may be absent: a guest without a key gets a new one); None if
+    the frame is not such a frame. The values are checked by the caller, as the URL's are."""
+    try:
+        frame = orjson.loads(text)
+    except orjson.JSONDecodeError:
+        return None
+    if not isinstance(frame, dict) or frame.get("type") != "auth":
+        return None
+    name, key = frame.get("name"), frame.get("guest")
+    if not (name is None or isinstance(name, str)) or not (key is None or isinstance(key, str)):
+        return None
+    return name, key
 
 
 _REFUSALS = {

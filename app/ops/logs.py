@@ -13,6 +13,7 @@ import logging
 import re
 from datetime import UTC, datetime
 from typing import Any, Final
+from urllib.parse import unquote_plus
 
 import orjson
 
@@ -25,31 +26,51 @@ _STANDARD: Final = frozenset(
 )
 
 
-# Credentials that may ride in a logged request line, header or frame: a `?token=` (or
-# `access_token=`) value, a bearer token, a JSON "token". No log line may carry one.
-_SECRETS: Final = (
-    (re.compile(r"((?:^|[?&\s\"'/])(?:access_)?token=)[^&\s\"']+", re.IGNORECASE), r"\1[redacted]"),
-    (re.compile(r"(bearer\s+)[^\s\"',]+", re.IGNORECASE), r"\1[redacted]"),
-    # an `auth` frame, as uvicorn's debug log shows frames
-    (re.compile(r"(\"(?:access_)?token\"\s*:\s*\")[^\"]*", re.IGNORECASE), r"\1[redacted]"),
+# Credentials that may ride in a logged request line, header or frame: the value of a query
+# parameter named in _CREDENTIAL_PARAMS (`?token=`, a guest's `?guest=`: uvicorn logs each
+# WebSocket's path with its query, and old clients put credentials there), a bearer token, a
+# JSON field of the same names (an `auth` frame, `hello`'s guest key: uvicorn's debug log
+# shows frames). No log line may carry one.
+_CREDENTIAL_PARAMS: Final = frozenset(
+    {
+        "token", "access_token", "id_token", "refresh_token", "guest", "guest_key", "key",
+        "api_key", "apikey", "password", "passwd", "secret", "client_secret",
+    }
+)  # fmt: skip
+# A `name=value` pair of a query string (or of any text), the name as it was sent (it may be
+# percent-encoded: the server decodes it before looking it up, so the check does too).
+_PARAM: Final = re.compile(r"((?:^|[?&\s\"'/])([^=&?/\s\"']{1,64})=)([^&\s\"']+)")
+_FIELD: Final = re.compile(
+    r"(\"(?:" + "|".join(sorted(_CREDENTIAL_PARAMS)) + r")\"\s*:\s*\")[^\"]*", re.IGNORECASE
 )
+_BEARER: Final = re.compile(r"(bearer\s+)[^\s\"',]+", re.IGNORECASE)
+# Cheap test first: text without any of these cannot hold a credential (%: a name encoded).
+_HINTS: Final = ("token", "guest", "key", "pass", "secret", "bearer", "%")
+
+
+def _param(match: re.Match[str]) -> str:
+    if unquote_plus(match.group(2)).lower() in _CREDENTIAL_PARAMS:
+        return f"{match.group(1)}[redacted]"
+    return match.group(0)
 
 
 def redact(text: str) -> str:
-    """``text`` without the credentials it may carry (see ``_SECRETS``)."""
-    if "token" not in text.lower() and "bearer" not in text.lower():
+    """``text`` without the credentials it may carry (see ``_CREDENTIAL_PARAMS``)."""
+    lowered = text.lower()
+    if not any(hint in lowered for hint in _HINTS):
         return text
-    for pattern, replacement in _SECRETS:
-        text = pattern.sub(replacement, text)
-    return text
+    text = _PARAM.sub(_param, text)
+    text = _BEARER.sub(r"\1[redacted]", text)
+    return _FIELD.sub(r"\1[redacted]", text)
 
 
 class LineFormatter(logging.Formatter):
     """Formats a record as one line: a JSON object (``json=True``) or readable text.
 
     JSON keys: ``ts`` (UTC, ISO 8601, ms), ``level``, ``logger``, ``msg``, then the extra
-    fields, then ``exc`` (the traceback) when there is one. Tokens are redacted from every
-    part (uvicorn logs request lines, ``?token=`` included).
+    fields, then ``exc`` (the traceback) when there is one. Credentials are redacted from every
+    part (uvicorn logs request lines and WebSocket paths with their query: ``?token=``,
+    ``?guest=``).
     """
 
     def __init__(self, json: bool = True) -> None:

@@ -293,21 +293,28 @@ export class HubbubClient extends EventTarget {
     clearTimeout(this._retryTimer);
     this._setState(this._attempt === 0 ? "connecting" : "reconnecting");
     const url = new URL(this.url);
-    if (this.name) url.searchParams.set("name", this.name);
-    if (this.guestKey) url.searchParams.set("guest", this.guestKey);
+    // Who we are goes in the first frame, never in the URL: URLs end up in access logs,
+    // proxies' logs and the console's connection errors. `auth=frame` tells the server so.
+    url.searchParams.set("auth", "frame");
     const ws = new WebSocket(url);
     this._ws = ws;
-    if (this.getToken) {
-      ws.onopen = async () => {
+    ws.onopen = async () => {
+      const frame = { type: "auth" };
+      if (this.getToken) {
         try {
-          const token = await this.getToken();
-          if (ws === this._ws) ws.send(JSON.stringify({ type: "auth", token }));
+          frame.token = await this.getToken();
         } catch (error) {
           this._emit("error", { code: "token_unavailable", message: String(error) });
           ws.close();
+          return;
         }
-      };
-    }
+      } else {
+        // A guest (or a `names` user): the name, and the key once the server gave us one.
+        if (this.name) frame.name = this.name;
+        if (this.guestKey) frame.guest = this.guestKey;
+      }
+      if (ws === this._ws) ws.send(JSON.stringify(frame));
+    };
     ws.onmessage = (event) => {
       if (ws !== this._ws) return;
       this._armWatchdog();
