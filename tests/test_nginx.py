@@ -12,9 +12,14 @@ from dataclasses import dataclass
 import httpx2 as httpx
 import orjson
 import pytest
+from fastapi.routing import APIRoute
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
+from app import page
+from app.main import create_app
+from app.page import STATIC_DIR
+from app.settings import load_settings
 from tests.helpers import ChatClient
 from tests.processes import NGINX_CONF, AppProcess, NginxServer, RedisServer, upstream_client_ports
 
@@ -70,7 +75,8 @@ async def test_nginx_accepts_the_shipped_config() -> None:
 
 
 async def test_chat_through_nginx(redis_server: RedisServer) -> None:
-    """WebSocket upgrade and chat through nginx; HTTP routes proxied; /metrics not exposed."""
+    """WebSocket upgrade and chat through nginx; HTTP routes proxied; /metrics, /admin/ and
+    /api/ not exposed (test_nginx_proxies_only_what_the_chat_page_uses has the whole list)."""
     async with stack(redis_server, {}) as s:
         async with (
             ChatClient.connect(s.nginx.ws_url("ann")) as ann,
@@ -85,7 +91,6 @@ async def test_chat_through_nginx(redis_server: RedisServer) -> None:
         async with httpx.AsyncClient() as http:
             history = await http.get(f"{s.nginx.http_url}/rooms/proxied/messages")
             assert [m["text"] for m in history.json()["messages"]] == ["through nginx"]
-            assert (await http.get(f"{s.nginx.http_url}/readyz")).status_code == 200
             assert (await http.get(f"{s.nginx.http_url}/metrics")).status_code == 404
             assert (await http.post(f"{s.nginx.http_url}/admin/users/x/kick")).status_code == 404
             assert (await http.post(f"{s.nginx.http_url}/api/v1/rooms")).status_code == 404
@@ -108,7 +113,7 @@ async def _upstream_connections_for(nginx: NginxServer, upstream_port: int, requ
     before = upstream_client_ports(upstream_port)
     for _ in range(requests):
         async with httpx.AsyncClient() as http:
-            assert (await http.get(f"{nginx.http_url}/healthz")).status_code == 200
+            assert (await http.get(f"{nginx.http_url}/")).status_code == 200
     return len(upstream_client_ports(upstream_port) - before)
 
 
@@ -194,3 +199,85 @@ async def test_client_address_comes_from_the_trusted_proxy_only(redis_server: Re
                 await asyncio.sleep(0.05)
         assert address_of("viaproxy") == "127.0.0.2"
         assert address_of("direct") == "127.0.0.3"
+
+
+# What the chat page uses (app/static, app/page.py, app/api.py), proxied to the app; and the
+# routes of operators and backends, on the app's port only. Every route of the app is one or
+# the other (checked below): a new route fails here until nginx is decided for it.
+PAGE_ROUTES = {"/", "/rooms/{room}/messages", "/dms/{peer}/messages", "/inbox"}
+INTERNAL_ROUTES = {"/healthz", "/readyz", "/openapi.json", "/redoc"}  # + /admin/, /api/v1/
+# Through nginx: 404, whatever the app would answer.
+REFUSED = [
+    "/openapi.json", "/docs", "/docs/", "/redoc", "/docs/oauth2-redirect", "/healthz",
+    "/readyz", "/metrics", "/admin", "/admin/", "/admin/users/troll/ban", "/api/",
+    "/api/v1/rooms", "/api/v1/users/ada/messages", "/index.html", "/staticx", "/wsx",
+    "/ws/x", "/roomsx", "/inbox/x", "/dmsx", "/HEALTHZ", "/openapi.json/",
+]  # fmt: skip
+# Requests whose raw path an app could read differently from nginx: none reaches a route
+# nginx refuses.
+RAW_TRICKS = [
+    "/rooms/../openapi.json", "/static/%2e%2e/openapi.json", "/rooms/..%2fhealthz",
+    "/rooms/x/..%2F..%2Fopenapi.json", "//openapi.json", "/%2fopenapi.json",
+    "/static/..;/readyz", "/rooms/%2e%2e/%2e%2e/admin/users/troll/ban", "/./healthz",
+]  # fmt: skip
+
+
+async def _raw_get(port: int, target: str) -> tuple[int, bytes]:
+    """GET ``target`` exactly as written (an HTTP client would normalise it): the status and
+    the body."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(f"GET {target} HTTP/1.1\r\nHost: chat\r\nConnection: close\r\n\r\n".encode())
+        async with asyncio.timeout(5):
+            response = await reader.read()
+    finally:
+        writer.close()
+    head, _, body = response.partition(b"\r\n\r\n")
+    return int(head.split(b" ", 2)[1]), body
+
+
+async def test_nginx_proxies_only_what_the_chat_page_uses(redis_server: RedisServer) -> None:
+    """Through nginx the page, its static files, the socket, room history, DM history and the
+    inbox answer what the app answers; the API schema and its pages, the probes, the metrics,
+    the moderation and backend APIs get nginx's 404, though the app serves them on its own
+    port (where the orchestrator's probes and the operators go)."""
+    tokens = {"CHAT_ADMIN_TOKEN": "ad" * 32, "CHAT_SERVICE_TOKEN": "5e" * 32}
+    async with stack(redis_server, tokens, workers=1) as s:
+        app = create_app(load_settings(auth_mode="guest"))
+        routes = set(app.openapi()["paths"]) | {app.openapi_url, app.docs_url, app.redoc_url}
+        routes |= {route.path for route in page.router.routes if isinstance(route, APIRoute)}
+        routes = {r for r in routes if r is not None and not r.startswith("/api/v1/")}
+        assert routes == PAGE_ROUTES | INTERNAL_ROUTES, "decide nginx's answer for a new route"
+
+        async with ChatClient.connect(s.nginx.ws_url("ann")) as ann:
+            await ann.join("lobby")
+            await ann.say("lobby", "hello", cid="c1")
+            await ann.expect("message")
+        routed = ["/", "/rooms/lobby/messages", "/dms/bob/messages", "/inbox"]
+        routed += [f"/static/{f.name}" for f in STATIC_DIR.iterdir()]
+        async with httpx.AsyncClient() as http:
+            for path in routed:
+                direct = await http.get(f"{s.app.http_url}{path}")
+                proxied = await http.get(f"{s.nginx.http_url}{path}")
+                assert (proxied.status_code, proxied.content) == (
+                    direct.status_code, direct.content,
+                ), path  # fmt: skip
+            history = await http.get(f"{s.nginx.http_url}/rooms/lobby/messages")
+            assert [m["text"] for m in history.json()["messages"]] == ["hello"]
+            assert (await http.get(f"{s.nginx.http_url}/")).text.startswith("<!doctype html>")
+
+            # The app serves these (to the network inside), nginx does not.
+            served = {"/openapi.json": 200, "/redoc": 200, "/healthz": 200, "/readyz": 200}
+            for path, status in served.items():
+                assert (await http.get(f"{s.app.http_url}{path}")).status_code == status, path
+            assert (await http.post(f"{s.app.http_url}/admin/users/x/kick")).status_code == 401
+            assert (await http.post(f"{s.app.http_url}/api/v1/rooms")).status_code == 401
+            for path in REFUSED:
+                for method in ("GET", "POST", "HEAD"):
+                    response = await http.request(method, f"{s.nginx.http_url}{path}")
+                    assert response.status_code == 404, (method, path)
+                    assert b"openapi" not in response.content and b"{" not in response.content
+        for target in RAW_TRICKS:
+            status, body = await _raw_get(s.nginx.port, target)
+            assert status in (400, 404), (target, status, body[:200])
+            assert b"openapi" not in body and b"status" not in body, target
