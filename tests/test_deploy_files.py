@@ -990,8 +990,11 @@ def test_the_network_policy_admits_no_pod_of_an_unnamed_namespace() -> None:
                     backend_peers.append(admitted)
     assert backend_peers == [{""}], "the backend's pods: this namespace only"
     # The check itself: the shapes that admit any namespace are caught.
-    label = {"podSelector": {"matchLabels": {"hubbub.io/backend-api": "true"}}}
-    for selector in ({}, None, {"matchLabels": {"team": "backend"}}, {"matchExpressions": []}):
+    label: dict[str, Any] = {"podSelector": {"matchLabels": {"hubbub.io/backend-api": "true"}}}
+    selectors: list[dict[str, Any] | None] = [
+        {}, None, {"matchLabels": {"team": "backend"}}, {"matchExpressions": []},
+    ]  # fmt: skip
+    for selector in selectors:
         assert _namespaces_a_peer_admits(label | {"namespaceSelector": selector}) is None
     named = {"matchLabels": {NAMESPACE_NAME_LABEL: "shop"}}
     assert _namespaces_a_peer_admits(label | {"namespaceSelector": named}) == {"shop"}
