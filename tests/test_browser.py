@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import shutil
 import signal
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-from playwright.async_api import Browser, Page, async_playwright, expect
+from playwright.async_api import Browser, Page, WebSocket, async_playwright, expect
 from redis.asyncio import Redis
 
 from tests.helpers import ChatClient, LiveServer, make_settings, run_server, wait_until
@@ -49,11 +50,19 @@ class ChatPage:
     def __init__(self, page: Page) -> None:
         self.page = page
         self.errors: list[str] = []
+        # Every WebSocket the page opens: its URL, and the frames it sent on it.
+        self.sockets: list[tuple[str, list[str | bytes]]] = []
+        page.on("websocket", self._opened)
         page.on("pageerror", lambda error: self.errors.append(str(error)))
         page.on(
             "console",
             lambda message: self.errors.append(message.text) if message.type == "error" else None,
         )
+
+    def _opened(self, socket: WebSocket) -> None:
+        sent: list[str | bytes] = []
+        self.sockets.append((socket.url, sent))
+        socket.on("framesent", lambda payload: sent.append(payload))
 
     @classmethod
     async def open(
@@ -266,7 +275,8 @@ async def test_a_refused_join_is_tried_again(browser: Browser) -> None:
 
 async def test_guests_keep_their_identity_and_cannot_take_anothers(browser: Browser) -> None:
     """On a `guest` server the page shows display names; a browser is the same guest after a
-    reload (its key is kept), and another browser with the same name is another user."""
+    reload (its key is kept and sent in the first frame, never in a URL), and another browser
+    with the same name is another user."""
     async with run_server(make_settings(auth_mode="guest")) as live:
         ada = await ChatPage.open(browser, live.http_url, "ada", "lobby")
         other = await ChatPage.open(browser, live.http_url, "ada", "lobby")
@@ -280,6 +290,13 @@ async def test_guests_keep_their_identity_and_cannot_take_anothers(browser: Brow
             await ada.page.reload()
             await ada.connected()
             assert await ada.page.evaluate("hubbub.client.hello.user") == first
+            key = await ada.page.evaluate("localStorage.getItem('hubbub.guest')")
+            assert key and len(ada.sockets) == 2
+            for url, _ in ada.sockets + other.sockets:
+                assert key not in url and "guest=" not in url and "auth=frame" in url, url
+            # The first socket learnt the key from `hello`; the next one began with it.
+            assert json.loads(ada.sockets[0][1][0]) == {"type": "auth", "name": "ada"}
+            assert json.loads(ada.sockets[1][1][0]) == {"type": "auth", "name": "ada", "guest": key}
             await expect(ada.page.locator("#messages .message .author")).to_have_text(["ada"])
             author = ada.page.locator("#messages .message .author").first
             assert await author.get_attribute("title") == first
