@@ -426,8 +426,9 @@ class Settings(BaseSettings):
     auth_timeout_s: float = Field(
         5.0,
         gt=0,
-        description="`jwt` mode without `?token=`: the `auth` frame must come this soon after "
-        "connecting, or the connection is closed with 4001.",
+        description="A client that says who it is in its first frame (`jwt` mode without "
+        "`?token=`; any mode with `?auth=frame`, as hubbub.js connects): the `auth` frame must "
+        "come this soon after connecting, or the connection is closed with 4001.",
     )
     token_refresh_before_s: float = Field(
         30.0,
@@ -536,15 +537,15 @@ class Settings(BaseSettings):
     max_pending_auth: int = Field(
         1_000,
         ge=1,
-        description="Sockets per worker still to send their token (`jwt` mode, no `?token=`); "
-        "further ones are closed with 1013 at once instead of holding a slot for "
-        "`CHAT_AUTH_TIMEOUT_S`.",
+        description="Sockets per worker still to send their `auth` frame (see "
+        "`CHAT_AUTH_TIMEOUT_S`); further ones are closed with 1013 at once instead of holding a "
+        "slot for `CHAT_AUTH_TIMEOUT_S`.",
     )
     max_pending_auth_per_address: int = Field(
         10,
         ge=1,
-        description="Sockets per worker and client address still to send their token; further "
-        "ones are closed with 4029.",
+        description="Sockets per worker and client address still to send their `auth` frame; "
+        "further ones are closed with 4029.",
     )
     admin_token: SecretStr | None = Field(
         None,
