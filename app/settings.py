@@ -551,8 +551,36 @@ class Settings(BaseSettings):
         None,
         min_length=32,
         description="Bearer token of the moderation API (`/admin/...`: kick, ban), at least 32 "
-        "characters. Unset: the API is off (404). Five failed attempts from an address lock it "
-        "out for a minute (429).",
+        "characters. Unset: the API is off (404). Failed attempts lead to lockouts (429): see "
+        "`CHAT_BEARER_MAX_FAILURES` and `CHAT_BEARER_MAX_FAILURES_TOTAL`.",
+    )
+    bearer_max_failures: int = Field(
+        5,
+        ge=1,
+        le=1_000,
+        description="Failed attempts at the moderation or backend API's bearer token (admin, "
+        "service) tolerated per client address, per worker and `CHAT_BEARER_FAILURE_WINDOW_S`; "
+        "past them every attempt from the address gets 429 until the window ends, the right "
+        "token too. A request a trusted proxy forwarded (`CHAT_TRUSTED_PROXIES`) counts against "
+        "the address in its `X-Forwarded-For` and against the proxy's own address: writing a new "
+        "address into the header for each guess gains nothing.",
+    )
+    bearer_max_failures_total: int = Field(
+        30,
+        ge=1,
+        le=100_000,
+        description="Failed attempts at those tokens tolerated per worker and "
+        "`CHAT_BEARER_FAILURE_WINDOW_S` from all addresses together (made-up or real); past them "
+        "every attempt gets 429 until the window ends, from everyone, the right token too. "
+        "These are backends' credentials: while someone guesses, the backends wait at most a "
+        "window; guessing is bounded whatever the headers or addresses (docs/security.md).",
+    )
+    bearer_failure_window_s: float = Field(
+        60.0,
+        gt=0,
+        le=86_400,
+        description="The window of `CHAT_BEARER_MAX_FAILURES` and `CHAT_BEARER_MAX_FAILURES_TOTAL` "
+        "(fixed, per worker), and the longest a lockout lasts.",
     )
 
     service_token: SecretStr | None = Field(
@@ -560,8 +588,8 @@ class Settings(BaseSettings):
         min_length=32,
         description="Bearer token of the backend API (`/api/v1/...`: rooms, members, publishing, "
         "presence, history, disconnecting users), at least 32 characters; a service credential, "
-        "not a user token. Unset: the API is off (404). Failed attempts lock an address out as "
-        "for the moderation API.",
+        "not a user token. Unset: the API is off (404). Failed attempts count towards the same "
+        "lockouts as the moderation API's (`CHAT_BEARER_MAX_FAILURES`).",
     )
     service_user: str = Field(
         "system",

@@ -5,7 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from app.access.auth import Authenticator
-from app.access.lockout import FAILURE_WINDOW_S, MAX_FAILURES, FailedLogins
+from app.access.conversations import ConversationAccess
+from app.access.lockout import FailedLogins
 from app.access.origin import OriginPolicy
 from app.access.pending import PendingAuth
 from app.access.quotas import Quotas
@@ -34,7 +35,12 @@ class ChatState:
     history: ConversationHistory  # the broker's history, continued into the store
     store: RunningStore | None  # None without CHAT_DATABASE_URL
     rooms: RoomDirectory  # private rooms, members and roles (public-only without a store)
-    failed_logins: FailedLogins = field(
-        default_factory=lambda: FailedLogins(MAX_FAILURES, FAILURE_WINDOW_S)
-    )
     flusher: Flusher = field(default_factory=Flusher)  # writes every connection's outbox
+    # Failed attempts at the admin and service tokens (app.bearer), from the settings.
+    failed_logins: FailedLogins = field(init=False)
+    # Who may do what to which conversation (every path asks it).
+    access: ConversationAccess = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.access = ConversationAccess(self.rooms, self.quotas)
+        self.failed_logins = FailedLogins.of(self.settings)

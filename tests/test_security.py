@@ -426,6 +426,72 @@ async def test_failed_admin_logins_are_limited() -> None:
             assert right.status_code == 429
 
 
+def _from(address: str) -> httpx.AsyncClient:
+    """An HTTP client whose connections come from ``address`` (a loopback one)."""
+    return httpx.AsyncClient(transport=httpx.AsyncHTTPTransport(local_address=address))
+
+
+async def test_rotating_forwarded_for_from_a_trusted_proxy_does_not_dodge_the_lockout() -> None:
+    """A client at a trusted proxy's address (127.0.0.1 here, as behind `make run`'s
+    defaults or in a cluster that trusts its pod network) writes a new X-Forwarded-For for
+    every guess: each made-up address would get a fresh budget, but the failures count
+    against the proxy's own address too, so the sixth guess gets 429, and so does the right
+    token (admin or service: one lockout), whatever address the header names next. A
+    backend on another address is not locked out."""
+    admin_token, service_token = "k" * 40, "s" * 40
+    settings = make_settings(admin_token=admin_token, service_token=service_token)
+    async with run_server(settings) as live:
+        kick, rooms = f"{live.http_url}/admin/users/x/kick", f"{live.http_url}/api/v1/users/x/rooms"
+
+        def headers(n: int, token: str) -> dict[str, str]:
+            return {"X-Forwarded-For": f"203.0.113.{n}", "Authorization": f"Bearer {token}"}
+
+        async with _from("127.0.0.1") as attacker:
+            codes = [
+                (await attacker.post(kick, headers=headers(n, f"guess{n}"))).status_code
+                for n in range(12)
+            ]
+            assert codes == [401] * 5 + [429] * 7, codes
+            right = await attacker.post(kick, headers=headers(100, admin_token))
+            assert right.status_code == 429 and 1 <= int(right.headers["Retry-After"]) <= 60
+            assert (
+                await attacker.get(rooms, headers=headers(101, service_token))
+            ).status_code == 429
+        async with _from("127.0.0.2") as backend:
+            bearer = {"Authorization": f"Bearer {admin_token}"}
+            assert (await backend.post(kick, headers=bearer)).status_code == 202
+
+
+async def test_failures_from_every_address_together_are_bounded() -> None:
+    """However many addresses guesses come from (forwarded or real), a worker takes no more
+    than CHAT_BEARER_MAX_FAILURES_TOTAL failures per window: past them everyone gets 429,
+    the right token too, until the window ends; then the right token works again."""
+    admin_token = "k" * 40
+    settings = make_settings(
+        admin_token=admin_token,
+        bearer_max_failures=1_000,  # no address runs out of its own budget here
+        bearer_max_failures_total=8,
+        bearer_failure_window_s=1.5,
+    )
+    async with run_server(settings) as live:
+        kick = f"{live.http_url}/admin/users/x/kick"
+        codes = []
+        for n in range(12):
+            # Half through a trusted proxy naming a new address each time, half from addresses
+            # of their own.
+            forwarded = {"X-Forwarded-For": f"198.51.100.{n}"} if n % 2 else {}
+            async with _from("127.0.0.1" if n % 2 else f"127.0.0.{2 + n}") as guesser:
+                bearer = {"Authorization": f"Bearer guess{n}", **forwarded}
+                codes.append((await guesser.post(kick, headers=bearer)).status_code)
+        assert codes == [401] * 8 + [429] * 4, codes
+        async with _from("127.0.0.100") as backend:
+            bearer = {"Authorization": f"Bearer {admin_token}"}
+            locked = await backend.post(kick, headers=bearer)
+            assert locked.status_code == 429 and int(locked.headers["Retry-After"]) <= 2
+            await asyncio.sleep(1.6)
+            assert (await backend.post(kick, headers=bearer)).status_code == 202
+
+
 async def test_typing_is_limited_per_user_not_per_connection() -> None:
     """One user with three sockets typing as fast as it can: the room gets no more typing
     notices than the user's burst (CHAT_USER_TYPING_BURST); the rest are refused."""

@@ -1,12 +1,14 @@
 """Guest identities (``CHAT_AUTH_MODE=guest``): chat without accounts, where nobody can take
 over somebody else's identity.
 
-A guest connects with a display name (``?name=``) and a key of its own (``?guest=``), a
-random secret its browser keeps; without one the server makes one and hands it back in
-``hello``. The user is the name plus the first 16 hex digits of the key's SHA-256: the same
-browser is the same user on every reconnect, worker and pod (no server state, no shared
-secret), and a second ``?name=bob`` is another user, who does not get the first one's direct
-messages. Forging a given user means finding a key for a 64-bit hash prefix.
+A guest says who it is with a display name and a key of its own, a random secret its
+browser keeps, in its first frame (``{"type":"auth","name":…,"guest":…}`` after connecting
+with ``?auth=frame``; old clients still send ``?name=`` and ``?guest=`` in the URL, which the
+logs redact); without a key the server makes one and hands it back in ``hello``. The user is
+the name plus the first 16 hex digits of the key's SHA-256: the same browser is the same user
+on every reconnect, worker and pod (no server state, no shared secret), and a second ``bob``
+is another user, who does not get the first one's direct messages. Forging a given user means
+finding a key for a 64-bit hash prefix.
 """
 
 from __future__ import annotations
@@ -48,7 +50,8 @@ def display_name(user: str) -> str:
 
 
 def identify_guest(name: str | None, key: str | None) -> Guest:
-    """The guest identity for ``?name=`` and ``?guest=``; raises :class:`GuestError`."""
+    """The guest identity for a name and a key (from the first frame or the URL); raises
+    :class:`GuestError`, whose message never holds the key."""
     name = name or "guest"
     if not _NAME.fullmatch(name):
         raise GuestError("invalid name: 1-15 letters, digits, '_' or '.'")

@@ -21,6 +21,12 @@ What it relies on, and why:
   :class:`HubbubHttpProtocol` drops the parser once the WebSocket protocol has the transport
   (and the scope holds the WebSocket protocol weakly), so a closed connection is freed by
   reference counting, not left to the cyclic garbage collector (tests/test_garbage.py).
+- **The transport's peer.** uvicorn's proxy-headers middleware replaces an HTTP scope's
+  ``client`` with the address a trusted proxy wrote into ``X-Forwarded-For``, and keeps no
+  trace of the proxy's own. The bearer-token lockout (:mod:`app.access.lockout`) counts
+  failures against that proxy too, so :class:`HubbubHttpProtocol` leaves the connection's
+  peer address in each request's scope (under :data:`PEER_KEY`, read by
+  :func:`transport_peer`) before any middleware runs.
 - **Abort.** A peer that stopped reading never takes our close frame, and a plain transport
   close waits for the write buffer to drain: :func:`abort` drops the TCP connection
   (``transport.abort()``), which ASGI has no message for.
@@ -40,6 +46,7 @@ from __future__ import annotations
 import logging
 import sys
 import weakref
+from collections.abc import Mapping
 from typing import Any, Final
 
 import uvicorn
@@ -55,6 +62,9 @@ logger = logging.getLogger(__name__)
 CHECKED_AGAINST: Final = {"uvicorn": "0.54.", "websockets": "17.", "uvicorn-worker": "0.4."}
 # Where the protocol object sits in a WebSocket scope (set by HubbubWebSocketProtocol).
 PROTOCOL_KEY: Final = "hubbub.protocol"
+# Where the address of the connection an HTTP request came on sits in its scope (set by
+# HubbubHttpProtocol, before a proxy's X-Forwarded-For replaces the scope's "client").
+PEER_KEY: Final = "hubbub.peer"
 # The import strings uvicorn's ``http`` and ``ws`` options take (app.server.uvicorn_options).
 HTTP_PROTOCOL: Final = "app.transport.uvicorn_seam:HubbubHttpProtocol"
 WS_PROTOCOL: Final = "app.transport.uvicorn_seam:HubbubWebSocketProtocol"
@@ -81,17 +91,33 @@ class HubbubWebSocketProtocol(WebSocketsSansIOProtocol):
 
 class HubbubHttpProtocol(HttpToolsProtocol):
     """uvicorn's ``httptools`` protocol, which lets go of its parser once it has handed its
-    connection over to a WebSocket protocol.
+    connection over to a WebSocket protocol, and leaves the connection's peer address in each
+    request's scope (:func:`transport_peer`).
 
     The parser holds the protocol's callbacks and the protocol holds the parser: a reference
     cycle that, after an upgrade, also keeps the transport and its socket. Left alone, every
     WebSocket ever opened would leave ~30 objects for the garbage collector to find.
     """
 
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        # Defensive: with other internals (fast_paths says so) requests still get served.
+        scope, client = getattr(self, "scope", None), getattr(self, "client", None)
+        if isinstance(scope, dict):
+            scope[PEER_KEY] = client[0] if client else None
+
     def handle_websocket_upgrade(self) -> None:
         super().handle_websocket_upgrade()
         # Nothing reads it after the upgrade: the transport has another protocol now.
         self.__dict__.pop("parser", None)
+
+
+def transport_peer(scope: Mapping[str, Any]) -> str | None:
+    """The address of the connection an HTTP request came on: the proxy's when a proxy
+    forwarded it, whatever ``X-Forwarded-For`` says; None when the server does not tell (not
+    served by :class:`HubbubHttpProtocol`)."""
+    peer = scope.get(PEER_KEY)
+    return peer if isinstance(peer, str) else None
 
 
 def _protocol_of(ws: WebSocket) -> WebSocketsSansIOProtocol | None:
@@ -189,6 +215,8 @@ def fast_paths() -> dict[str, bool]:
     return {
         "http_upgrade": "parser" in http.__init__.__code__.co_names
         and "set_protocol" in http.handle_websocket_upgrade.__code__.co_names,
+        "transport_peer": {"scope", "client"} <= set(http.on_message_begin.__code__.co_names)
+        and "client" in http.connection_made.__code__.co_names,
         "direct_writes": writes and "transport" in protocol.connection_made.__code__.co_names,
         "abort": "transport" in protocol.connection_made.__code__.co_names,
         "drain_signal": "_captured_signals" in uvicorn.Server.__init__.__code__.co_names,
