@@ -22,13 +22,13 @@ from typing import Annotated, Any, Literal
 
 import orjson
 from fastapi import APIRouter, Depends, HTTPException, Path, Query, Response
-from pydantic import BaseModel, Field
+from pydantic import AfterValidator, BaseModel, Field
 
 from app.api import history_response
 from app.bearer import bearer_guard
 from app.conversation import direct
 from app.errors import BrokerUnavailable, ErrorCode, QuotaExceeded
-from app.protocol import CID_MAX_CHARS, ROOM_PATTERN, USER_PATTERN
+from app.protocol import CID_MAX_CHARS, ROOM_PATTERN, USER_PATTERN, storable
 from app.rooms import RoomError, RoomRecord
 from app.state import ChatState
 from app.store.rooms import Role
@@ -58,17 +58,22 @@ def _refused(exc: RoomError) -> HTTPException:
     return HTTPException(_STATUS.get(exc.code, 400), exc.message)
 
 
+# What the store cannot hold (U+0000) is refused with 422, as over the socket
+# (app.protocol.storable; pydantic refuses unpaired surrogates, which JSON bodies may carry).
+Storable = AfterValidator(storable)
+
+
 class NewRoom(BaseModel):
     room: str = Field(pattern=ROOM_PATTERN)
     private: bool = False
-    title: str = Field("", max_length=200)
-    topic: str = Field("", max_length=1000)
+    title: Annotated[str, Field(max_length=200), Storable] = ""
+    topic: Annotated[str, Field(max_length=1000), Storable] = ""
     owner: str | None = Field(None, pattern=USER_PATTERN, description="CHAT_SERVICE_USER if unset")
 
 
 class RoomDescription(BaseModel):
-    title: str | None = Field(None, max_length=200)
-    topic: str | None = Field(None, max_length=1000)
+    title: Annotated[str, Field(max_length=200), Storable] | None = None
+    topic: Annotated[str, Field(max_length=1000), Storable] | None = None
 
 
 class Membership(BaseModel):
@@ -76,7 +81,7 @@ class Membership(BaseModel):
 
 
 class NewMessage(BaseModel):
-    text: str = Field(min_length=1)
+    text: Annotated[str, Field(min_length=1), Storable]
     cid: str | None = Field(None, min_length=1, max_length=CID_MAX_CHARS,
                             description="makes retries safe: the first id is returned")  # fmt: skip
 

@@ -9,10 +9,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import importlib.metadata
+import json
 import logging
 from collections.abc import AsyncIterator
+from typing import Any
 
-from fastapi import FastAPI
+from fastapi import FastAPI, Request
+from fastapi.encoders import jsonable_encoder
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
 from prometheus_fastapi_instrumentator import Instrumentator
 
 from app import __version__
@@ -73,6 +78,21 @@ def _report_fast_paths(metrics: Metrics, redis: bool) -> None:
         "all live" if not off else "off: " + ", ".join(off),
         extra={"unchecked_versions": unchecked} if unchecked else None,
     )
+
+
+class _AsciiJSONResponse(JSONResponse):
+    """JSON with every non-ASCII character escaped: it encodes whatever a string holds."""
+
+    def render(self, content: Any) -> bytes:
+        return json.dumps(content, ensure_ascii=True, allow_nan=False).encode()
+
+
+async def _invalid_request(_: Request, exc: Exception) -> Response:
+    """FastAPI's 422, which echoes the refused input, escaped: a JSON body may spell an
+    unpaired surrogate (``"\\ud800"``), which Python's JSON parser lets through and pydantic
+    refuses, and the default answer cannot encode (a 500 instead of the 422)."""
+    assert isinstance(exc, RequestValidationError)
+    return _AsciiJSONResponse({"detail": jsonable_encoder(exc.errors())}, status_code=422)
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
@@ -185,6 +205,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             metrics.sync(hub.snapshot(), broker, store.archive_stats() if store else None)
 
     app = FastAPI(title="Hubbub", version=__version__, lifespan=lifespan, docs_url=None)
+    app.add_exception_handler(RequestValidationError, _invalid_request)
     app.include_router(router)
     app.include_router(admin_router)
     app.include_router(backend_router)

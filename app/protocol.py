@@ -14,6 +14,7 @@ from typing import Annotated, Any, Final, Literal
 
 import orjson
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
@@ -40,6 +41,23 @@ ClientMessageId = (
 
 MessageId = Annotated[int, Field(ge=0, lt=2**63)]
 
+# What no stored text may hold: U+0000 (PostgreSQL's TEXT refuses it; one such row once stalled
+# archiving for every conversation). Unpaired surrogates cannot get this far: orjson refuses
+# them in frames (bad_json), pydantic in any str field (the HTTP API's bodies: 422).
+UNSTORABLE_MESSAGE: Final = "must not contain U+0000 (NUL)"
+
+
+def storable(text: str) -> str:
+    """``text`` if the store can hold it; raises ValueError saying why not."""
+    if "\x00" in text:
+        raise ValueError(UNSTORABLE_MESSAGE)
+    return text
+
+
+# Every client text that ends up in the store (message and edit texts, emojis, room titles
+# and topics; the backend API's too): refused with bad_frame (HTTP: 422), nothing published.
+StorableText = Annotated[str, AfterValidator(storable)]
+
 
 class _Frame(BaseModel):
     # strict: no coercion ("1" is not 1); unknown fields are ignored so clients may add their own.
@@ -63,7 +81,7 @@ class Send(_Frame):
     type: Literal["send"]
     room: RoomName | None = None
     to: UserName | None = None
-    text: str
+    text: StorableText
     cid: ClientMessageId | None = None
     reply_to: MessageId | None = None
 
@@ -140,7 +158,7 @@ class Edit(_Conversation):
 
     type: Literal["edit"]
     id: MessageId
-    text: str
+    text: StorableText
     cid: ClientMessageId | None = None
 
 
@@ -157,7 +175,7 @@ class React(_Conversation):
 
     type: Literal["react"]
     id: MessageId
-    emoji: Annotated[str, StringConstraints(min_length=1)]
+    emoji: Annotated[str, StringConstraints(min_length=1), AfterValidator(storable)]
     cid: ClientMessageId | None = None
 
 
@@ -165,8 +183,8 @@ class InboxRequest(_Frame):
     type: Literal["inbox"]
 
 
-Title = Annotated[str, StringConstraints(max_length=200)]
-Topic = Annotated[str, StringConstraints(max_length=1000)]
+Title = Annotated[str, StringConstraints(max_length=200), AfterValidator(storable)]
+Topic = Annotated[str, StringConstraints(max_length=1000), AfterValidator(storable)]
 
 
 class CreateRoom(_Frame):
