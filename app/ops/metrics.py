@@ -274,6 +274,11 @@ class Metrics:
             "hubbub_archive_dropped_total",
             "Messages that will never be stored: dropped past CHAT_ARCHIVE_BACKLOG_MAX.",
         )
+        self.archive_rejected = counter(
+            "hubbub_archive_rejected_total",
+            "Messages the store refused for their data (a value it cannot hold): left out, "
+            "never retried; the rest of their batch is stored.",
+        )
         self.archive_leading = gauge(
             "hubbub_archive_leader",
             "1 on the worker that archives (one per deployment), else 0.",
@@ -367,7 +372,8 @@ class Metrics:
         self._broker_reconnects = 0
         self._broker_deaf = 0
         self._broker_failovers = self._acks_not_replicated = 0
-        self._archive_counts = (0, 0, 0)  # stored, failures, dropped: as last synced
+        # stored, failures, dropped, rejected: as last synced
+        self._archive_counts = (0, 0, 0, 0)
         self._webhook_counts = (0, 0, 0)  # delivered, failed, given up: as last synced
         self._next_latency_sample = 0.0
         self._next_publish_sample = 0.0
@@ -468,9 +474,9 @@ class Metrics:
         self.archive_lag_messages.set(archive.lag_messages)
         self.archive_lag.set(archive.lag_seconds)
         self.archive_leading.set(1 if archive.leading else 0)
-        counts = (archive.stored, archive.failures, archive.dropped)
+        counts = (archive.stored, archive.failures, archive.dropped, archive.rejected)
         for counter, now, before in zip(
-            (self.archived, self.archive_failures, self.archive_dropped),
+            (self.archived, self.archive_failures, self.archive_dropped, self.archive_rejected),
             counts,
             self._archive_counts,
             strict=True,

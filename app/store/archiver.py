@@ -8,12 +8,17 @@ Contract:
 - A batch that fails (the database is down) is kept and retried, with a jittered backoff up
   to ``retry_max_s``, until it is stored: nothing offered is skipped. Storing is idempotent
   (:meth:`app.store.messages.MessageStore.add`), so a batch stored twice is stored once.
+- A batch the database refuses for its data (a row it cannot hold) is not retried as it is:
+  every other row is stored, and each refused one is left out, counted (``rejected``) and
+  logged once with its conversation and id (:func:`report_refused`). One bad row never holds
+  back the rows after it, in any conversation.
 - At most ``max_pending`` messages wait; past that the oldest are dropped and counted
   (``dropped``): the memory a database outage may cost is bounded, and the loss is visible.
 - ``lag`` is how many wait (the archive-lag metric); :meth:`close` stores what waits, within
   ``close_timeout_s``.
 - ``archived(conversation)``: every message of the conversation offered up to that id is
   stored (batches are stored in offer order), which lets recovery read them from the store.
+  A conversation that lost a message (dropped, or refused) is vouched for no more.
 
 This is the embedded path (the memory broker: one process, ``make run``): what waits is lost
 if the process is killed. The Redis broker archives from Redis instead
@@ -39,8 +44,9 @@ logger = logging.getLogger(__name__)
 @dataclass(slots=True)
 class ArchiveStats:
     """For the metrics: messages waiting to be stored and the age of the oldest (the lag),
-    messages stored, failed attempts to store a batch, messages dropped unstored, and whether
-    this worker is the one archiving."""
+    messages stored, failed attempts to store a batch, messages dropped unstored, messages
+    the store refused (left out, never retried), and whether this worker is the one
+    archiving."""
 
     lag_messages: int = 0
     lag_seconds: float = 0.0
@@ -48,6 +54,17 @@ class ArchiveStats:
     failures: int = 0
     dropped: int = 0
     leading: bool = False
+    rejected: int = 0
+
+
+def report_refused(refused: list[tuple[StoredMessage, str]]) -> None:
+    """Log each row the store refused, once, by conversation and id: never its text."""
+    for message, reason in refused:
+        logger.error(
+            "archiving: the store refused message %d of %s, left out (not retried): %s",
+            message.id, message.conversation, reason,
+            extra={"conversation": message.conversation, "id": message.id},
+        )  # fmt: skip
 
 
 class Archiver:
@@ -73,6 +90,7 @@ class Archiver:
         self.stored = 0
         self.dropped = 0
         self.failures = 0
+        self.rejected = 0
 
     @property
     def lag(self) -> int:
@@ -88,6 +106,7 @@ class Archiver:
             failures=self.failures,
             dropped=self.dropped,
             leading=True,
+            rejected=self.rejected,
         )
 
     def archived(self, conversation: str) -> int:
@@ -133,7 +152,10 @@ class Archiver:
 
     async def _store_one_batch(self) -> None:
         batch = [self._pending[n] for n in range(min(self._batch_max, len(self._pending)))]
-        await self._store.add(batch)
+        _, refused = await self._store.add_isolating(batch)
+        for message, _ in refused:
+            # As for a drop: the marks must not vouch past a message the store lacks.
+            self._marks[message.conversation] = -1
         for message in batch:
             if self._marks.get(message.conversation, 0) >= 0:
                 self._marks[message.conversation] = message.id
@@ -142,7 +164,9 @@ class Archiver:
         for message in batch:
             if self._pending and self._pending[0] is message:
                 self._pending.popleft()
-        self.stored += len(batch)
+        self.stored += len(batch) - len(refused)
+        self.rejected += len(refused)
+        report_refused(refused)
 
     async def close(self, close_timeout_s: float = 5.0) -> None:
         """Have :meth:`run` return after the batch it is storing, then store what waits (best

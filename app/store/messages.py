@@ -15,6 +15,11 @@ Contract:
 - Reads return rows in id order (increasing), at most ``limit`` of them.
 - Every call raises :class:`~app.store.database.StoreError` when the database fails; the
   caller decides whether to retry (the archiver) or answer ``store_unavailable`` (history).
+  :meth:`MessageStore.add` raises its subclass :class:`RowsRefused` when the database refused
+  the batch's data (a value it cannot hold: a NUL in PostgreSQL's TEXT, a number out of
+  range), not because it is down: storing the same rows again would fail again.
+  :meth:`MessageStore.add_isolating` stores every other row of such a batch and returns the
+  refused ones, so that one bad row never holds back the rest (the archivers use it).
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ from typing import Any, Final, NamedTuple
 
 from sqlalchemy import Select, Table, and_, func, or_, select, tuple_, update
 from sqlalchemy.dialects import postgresql, sqlite
-from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.exc import DataError, DBAPIError, IntegrityError, SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from sqlalchemy.sql.dml import ReturningInsert
 
@@ -35,6 +40,39 @@ from app.store.schema import messages, participants
 
 # What a failing database raises through SQLAlchemy and its drivers.
 DATABASE_ERRORS = (SQLAlchemyError, OSError, TimeoutError)
+# What a driver raises for a value it cannot even send (sqlite3: a lone surrogate in a text,
+# an integer beyond 64 bits); asyncpg reports those as SQLSTATE 22000.
+_UNSENDABLE = (UnicodeError, OverflowError)
+# PostgreSQL's classes of errors about the data, not the database: 22 data exception (22021
+# a character the encoding cannot hold: NUL; 22001 a string too long; 22003 a number out of
+# range), 23 integrity constraint violation. Connection loss, shutdown, lock timeouts, a full
+# disk or a read-only server are other classes (08, 57, 55, 53, 25): retried.
+_DATA_SQLSTATE_CLASSES: Final = ("22", "23")
+
+
+class RowsRefused(StoreError):
+    """The database refused a batch for what it holds (a value it cannot store), not because
+    it is unavailable: storing the same rows again fails the same way. ``reason`` says why,
+    without the values."""
+
+    def __init__(self, count: int, reason: str) -> None:
+        super().__init__(f"storing {count} messages refused: {reason}")
+        self.reason = reason
+
+
+def _refusal(exc: BaseException) -> str | None:
+    """Why the database refused the data of a batch, when ``exc`` says it did (None: the
+    database failed, and a retry may succeed). Never the values themselves: they may be
+    message texts, which are never logged (asyncpg's own messages quote them)."""
+    if isinstance(exc, _UNSENDABLE):
+        return f"a value the driver cannot send ({type(exc).__name__})"
+    if isinstance(exc, DBAPIError):
+        code = getattr(exc.orig, "sqlstate", None) or getattr(exc.orig, "pgcode", None)
+        if isinstance(code, str) and code[:2] in _DATA_SQLSTATE_CLASSES:
+            return f"a value the database cannot hold (SQLSTATE {code})"
+        if isinstance(exc, DataError | IntegrityError):  # SQLite: sqlite3.DataError...
+            return f"a value the database cannot hold ({type(exc.orig).__name__})"
+    return None
 
 
 class StoredMessage(NamedTuple):
@@ -108,8 +146,30 @@ class MessageStore:
                 if deleted:
                     await _empty_deleted(connection, deleted)
                 return added
-        except DATABASE_ERRORS as exc:
+        except (*DATABASE_ERRORS, *_UNSENDABLE) as exc:
+            refusal = _refusal(exc)
+            if refusal is not None:
+                raise RowsRefused(len(batch), refusal) from exc
             raise StoreError(f"storing {len(batch)} messages failed: {exc!r}") from exc
+
+    async def add_isolating(
+        self, batch: Sequence[StoredMessage]
+    ) -> tuple[int, list[tuple[StoredMessage, str]]]:
+        """Store ``batch`` as :meth:`add` does, less the rows the database refuses: a refused
+        batch is split in halves, each stored (or split again) on its own, down to the rows
+        refused alone. Returns how many rows were new, and each refused row with why (never
+        its text). Raises :class:`StoreError` when the database fails (then nothing is known
+        of the rows not stored yet: the caller retries the whole batch, which is
+        idempotent). A batch with k bad rows of n costs about 2·k·log2(n) transactions."""
+        try:
+            return await self.add(batch), []
+        except RowsRefused as exc:
+            if len(batch) == 1:
+                return 0, [(batch[0], exc.reason)]
+        half = len(batch) // 2
+        added, refused = await self.add_isolating(batch[:half])
+        more, also = await self.add_isolating(batch[half:])
+        return added + more, refused + also
 
     def _insert_new(self) -> ReturningInsert[tuple[int]]:
         """INSERT … ON CONFLICT (conversation, id) DO NOTHING RETURNING id: the ids returned

@@ -13,8 +13,15 @@ consumer group:
   the streams in turn;
 - a batch is stored (idempotently: :meth:`~app.store.messages.MessageStore.add`), then the
   conversations' ``archived`` marks are raised, then its entries are acked and deleted;
-- a batch the store refuses is retried, with a jittered backoff, until it is stored or the
-  lease is lost (then the next leader claims it). Nothing is acked before it is stored.
+- a batch the store cannot take (it is down) is retried, with a jittered backoff, until it
+  is stored or the lease is lost (then the next leader claims it). Nothing is acked before
+  it is stored;
+- a batch the store refuses for its data (a row it cannot hold, see
+  :meth:`~app.store.messages.MessageStore.add_isolating`) has every other row stored, and
+  each refused row left out: counted (``rejected``), logged once by conversation and id,
+  acked with the batch (never retried), and marked as the conversation's ``unarchived``
+  hole, as a dropped message is, so recovery never reads the store across it. One bad row
+  never stalls archiving.
 
 Delivery guarantee: at least once into the store, each message stored once (idempotent by
 conversation and id). Because one leader stores batches in stream order, and the stream is in
@@ -45,7 +52,7 @@ from app.broker.keys import KeyLayout
 from app.conversation import is_direct
 from app.redisio.clients import REDIS_ERRORS
 from app.settings import Settings
-from app.store.archiver import ArchiveStats
+from app.store.archiver import ArchiveStats, report_refused
 from app.store.database import StoreError
 from app.store.messages import MessageStore, StoredMessage, row_of
 
@@ -61,6 +68,20 @@ _LAG_READ_INTERVAL_S = 2.0
 _RENEW = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   return redis.call('PEXPIRE', KEYS[1], ARGV[2])
+end
+return 0
+"""
+
+
+# Raise conversations' `unarchived` marks (the newest message the store lacks: see the PUBLISH
+# script) to the rows the store refused, for the rooms whose meta exists.
+# KEYS: meta of each conversation   ARGV: the id refused, for each
+_HOLE = """
+for i, meta in ipairs(KEYS) do
+  if redis.call('EXISTS', meta) == 1 then
+    local hole = tonumber(redis.call('HGET', meta, 'unarchived') or '0')
+    if tonumber(ARGV[i]) > hole then redis.call('HSET', meta, 'unarchived', ARGV[i]) end
+  end
 end
 return 0
 """
@@ -92,6 +113,7 @@ class StreamArchiver:
         redis.set_response_callback("XREADGROUP", _unparsed)
         self._renew = redis.register_script(_RENEW)
         self._mark = redis.register_script(scripts.ARCHIVED)
+        self._hole = redis.register_script(_HOLE)
         self._stats = ArchiveStats()
         self._leading = False
 
@@ -216,11 +238,18 @@ class StreamArchiver:
                 self._stats.dropped += 1  # trimmed while pending, or not ours
             else:
                 batch.append(message)
-        await self._store_until_stored(batch)
+        refused = await self._store_until_stored(batch)
         marks: dict[str, int] = {}
         for message in batch:
             marks[message.conversation] = message.id  # the batch is in id order
-        if marks:  # the stream's conversations: in its slot on Redis Cluster
+        # The stream's conversations: in its slot on Redis Cluster.
+        if refused:
+            holes: dict[str, int] = {}
+            for message, _ in refused:
+                holes[message.conversation] = message.id
+            metas = [self._keys.room(c, "meta") for c in holes]
+            await self._hole(keys=metas, args=list(holes.values()))
+        if marks:
             metas = [self._keys.room(c, "meta") for c in marks]
             await self._mark(keys=metas, args=list(marks.values()))
         ids = [entry_id for entry_id, _ in entries]
@@ -229,14 +258,20 @@ class StreamArchiver:
             pipe.xack(stream, GROUP, *ids)
             pipe.xdel(stream, *ids)
             await pipe.execute()
-        self._stats.stored += len(batch)
+        self._stats.stored += len(batch) - len(refused)
+        self._stats.rejected += len(refused)
+        report_refused(refused)
 
-    async def _store_until_stored(self, batch: list[StoredMessage]) -> None:
+    async def _store_until_stored(
+        self, batch: list[StoredMessage]
+    ) -> list[tuple[StoredMessage, str]]:
+        """Store ``batch``, less the rows the store refuses (returned), retrying while the
+        store fails."""
         backoff = self._settings.archive_interval_s
         while True:
             try:
-                await self._store.add(batch)
-                return
+                _, refused = await self._store.add_isolating(batch)
+                return refused
             except StoreError as exc:
                 self._stats.failures += 1
                 logger.warning("archiving %d messages failed, retrying: %s", len(batch), exc)

@@ -362,12 +362,14 @@ def build() -> dict[str, Any]:
     )
     d.graph(
         "Archiving",
-        "Messages stored per second, batches the store refused (each retried), and "
-        "messages dropped past CHAT_ARCHIVE_BACKLOG_MAX (never stored).",
+        "Messages stored per second, batches the store failed to take (each retried), "
+        "messages dropped past CHAT_ARCHIVE_BACKLOG_MAX (never stored), and messages the "
+        "store refused for their data (left out, alert HubbubArchiveRejected).",
         [
             _q(f"sum(rate(hubbub_archived_total{{{SEL}}}[{RATE}]))", "stored/s"),
             _q(f"sum(rate(hubbub_archive_failures_total{{{SEL}}}[{RATE}]))", "failures/s"),
             _q(f"sum(rate(hubbub_archive_dropped_total{{{SEL}}}[{RATE}]))", "dropped/s"),
+            _q(f"sum(rate(hubbub_archive_rejected_total{{{SEL}}}[{RATE}]))", "rejected/s"),
             _q(f"max(hubbub_archive_lag_messages{{{SEL}}})", "waiting"),
             _q(f"sum(hubbub_archive_leader{{{SEL}}})", "archiving workers (should be 1)"),
         ],
