@@ -100,24 +100,30 @@ async def test_bench_harness_writes_the_report(tmp_path: Path) -> None:
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "loadtest.bench", "--smoke", "--only", "rtt-closed", "churn",
         "small-rooms", "--out", str(out), cwd=ROOT,
-        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
     )  # fmt: skip
     async with asyncio.timeout(170):
-        _, err = await proc.communicate()
+        stdout, err = await proc.communicate()
     assert proc.returncode == 0, err.decode()
+    # Nothing recorded before: every row is new, and the verdict says so.
+    printed = stdout.decode()
+    assert printed.rstrip().endswith("VERDICT: no regression"), printed
+    assert "| `rtt-closed` | hubbub | messages_per_s | n/a → " in printed
     text = out.read_text()
     assert "<!-- bench:begin" in text and "<!-- bench:end -->" in text
+    assert "VERDICT: no regression" in text  # the verdict, in the generated section
     rows = [
         line for line in text.splitlines() if line.startswith("| rtt") or line.startswith("| churn")
     ]
     assert len(rows) == 4 and "\u00d7" in rows[0]  # a ratio
     raw = json.loads(out.with_suffix(".json").read_text())
     assert set(raw) == {"rtt-closed", "churn", "small-rooms"}
-    assert set(raw["rtt-closed"]) == {"hubbub", "baseline"}
+    assert set(raw["rtt-closed"]["results"]) == {"hubbub", "baseline"}
+    assert raw["rtt-closed"]["args"][0] == "rtt"  # what makes a later run comparable
     # The small-rooms row also reads Hubbub's collector pauses under its traffic.
-    (small,) = raw["small-rooms"]["hubbub"]
+    (small,) = raw["small-rooms"]["results"]["hubbub"]
     assert small["gc_passes"] >= small["gc_over_10ms"] >= small["gc_over_25ms"] >= 0
-    assert "gc_passes" not in raw["small-rooms"]["baseline"][0]
+    assert "gc_passes" not in raw["small-rooms"]["results"]["baseline"][0]
 
 
 def test_bench_ratio_is_the_median_of_the_rounds_ratios() -> None:
@@ -203,7 +209,7 @@ async def test_the_archiving_benchmarks_smoke(tmp_path: Path) -> None:
         _, err = await proc.communicate()
     assert proc.returncode == 0, err.decode()
     raw = json.loads(report.with_suffix(".json").read_text())
-    rows = raw["store-redis-rtt"]
+    rows = raw["store-redis-rtt"]["results"]
     assert set(rows) == {"hubbub-redis-store", "hubbub-redis"}
     assert all(run["messages_per_s"] > 0 for runs in rows.values() for run in runs)
 
