@@ -17,7 +17,7 @@ export UV_SYSTEM_CERTS := 1
 # lets Chromium draw the page's reactions in its screenshots.
 DEB_TEST_DEPS := redis-server:redis-server promtool:prometheus nginx:nginx kubectl:kubernetes-client chromium:chromium pg_ctlcluster:postgresql /usr/share/fonts/truetype/noto/NotoColorEmoji.ttf:fonts-noto-color-emoji
 
-.PHONY: help install run test bench bench-100k chaos k8s-check lint typecheck check deb-deps docs-config dashboard clean
+.PHONY: help install run test bench bench-core bench-100k chaos k8s-check lint typecheck check deb-deps docs-config dashboard clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -50,6 +50,13 @@ test: $(STAMP) deb-deps  ## install everything the tests need, then run the whol
 
 bench: $(STAMP) deb-deps  ## every load-test scenario vs the baseline (~14 min); rewrites docs/benchmarks.md
 	$(VENV)/bin/python -m loadtest.bench
+
+# The rows of the send and delivery path (issue 42): a change to it is not done before this
+# has run with no regression (or the regression is accepted, with --accept, and explained).
+BENCH_CORE := fanout-saturation fanout-100k fanout-1000 small-rooms small-rooms-saturation rtt-closed rtt-2000
+
+bench-core: $(STAMP) deb-deps  ## the send/delivery rows only (~9 min), same verdict; records only them
+	$(VENV)/bin/python -m loadtest.bench --only $(BENCH_CORE) $(BENCH_ARGS)
 
 bench-100k: $(STAMP) deb-deps  ## hold 100,000 WebSockets for 5 min (gunicorn + Redis, ~10 min); writes docs/bench/hold-100k.json
 	$(VENV)/bin/python -m loadtest.hold --json docs/bench/hold-100k.json
