@@ -11,11 +11,12 @@ from fastapi.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from app.access.auth import AuthError, Identity
+from app.access.conversations import http_status
 from app.conversation import direct
 from app.errors import BrokerUnavailable
 from app.history import HistoryUnavailable, inbox_entry
 from app.protocol import ROOM_PATTERN, USER_PATTERN
-from app.rooms import RoomError
+from app.rooms import RoomError, RoomRecord, room_not_found
 from app.session import serve
 from app.state import ChatState
 from app.store.database import StoreError
@@ -62,12 +63,14 @@ async def room_messages(
     with a store, paging reaches the room's first stored message.
 
     In ``jwt`` mode it takes the same token as the socket (``Authorization: Bearer``; 401
-    without a valid one) and honours its rooms claim (403)."""
+    without a valid one) and honours its rooms claim (403). A private room to anyone but
+    its members, and a room nobody uses, are one answer: 404."""
     state = _state(request)
-    reader = await _authorize_room(state, request, room)
+    reader, record = await _authorize_room(state, request, room)
     return await history_response(
-        state, reader, room, b'{"room":' + orjson.dumps(room), before, limit
-    )
+        state, reader, room, b'{"room":' + orjson.dumps(room), before, limit,
+        must_exist=record is None,
+    )  # fmt: skip
 
 
 async def history_response(
@@ -77,9 +80,12 @@ async def history_response(
     head: bytes,
     before: int | None,
     limit: int,
+    must_exist: bool = False,
 ) -> Response:
     """A page of ``conversation``'s history as JSON: ``head`` (its name) and ``messages``;
-    ``reader`` pays for it from its history quota (None: the backend API, not limited)."""
+    ``reader`` pays for it from its history quota (None: the backend API, not limited). With
+    ``must_exist``, an empty first page of a room nobody uses is a 404, the
+    answer a private room gives outsiders (app.access.conversations)."""
     if reader is not None and not await state.quotas.allow("history", reader):
         raise HTTPException(429, "too many history reads, slow down", headers={"Retry-After": "1"})
     limit = min(limit, state.settings.history_page_max)
@@ -89,6 +95,12 @@ async def history_response(
         raise HTTPException(503, "history unavailable: the broker is not connected") from None
     except HistoryUnavailable:
         raise HTTPException(503, "history unavailable: the store cannot be read") from None
+    if must_exist and not messages and before is None:
+        try:
+            if not await state.rooms.in_use(conversation):
+                raise room_not_found(conversation)
+        except RoomError as exc:
+            raise HTTPException(http_status(exc), exc.message) from None
     frames = b",".join(message.payload for message in messages)
     return Response(head + b',"messages":[' + frames + b"]}", media_type="application/json")
 
@@ -103,7 +115,7 @@ async def direct_messages(
     """A page of the direct messages between the token's user and ``peer``, as
     ``/rooms/{room}/messages`` pages a room's. Needs ``jwt`` mode and a bearer token."""
     state = _state(request)
-    user = _token_user(state, request)
+    user = (await _reader(state, request)).user
     head = b'{"with":' + orjson.dumps(peer)
     return await history_response(state, user, direct(user, peer), head, before, limit)
 
@@ -114,7 +126,8 @@ async def inbox(request: Request) -> Response:
     message, the user's read position and the unread count (as the ``inbox`` frame). Needs a
     store (404 without) and ``jwt`` mode with a bearer token."""
     state = _state(request)
-    user = _token_user(state, request)
+    identity = await _reader(state, request)
+    user = identity.user
     if state.store is None:
         raise HTTPException(404, "this server keeps no inboxes (no store: CHAT_DATABASE_URL)")
     settings = state.settings
@@ -122,39 +135,53 @@ async def inbox(request: Request) -> Response:
         entries = await state.store.inbox.entries(
             user, settings.inbox_max_conversations, settings.unread_count_cap
         )
-    except StoreError:
+        shown = await state.access.visible(identity, [entry.conversation for entry in entries])
+    except (StoreError, RoomError):
         raise HTTPException(503, "inbox unavailable: the store cannot be read") from None
-    body = orjson.dumps({"conversations": [inbox_entry(entry, user) for entry in entries]})
+    body = orjson.dumps(
+        {"conversations": [inbox_entry(e, user) for e in entries if e.conversation in shown]}
+    )
     return Response(body, media_type="application/json")
 
 
-def _token_user(state: ChatState, request: Request) -> str:
-    """The user of the request's bearer token (401 without a valid one); per-user routes
-    exist in ``jwt`` mode only (403 in the others, where the socket's frames serve)."""
+async def _reader(state: ChatState, request: Request) -> Identity:
+    """The identity of the request's bearer token (401 without a valid one), refused (403)
+    while banned; per-user routes exist in ``jwt`` mode only (403 in the others, where the
+    socket's frames serve)."""
     if state.authenticator is None:
         raise HTTPException(403, "per-user routes need CHAT_AUTH_MODE=jwt")
-    return _bearer_identity(state, request).user
-
-
-async def _authorize_room(state: ChatState, request: Request, room: str) -> str:
-    """Raise 401/403 unless the request may read ``room``: in ``jwt`` mode its token's rooms
-    claim, and for a private room its membership (a private room's history needs a token:
-    403 in other modes). Return who reads, for the quota: the user, or the client address."""
-    try:
-        record = await state.rooms.record(room)
-    except RoomError as exc:
-        raise HTTPException(503, exc.message) from None
-    private = record is not None and record.room.private
-    if state.authenticator is None:
-        if private:
-            raise HTTPException(403, f"room {room!r} is private: its history needs a token")
-        return f"address:{request.client.host if request.client else '-'}"
     identity = _bearer_identity(state, request)
-    if not identity.may_use(room):
-        raise HTTPException(403, f"your token does not allow room {room!r}")
-    if private and record is not None and identity.user not in record.members:
-        raise HTTPException(403, f"room {room!r} is private: members only")
-    return identity.user
+    await _not_banned(state, identity.user)
+    return identity
+
+
+async def _not_banned(state: ChatState, user: str) -> None:
+    try:
+        await state.access.require_not_banned(user)
+    except RoomError as exc:
+        raise HTTPException(http_status(exc), exc.message) from None
+    except BrokerUnavailable:
+        raise HTTPException(503, "unavailable: the broker is not connected") from None
+
+
+async def _authorize_room(
+    state: ChatState, request: Request, room: str
+) -> tuple[str, RoomRecord | None]:
+    """Raise unless the request may read ``room`` now (the one access decision,
+    :mod:`app.access.conversations`: 401 without a valid token in ``jwt`` mode, 403 for a
+    room outside its rooms claim or a banned user, 404 for a private room it is not a member
+    of). Return who reads, for the quota (the user, or the client address in the other
+    modes, where a private room's history is a 404 too), and the room's record."""
+    if state.authenticator is None:
+        identity = Identity(f"address:{request.client.host if request.client else '-'}")
+    else:
+        identity = _bearer_identity(state, request)
+        await _not_banned(state, identity.user)
+    try:
+        record = await state.access.room(identity, room)
+    except RoomError as exc:
+        raise HTTPException(http_status(exc), exc.message) from None
+    return identity.user, record
 
 
 def _bearer_identity(state: ChatState, request: Request) -> Identity:

@@ -66,6 +66,7 @@ class ErrorCode(StrEnum):
     TEXT_TOO_LONG = "text_too_long"
     NOT_JOINED = "not_joined"
     TOO_MANY_ROOMS = "too_many_rooms"
+    TOO_MANY_MEMBERS = "too_many_members"
     RATE_LIMITED = "rate_limited"
     BROKER_UNAVAILABLE = "broker_unavailable"
     RESYNC = "resync"

@@ -121,7 +121,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         authenticator = Authenticator(settings) if settings.auth_mode == "jwt" else None
         origins = OriginPolicy(settings.allowed_origins)
         pending_auth = PendingAuth(settings.max_pending_auth, settings.max_pending_auth_per_address)
-        rooms = RoomDirectory(store.rooms if store else None, broker, hub, settings)
+        rooms = RoomDirectory(
+            store.rooms if store else None, broker, hub, settings,
+            store.messages if store else None,
+        )  # fmt: skip
         dispatcher = connect_webhooks(settings, presence, hub, rooms)
         state = ChatState(
             settings, broker, hub, presence, metrics, quotas, origins, authenticator,

@@ -40,6 +40,7 @@ from app.hub import Hub
 from app.protocol import invited_frame, member_frame
 from app.settings import Settings
 from app.store.database import StoreError
+from app.store.messages import MessageStore
 from app.store.rooms import Role, Room, RoomStore
 
 logger = logging.getLogger(__name__)
@@ -54,6 +55,12 @@ class RoomError(Exception):
         super().__init__(message)
         self.code = code
         self.message = message
+
+
+def room_not_found(room: str) -> RoomError:
+    """The one answer, about a room, to someone who may not see it: the same whether it has
+    no record or is private and they are not a member (app.access.conversations)."""
+    return RoomError(ErrorCode.NOT_FOUND, f"room {room!r} not found")
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,9 +88,15 @@ MemberListener = Callable[[str, str, str, str | None, str | None], Awaitable[Non
 
 class RoomDirectory:
     def __init__(
-        self, store: RoomStore | None, broker: Broker, hub: Hub, settings: Settings
+        self,
+        store: RoomStore | None,
+        broker: Broker,
+        hub: Hub,
+        settings: Settings,
+        messages: MessageStore | None = None,
     ) -> None:
         self._store = store
+        self._messages = messages  # a room with stored history is in use (create)
         self._broker = broker
         self._hub = hub
         self._settings = settings
@@ -125,6 +138,19 @@ class RoomDirectory:
             self._cache.popitem(last=False)
         return record
 
+    async def current(self, room: str) -> RoomRecord | None:
+        """The room's record as stored now when it is private (its members decide who may
+        read it: a change made through another server holds at once), else as :meth:`record`
+        gives it. While the store cannot be read, the last record read is used."""
+        cached = self._cache.get(room)
+        if cached is None or cached[1] is None or not cached[1].room.private:
+            return await self.record(room)  # read now if not cached
+        del self._cache[room]
+        try:
+            return await self.record(room)
+        except RoomError:
+            return cached[1]  # stale beats unavailable, as record() does
+
     async def rooms_of(self, user: str) -> list[dict[str, Any]]:
         """The rooms ``user`` is a member of, with its role."""
         store = self._required()
@@ -142,11 +168,7 @@ class RoomDirectory:
         """A new room, ``creator`` its owner. ``exists`` when it has a record or a history
         (a room people already use cannot be taken over)."""
         store = self._required()
-        try:
-            used = await self._broker.room_exists(room)
-        except BrokerUnavailable:
-            raise RoomError(ErrorCode.BROKER_UNAVAILABLE, "cannot create now, try again") from None
-        if used:
+        if await self.in_use(room):
             raise RoomError(ErrorCode.EXISTS, f"room {room!r} exists already")
         record = Room(room, private, title, topic, creator, int(time.time() * 1000))
         try:
@@ -166,11 +188,26 @@ class RoomDirectory:
         await self._tell("member.added", room, creator, Role.OWNER, creator)
         return RoomRecord(record, {creator: Role.OWNER})
 
+    async def in_use(self, room: str) -> bool:
+        """Whether people use ``room``: the broker knows it, or the store holds its history
+        (the broker's keys expire, and the embedded broker forgets everything on a restart)."""
+        try:
+            if await self._broker.room_exists(room):
+                return True
+        except BrokerUnavailable:
+            raise RoomError(ErrorCode.BROKER_UNAVAILABLE, "not now, try again") from None
+        if self._messages is None:
+            return False
+        try:
+            return bool(await self._messages.before(room, None, 1))
+        except StoreError as exc:
+            raise RoomError(ErrorCode.STORE_UNAVAILABLE, "not now, try again") from exc
+
     async def describe(
         self, room: str, by: str | None, title: str | None, topic: str | None
     ) -> RoomRecord:
         """Change the title and/or topic (owners and admins; ``by`` None: the backend)."""
-        record = await self._existing(room)
+        record = await self._existing(room, by)
         if by is not None and record.members.get(by) not in (Role.OWNER, Role.ADMIN):
             raise RoomError(ErrorCode.FORBIDDEN, "only the room's owner or an admin may do that")
         await self._write(self._required().describe(room, title, topic))
@@ -180,7 +217,7 @@ class RoomDirectory:
     async def add(self, room: str, user: str, role: Role, by: str | None) -> RoomRecord:
         """Make ``user`` a member with ``role``, or change its role. An owner may give any
         role but owner; an admin adds members; the backend (``by`` None) may do anything."""
-        record = await self._existing(room)
+        record = await self._existing(room, by)
         if by is not None:
             actor = record.members.get(by)
             current = record.members.get(user)
@@ -194,6 +231,9 @@ class RoomDirectory:
                     if actor in (Role.OWNER, Role.ADMIN)
                     else "only the room's owner or an admin may add members",
                 )
+        cap = self._settings.room_members_max
+        if user not in record.members and len(record.members) >= cap:
+            raise RoomError(ErrorCode.TOO_MANY_MEMBERS, f"a room may have at most {cap} members")
         await self._write(self._required().set_role(room, user, role, int(time.time() * 1000)))
         await self._announce(room)
         await self._tell("member.added", room, user, role, by)
@@ -205,8 +245,13 @@ class RoomDirectory:
     async def remove(self, room: str, user: str, by: str | None) -> RoomRecord:
         """Take ``user`` out of the members: by an owner (anyone but an owner), an admin (a
         member), the user itself (but an owner), or the backend. Its connections leave the
-        room everywhere."""
-        record = await self._existing(room)
+        room everywhere. Who is a member is told to members only: anyone else gets the same
+        answer whoever ``user`` is."""
+        record = await self._existing(room, by)
+        if by is not None and by != user and by not in record.members:
+            raise RoomError(
+                ErrorCode.FORBIDDEN, "only the room's owner or an admin may remove members"
+            )
         target = record.members.get(user)
         if target is None:
             raise RoomError(ErrorCode.NOT_FOUND, f"{user!r} is not a member of {room!r}")
@@ -282,11 +327,15 @@ class RoomDirectory:
                     event, room, user, None if role is None else role.value, by
                 )
 
-    async def _existing(self, room: str) -> RoomRecord:
+    async def _existing(self, room: str, by: str | None = None) -> RoomRecord:
+        """The room's record as stored now; ``not_found`` when it has none, and (the same
+        answer) when it is private and ``by`` is not a member."""
         self.forget(room)
         record = await self.record(room)
         if record is None:
-            raise RoomError(ErrorCode.NOT_FOUND, f"room {room!r} has no record (create it first)")
+            raise room_not_found(room)
+        if by is not None and record.room.private and by not in record.members:
+            raise room_not_found(room)
         return record
 
     def _required(self) -> RoomStore:

@@ -20,6 +20,7 @@ from starlette.websockets import WebSocket
 
 from app.access.admission import Refused, admit, admit_address, identify
 from app.access.auth import AuthError, Identity
+from app.access.conversations import claim_refusal
 from app.access.ratelimit import RateLimiter, Verdict
 from app.connection import Connection
 from app.conversation import direct, is_direct
@@ -70,7 +71,7 @@ from app.protocol import (
     rooms_frame,
     typing_frame,
 )
-from app.rooms import RoomError, RoomRecord
+from app.rooms import RoomError, RoomRecord, room_not_found
 from app.send_window import SendWindow
 from app.settings import Settings
 from app.state import ChatState
@@ -172,8 +173,6 @@ class Session:
                 ErrorCode.TOO_MANY_ROOMS,
                 f"a connection may be in at most {self.settings.max_rooms_per_connection} rooms",
             )
-        if not conn.identity.may_use(frame.room):
-            raise FrameError(ErrorCode.FORBIDDEN, f"your token does not allow room {frame.room!r}")
         record = await self._room_for(frame.room)
         if not await self._state.quotas.allow("join", conn.user):  # rejoins cost the same
             raise FrameError(ErrorCode.RATE_LIMITED, "too many joins, slow down")
@@ -191,20 +190,15 @@ class Session:
         if record is not None:
             role = record.members.get(conn.user)
             conn.offer(room_frame(record.describe(role, members=role is not None)))
-        await self._send_receipts(frame.room)
+        await self._send_receipts(frame.room, record)
 
     async def _room_for(self, room: str) -> RoomRecord | None:
-        """``room``'s record, refusing (``forbidden``) a private room the user is not a
-        member of."""
+        """``room``'s record, if this user may read and write in it now (the one access
+        decision, :mod:`app.access.conversations`); refused otherwise."""
         try:
-            record = await self._state.rooms.record(room)
+            return await self._state.access.room(self.conn.identity, room)
         except RoomError as exc:
             raise FrameError(exc.code, exc.message) from None
-        if record is not None and record.room.private and self.conn.user not in record.members:
-            raise FrameError(
-                ErrorCode.FORBIDDEN, f"room {room!r} is private: ask its owner for an invitation"
-            )
-        return record
 
     async def _manage(
         self, frame: CreateRoom | DescribeRoom | Invite | Remove | RoomsRequest
@@ -219,7 +213,7 @@ class Session:
                 raise FrameError(exc.code, exc.message) from None
             return
         if not conn.identity.may_use(frame.room):
-            raise FrameError(ErrorCode.FORBIDDEN, f"your token does not allow room {frame.room!r}")
+            raise _frame_error(claim_refusal(frame.room))
         try:
             if isinstance(frame, CreateRoom):
                 if not await self._state.quotas.allow("new_room", conn.user):
@@ -230,6 +224,8 @@ class Session:
             elif isinstance(frame, DescribeRoom):
                 record = await rooms.describe(frame.room, conn.user, frame.title, frame.topic)
             elif isinstance(frame, Invite):
+                if not await self._state.quotas.allow("invite", conn.user):
+                    raise FrameError(ErrorCode.RATE_LIMITED, "too many invites, slow down")
                 record = await rooms.add(frame.room, frame.user, Role(frame.role), conn.user)
             else:
                 record = await rooms.remove(frame.room, frame.user, conn.user)
@@ -238,9 +234,10 @@ class Session:
         role = record.members.get(conn.user)
         conn.offer(room_frame(record.describe(role, members=role is not None)))
 
-    async def _send_receipts(self, room: str) -> None:
+    async def _send_receipts(self, room: str, record: RoomRecord | None) -> None:
         """``receipts`` after ``joined``: where the room's readers are (with a store and read
-        receipts on). Best effort: a store that fails or is slow sends nothing."""
+        receipts on; in a private room, its members only). Best effort: a store that fails
+        or is slow sends nothing."""
         store = self._state.store
         if store is None or not self.settings.read_receipts:
             return
@@ -250,6 +247,8 @@ class Session:
         except (StoreError, TimeoutError) as exc:
             logger.info("read positions of %s unavailable: %s", room, exc)
             return
+        if record is not None and record.room.private:
+            positions = {u: p for u, p in positions.items() if u in record.members}
         if positions:
             self.conn.offer(receipts_frame(room, positions))
 
@@ -306,13 +305,17 @@ class Session:
 
     async def _conversation(self, frame: HistoryRequest | Read | Edit | Delete | React) -> str:
         """The conversation a frame names, if this user may read it."""
-        if frame.room is not None:
-            if not self.conn.identity.may_use(frame.room):
-                raise FrameError(
-                    ErrorCode.FORBIDDEN, f"your token does not allow room {frame.room!r}"
-                )
-            await self._room_for(frame.room)
-            return frame.room
+        room = frame.room
+        if room is not None:
+            record = await self._room_for(room)
+            if record is None and room not in self.conn.rooms:
+                # A room nobody uses answers as a private room does to outsiders.
+                try:
+                    if not await self._state.rooms.in_use(room):
+                        raise room_not_found(room)
+                except RoomError as exc:
+                    raise _frame_error(exc) from None
+            return room
         assert frame.peer is not None  # the model guarantees room xor with
         return direct(self.conn.user, frame.peer)
 
@@ -485,9 +488,19 @@ class Session:
             entries = await store.inbox.entries(
                 self.conn.user, settings.inbox_max_conversations, settings.unread_count_cap
             )
-        except StoreError:
+            # Only what the user may see now: not a room it was removed from, a room its
+            # token no longer allows, a room made private after it marked it read.
+            shown = await self._state.access.visible(
+                self.conn.identity, [entry.conversation for entry in entries]
+            )
+        except (StoreError, RoomError):
             raise FrameError(ErrorCode.STORE_UNAVAILABLE, "inbox unavailable, try again") from None
-        self.conn.offer(inbox_frame([inbox_entry(entry, self.conn.user) for entry in entries]))
+        self.conn.offer(
+            inbox_frame(
+                [inbox_entry(entry, self.conn.user) for entry in entries
+                 if entry.conversation in shown]
+            )
+        )  # fmt: skip
 
     async def _send_answer(self, frame: Send, text: str) -> str | None:
         """Publish ``frame``; the frame that answers it (its ack, None without a ``cid``, or
@@ -507,7 +520,9 @@ class Session:
         """Publish a ``send`` frame; its ack (None without a ``cid``). Raises FrameError."""
         conn = self.conn
         if frame.room is not None and not conn.identity.may_use(frame.room):
-            raise FrameError(ErrorCode.FORBIDDEN, f"your token does not allow room {frame.room!r}")
+            raise _frame_error(claim_refusal(frame.room))
+        # Being in the room is the decision made at its join: a removal or a narrowed token
+        # takes the connection out of it on every worker (app.rooms, _reauthenticate).
         if frame.room is not None and frame.room not in conn.rooms:
             raise FrameError(ErrorCode.NOT_JOINED, f"join room {frame.room!r} before sending")
         self._check_text(frame.text)
@@ -542,6 +557,10 @@ class Session:
         if frame.cid is None:
             return None
         return ack_frame(frame.cid, published.id, published.duplicate)
+
+
+def _frame_error(error: RoomError) -> FrameError:
+    return FrameError(error.code, error.message)
 
 
 def _ref(text: str) -> dict[str, object] | None:

@@ -497,6 +497,20 @@ class Settings(BaseSettings):
     max_rooms_listed: int = Field(
         500, ge=1, description="Most rooms a `rooms` frame (a user's memberships) lists."
     )
+    user_invites_per_s: float = Field(
+        0.5,
+        gt=0,
+        description="Members a user may add to rooms per second (`invite` frames, refill), "
+        "across every server: nobody can put a stranger into many rooms, or a room full of "
+        "made-up members, at once (error `rate_limited`). The backend API is not limited.",
+    )
+    user_invite_burst: int = Field(10, ge=1, description="Invites a user may send in a burst.")
+    room_members_max: int = Field(
+        10_000,
+        ge=1,
+        description="Most members a room with a record may have (error `too_many_members` "
+        "beyond, from users and the backend API alike).",
+    )
     read_receipts: bool = Field(
         True,
         description="Relay read positions to the conversation's members (`receipt` frames, and "

@@ -64,16 +64,31 @@ async def test_private_rooms_admit_members_only_and_removal_is_immediate_everywh
         error = await answer(ada, {"type": "create", "room": "lobby", "private": True}, "room")
         assert error["code"] == "exists"
 
-        # Not a member: no join, no history (socket or HTTP), no events.
-        for frame in (
+        # Not a member: no join, no history (socket or HTTP), no events, no members; every
+        # answer the one a room nobody uses gets ("not allowed" and "does not exist" are one).
+        outsider_frames: tuple[dict[str, Any], ...] = (
             {"type": "join", "room": "secret"},
             {"type": "history", "room": "secret"},
             {"type": "read", "room": "secret", "id": 1},
-        ):
+            {"type": "describe", "room": "secret", "topic": "x"},
+            {"type": "invite", "room": "secret", "user": "cy"},
+            {"type": "remove", "room": "secret", "user": "ada"},
+            {"type": "remove", "room": "secret", "user": "nobody"},
+        )
+        for n, frame in enumerate(outsider_frames):
             error = await answer(bob, frame, "joined")
-            assert error["code"] == "forbidden" and "private" in error["message"], frame
+            assert error["code"] == "not_found", frame
+            assert error["message"] == "room 'secret' not found", frame
+            if frame["type"] != "join":  # an unused name's join makes a public room
+                unused = await answer(bob, {**frame, "room": f"unused{n}"}, "joined")
+                assert unused["message"] == f"room 'unused{n}' not found", frame
         async with httpx.AsyncClient(base_url=two.http_url) as http:
-            assert (await http.get("/rooms/secret/messages")).status_code == 403
+            secret_page = await http.get("/rooms/secret/messages")
+            unused_page = await http.get("/rooms/unused2/messages")
+            assert secret_page.status_code == unused_page.status_code == 404
+            assert secret_page.json()["detail"].replace("secret", "X") == unused_page.json()[
+                "detail"
+            ].replace("unused2", "X")
 
         # Invited: bob hears of it on his own server, joins, reads and writes.
         await answer(ada, {"type": "invite", "room": "secret", "user": "bob"}, "room")
@@ -113,7 +128,7 @@ async def test_private_rooms_admit_members_only_and_removal_is_immediate_everywh
         await bob.say("secret", "still here?")
         assert (await answer(bob, {"type": "ping"}, "error"))["code"] == "not_joined"
         assert (await answer(bob, {"type": "join", "room": "secret"}, "joined"))["code"] == (
-            "forbidden"
+            "not_found"
         )
         # Anyone may leave for good; the owner may not.
         room = await answer(cy, {"type": "remove", "room": "secret", "user": "cy"}, "room")

@@ -37,7 +37,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 # The message rate is the broker's: it takes a token inside each publish.
-Rate = Literal["join", "typing", "new_room", "history", "read"]
+Rate = Literal["join", "typing", "new_room", "history", "read", "invite"]
 
 
 class Refusal(enum.Enum):
@@ -92,6 +92,7 @@ def _rates(settings: Settings) -> dict[str, tuple[float, int]]:
         "join": (settings.user_joins_per_s, settings.user_join_burst),
         "typing": (settings.user_typing_per_s, settings.user_typing_burst),
         "new_room": (settings.user_new_rooms_per_s, settings.user_new_room_burst),
+        "invite": (settings.user_invites_per_s, settings.user_invite_burst),
         "history": (settings.history_reads_per_s, settings.history_read_burst),
         "read": (settings.user_reads_per_s, settings.user_read_burst),
         "ip": (settings.ip_connections_per_s, settings.ip_connection_burst),
