@@ -152,7 +152,7 @@ async def test_edit_delete_react_reply_live_replayed_and_in_history(
             ({"type": "edit", "room": "lobby", "id": first, "text": "x" * 4001},
              "text_too_long", "4001"),
             ({"type": "send", "room": "lobby", "text": "x", "reply_to": 7}, "not_found", "7"),
-            ({"type": "edit", "room": "other", "id": first, "text": "x"}, "not_found", "other"),  # a room nobody uses
+            ({"type": "edit", "room": "other", "id": first, "text": "x"}, "not_found", "other"),
         ]  # fmt: skip
         for frame, code, words in cases:
             error = await error_for(bob if frame["type"] != "edit" else ada, frame)
