@@ -209,6 +209,8 @@ async def test_history_reads_are_rate_limited_per_user() -> None:
     burst, 429 with Retry-After; another user is not affected."""
     async with jwt_server(history_reads_per_s=0.01, history_read_burst=3) as server:
         url = f"{server.http_url}/rooms/r/messages"
+        async with ChatClient.connect(f"{server.ws_url()}?token={token('cy')}") as cy:
+            await cy.join("r")  # in use: a room nobody uses is a 404
         async with httpx.AsyncClient() as http:
             ada = {"Authorization": f"Bearer {token('ada')}"}
             codes = [(await http.get(url, headers=ada)).status_code for _ in range(5)]
