@@ -26,26 +26,26 @@ from app.access.origin import OriginPolicy
 from app.access.pending import PendingAuth
 from app.access.quotas import create_quotas, keep_counts
 from app.access.token_expiry import run_token_expiry
-from app.admin import router as admin_router
-from app.api import ChatSocket, router
-from app.backend_api import router as backend_router
 from app.broker import create_broker
-from app.heartbeat import run_heartbeat
-from app.history import ConversationHistory
-from app.hub import Hub
+from app.conversations.history import ConversationHistory
+from app.conversations.rooms import RoomDirectory
 from app.ops.descriptors import connection_cap, raise_soft_limit
 from app.ops.gc_tuning import GcTuning, keep_freezing
 from app.ops.metrics import Metrics, run_metrics_sync
 from app.ops.metrics_endpoint import MetricsEndpoint
-from app.page import mount_page
 from app.presence import create_presence
 from app.redisio import redis_seam
-from app.replay import Pacing
-from app.rooms import RoomDirectory
 from app.settings import Settings, load_settings
+from app.sockets.heartbeat import run_heartbeat
+from app.sockets.hub import Hub
+from app.sockets.replay import Pacing
 from app.state import ChatState
 from app.store.running import RunningStore
 from app.transport import uvicorn_seam
+from app.web.admin import router as admin_router
+from app.web.api import ChatSocket, router
+from app.web.backend_api import router as backend_router
+from app.web.page import mount_page
 from app.webhooks.wiring import connect_webhooks
 
 logger = logging.getLogger(__name__)

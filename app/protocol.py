@@ -24,8 +24,8 @@ from pydantic import (
     model_validator,
 )
 
+from app.conversations.lifecycle import FRAME_TYPES, NUMBERED_TYPES, Kind
 from app.errors import ErrorCode, FrameError
-from app.lifecycle import FRAME_TYPES, NUMBERED_TYPES, Kind
 
 ROOM_PATTERN: Final = r"^[A-Za-z0-9][A-Za-z0-9_.:\-]{0,63}$"
 USER_PATTERN: Final = r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,31}$"
@@ -317,7 +317,8 @@ def event_frame_parts(
     kind: Kind, target: str, name: str, message_id: int, user: str, text: str
 ) -> tuple[bytes, bytes]:
     """As :func:`message_frame_parts`, for an event on message ``message_id`` (see
-    :mod:`app.lifecycle`): ``edited`` (with the new ``text``), ``deleted``, or ``reaction``
+    :mod:`app.conversations.lifecycle`): ``edited`` (with the new ``text``), ``deleted``, or
+    ``reaction``
     (``text`` is the emoji; ``on`` is true for REACTION_ON, false for REACTION_OFF).
     ``target`` and ``name`` name the conversation as for a message: ``to`` is the other user
     from the one acting."""

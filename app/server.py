@@ -12,8 +12,8 @@ from typing import Any
 
 import uvicorn
 
-from app.drain import drain
 from app.settings import Settings
+from app.sockets.drain import drain
 from app.state import ChatState
 from app.transport.uvicorn_seam import HTTP_PROTOCOL, WS_PROTOCOL, defer_signal
 
@@ -42,7 +42,8 @@ def uvicorn_options(settings: Settings) -> dict[str, Any]:
 
 
 class DrainingServer(uvicorn.Server):
-    """A uvicorn server whose first SIGTERM drains (:func:`app.drain.drain`) before it stops.
+    """A uvicorn server whose first SIGTERM drains (:func:`app.sockets.drain.drain`) before it
+    stops.
 
     A second SIGTERM, or SIGINT, stops at once the way uvicorn does (every socket gets 1012).
     """

@@ -11,12 +11,12 @@ from app.access.origin import OriginPolicy
 from app.access.pending import PendingAuth
 from app.access.quotas import Quotas
 from app.broker import Broker
-from app.history import ConversationHistory
-from app.hub import Hub
+from app.conversations.history import ConversationHistory
+from app.conversations.rooms import RoomDirectory
 from app.ops.metrics import Metrics
 from app.presence import Presence
-from app.rooms import RoomDirectory
 from app.settings import Settings
+from app.sockets.hub import Hub
 from app.store.running import RunningStore
 from app.transport.flusher import Flusher
 
@@ -36,7 +36,7 @@ class ChatState:
     store: RunningStore | None  # None without CHAT_DATABASE_URL
     rooms: RoomDirectory  # private rooms, members and roles (public-only without a store)
     flusher: Flusher = field(default_factory=Flusher)  # writes every connection's outbox
-    # Failed attempts at the admin and service tokens (app.bearer), from the settings.
+    # Failed attempts at the admin and service tokens (app.web.bearer), from the settings.
     failed_logins: FailedLogins = field(init=False)
     # Who may do what to which conversation (every path asks it).
     access: ConversationAccess = field(init=False)

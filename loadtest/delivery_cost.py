@@ -20,8 +20,8 @@ import uvloop
 from websockets.protocol import State
 
 from app.access.ratelimit import RateLimiter
-from app.connection import Connection
 from app.ops.metrics import Metrics
+from app.sockets.connection import Connection
 from app.transport import uvicorn_seam
 from app.transport.flusher import Flusher
 from app.transport.outbox import Outbox

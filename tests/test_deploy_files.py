@@ -25,9 +25,9 @@ from fastapi.routing import APIRoute
 from redis.asyncio import Redis
 from redis.exceptions import AuthenticationError, ResponseError
 
-from app import admin, page
 from app.main import create_app
 from app.settings import Settings, SettingsError, load_settings
+from app.web import admin, page
 from tests.helpers import free_port
 from tests.processes import ROOT, wait_for_port
 

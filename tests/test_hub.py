@@ -20,12 +20,12 @@ from starlette.websockets import WebSocket
 from app.access.ratelimit import RateLimiter
 from app.broker import History
 from app.broker.memory import MemoryBroker
-from app.connection import Connection
-from app.hub import Hub
 from app.ops.metrics import Metrics
 from app.presence.memory import MemoryPresence
-from app.replay import Pacing
 from app.settings import Settings
+from app.sockets.connection import Connection
+from app.sockets.hub import Hub
+from app.sockets.replay import Pacing
 from app.transport.flusher import Flusher
 from app.transport.outbox import Outbox
 from tests.helpers import make_settings, wait_until
@@ -257,7 +257,7 @@ async def test_heartbeat_pings_are_spread_over_the_interval(world: World) -> Non
     """Each connection is pinged once per interval, by slices: no tick pings every socket at
     once (that burst, and the pongs it brings back, stalled the worker); one that has not had
     its `hello` yet is not pinged."""
-    from app.heartbeat import SLICES, _tick
+    from app.sockets.heartbeat import SLICES, _tick
 
     sockets = [world.connect(f"u{n}")[1] for n in range(900)]
     waiting, not_greeted = world.connect("still-authenticating")

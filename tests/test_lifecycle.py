@@ -15,7 +15,7 @@ import httpx2 as httpx
 import jwt
 import pytest
 
-from app.lifecycle import Kind
+from app.conversations.lifecycle import Kind
 from app.store.messages import StoredMessage
 from tests.helpers import ChatClient, LiveServer, make_settings, run_server
 from tests.processes import RedisServer

@@ -126,13 +126,13 @@ async def test_metrics_port_serves_only_metrics_and_logs_are_json() -> None:
         await run_promtool("check", "metrics", stdin=result.text)
 
         lines = [orjson.loads(line) for line in app.output().splitlines() if line.strip()]
-        events = [line for line in lines if line.get("logger") == "app.session"]
+        events = [line for line in lines if line.get("logger") == "app.sockets.session"]
         opened = [e for e in events if e["msg"] == "connection opened"]
         closed = [e for e in events if e["msg"] == "connection closed"]
         assert len(opened) == len(closed) == 1, events
         assert closed[0]["conn"] == opened[0]["conn"]
         assert closed[0] | {"ts": "", "duration_s": 0} == {
-            "ts": "", "level": "info", "logger": "app.session", "msg": "connection closed",
+            "ts": "", "level": "info", "logger": "app.sockets.session", "msg": "connection closed",
             "conn": opened[0]["conn"], "user": "logged", "rooms": 2, "code": 1000,
             "by": "client", "duration_s": 0,
         }  # fmt: skip

@@ -16,10 +16,10 @@ from fastapi.routing import APIRoute
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
-from app import page
 from app.main import create_app
-from app.page import STATIC_DIR
 from app.settings import load_settings
+from app.web import page
+from app.web.page import STATIC_DIR
 from tests.helpers import ChatClient
 from tests.processes import NGINX_CONF, AppProcess, NginxServer, RedisServer, upstream_client_ports
 
@@ -201,7 +201,7 @@ async def test_client_address_comes_from_the_trusted_proxy_only(redis_server: Re
         assert address_of("direct") == "127.0.0.3"
 
 
-# What the chat page uses (app/static, app/page.py, app/api.py), proxied to the app; and the
+# What the chat page uses (app/static, app/web/page.py, app/web/api.py), proxied to the app; and the
 # routes of operators and backends, on the app's port only. Every route of the app is one or
 # the other (checked below): a new route fails here until nginx is decided for it.
 PAGE_ROUTES = {"/", "/rooms/{room}/messages", "/dms/{peer}/messages", "/inbox"}

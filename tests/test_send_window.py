@@ -1,4 +1,4 @@
-"""SendWindow (app/send_window.py) without sockets: answers in the order sends started, at
+"""SendWindow (app/sockets/send_window.py) without sockets: answers in the order sends started, at
 once when nothing earlier waits, and never more than the limit in flight."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-from app.send_window import Answer, SendWindow
+from app.sockets.send_window import Answer, SendWindow
 
 
 async def _answered(answer: Answer) -> Answer:

@@ -13,7 +13,7 @@ from alembic.runtime.migration import MigrationContext
 from sqlalchemy import Connection, inspect, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from app.conversation import direct
+from app.conversations.names import direct
 from app.store.archiver import Archiver
 from app.store.database import StoreError, engine_for, migrate
 from app.store.inbox import Inbox

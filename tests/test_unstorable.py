@@ -28,7 +28,7 @@ from redis.asyncio import Redis
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.broker.keys import KeyLayout
-from app.conversation import direct
+from app.conversations.names import direct
 from app.errors import ErrorCode, FrameError
 from app.protocol import parse_client_frame
 from app.store.archiver import Archiver

@@ -30,9 +30,9 @@ from starlette.websockets import WebSocket
 from app.access.auth import AuthError, Identity
 from app.access.guest import GuestError, identify_guest
 from app.access.quotas import Refusal
-from app.connection import Connection
 from app.errors import CloseCode, FrameError
 from app.protocol import USER_PATTERN, Auth, parse_client_frame
+from app.sockets.connection import Connection
 from app.state import ChatState
 
 logger = logging.getLogger(__name__)

@@ -15,11 +15,11 @@ Contract:
   worker's cached copy: a removal made through another server holds at once); while the store
   cannot be read, the last record this worker read is used.
 - **Outsiders learn nothing**: to someone who may not see a private room, every answer about
-  it is the one a room without a record gets (:func:`app.rooms.room_not_found`): "not
+  it is the one a room without a record gets (:func:`app.conversations.rooms.room_not_found`): "not
   allowed" and "does not exist" are one answer. Room names are one namespace, so ``create``
   of a taken name (``exists``) and a refused ``join`` where an unused name would make a new
   public room are the only signals, by design (docs/security.md).
-- **Bans** hold on every path: sockets are refused and kicked (app.admin); the HTTP routes
+- **Bans** hold on every path: sockets are refused and kicked (app.web.admin); the HTTP routes
   ask :meth:`ConversationAccess.require_not_banned`.
 """
 
@@ -29,9 +29,9 @@ from collections.abc import Iterable
 
 from app.access.auth import Identity
 from app.access.quotas import Quotas
-from app.conversation import is_direct, members_of_direct
+from app.conversations.names import is_direct, members_of_direct
+from app.conversations.rooms import RoomDirectory, RoomError, RoomRecord, room_not_found
 from app.errors import ErrorCode
-from app.rooms import RoomDirectory, RoomError, RoomRecord, room_not_found
 
 
 def claim_refusal(room: str) -> RoomError:
@@ -40,7 +40,8 @@ def claim_refusal(room: str) -> RoomError:
 
 
 class ConversationAccess:
-    """One per worker. Raises :class:`~app.rooms.RoomError` (its ``code`` is the error frame's;
+    """One per worker. Raises :class:`~app.conversations.rooms.RoomError` (its ``code`` is the error
+    frame's;
     HTTP routes map it with :func:`http_status`)."""
 
     def __init__(self, rooms: RoomDirectory, quotas: Quotas) -> None:

@@ -32,7 +32,7 @@ from app.redisio.cluster import ClusterPipelines
 from app.settings import Settings
 
 if TYPE_CHECKING:
-    from app.hub import Hub
+    from app.sockets.hub import Hub
 
 logger = logging.getLogger(__name__)
 

@@ -11,8 +11,8 @@ import asyncio
 import time
 
 from app.errors import CloseCode
-from app.hub import Hub
 from app.protocol import refresh_frame
+from app.sockets.hub import Hub
 
 CHECK_INTERVAL_S = 1.0
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
-from app.lifecycle import Change, Target
+from app.conversations.lifecycle import Change, Target
 from app.settings import Settings
 
 if TYPE_CHECKING:
@@ -81,7 +81,8 @@ class History:
 
     A broker whose history no longer holds ``since`` but knows the store holds every message
     up to ``store_upto`` (and it holds every one after that) answers not recovered with
-    ``store_upto`` set: :class:`app.history.ConversationHistory` reads that part from the
+    ``store_upto`` set: :class:`app.conversations.history.ConversationHistory` reads that part from
+    the
     store."""
 
     recovered: bool
@@ -175,7 +176,8 @@ class Broker(Protocol):
         quota: tuple[float, int] | None = None,
     ) -> Published:
         """As :meth:`publish`, in the direct conversation of ``sender`` and ``to``
-        (:func:`app.conversation.direct`: ids, history and archiving like a room's), delivered
+        (:func:`app.conversations.names.direct`: ids, history and archiving like a room's),
+        delivered
         to ``to``'s connections and ``sender``'s."""
         ...
 
@@ -188,7 +190,7 @@ class Broker(Protocol):
     ) -> Published:
         """As :meth:`publish`, for an event on a message of ``conversation`` (a room, or a
         direct one), which the caller found and checked the user may change
-        (:mod:`app.lifecycle`). In the same atomic step the message's current state is
+        (:mod:`app.conversations.lifecycle`). In the same atomic step the message's current state is
         changed (a reaction toggles: the frame says whether it is ``on``); ``known`` is that
         state as the store has it, for a message :meth:`find` did not find. Raises
         :class:`~app.errors.MessageGone` (nothing is published) when the message is deleted.
@@ -202,7 +204,7 @@ class Broker(Protocol):
 
     async def states(self, conversation: str, ids: list[int]) -> dict[int, dict[str, Any]]:
         """The current state of those of the messages ``ids`` that events changed and the
-        broker still knows of (:mod:`app.lifecycle`)."""
+        broker still knows of (:mod:`app.conversations.lifecycle`)."""
         ...
 
     async def broadcast(self, room: str, payload: bytes) -> None:
@@ -223,7 +225,7 @@ class Broker(Protocol):
 
     async def mark_private(self, room: str, private: bool) -> None:
         """Remember (for every worker) whether ``room`` is private: what workers go by while
-        the store cannot be read (:mod:`app.rooms`)."""
+        the store cannot be read (:mod:`app.conversations.rooms`)."""
         ...
 
     async def is_private(self, room: str) -> bool:

@@ -11,9 +11,9 @@ from typing import Any
 from app.access.buckets import TokenBuckets
 from app.broker import BrokerHandler, BrokerStats, History, Message, Published
 from app.broker.dedup import RecentIds
-from app.conversation import addressed, direct, is_direct, members_of_direct
+from app.conversations.lifecycle import Change, Kind, Target, apply, reacted, with_state
+from app.conversations.names import addressed, direct, is_direct, members_of_direct
 from app.errors import BrokerUnavailable, MessageGone, QuotaExceeded
-from app.lifecycle import Change, Kind, Target, apply, reacted, with_state
 from app.protocol import event_frame_parts, is_message_frame, message_frame, message_frame_parts
 from app.settings import Settings
 from app.store.archiver import Archiver
@@ -31,7 +31,9 @@ class _RoomLog:
     trimmed: int = 0
     messages: deque[Message] = field(default_factory=deque)  # messages and events, in order
     authors: dict[int, str] = field(default_factory=dict)  # of the messages in `messages`
-    states: dict[int, dict[str, Any]] = field(default_factory=dict)  # see app.lifecycle
+    states: dict[int, dict[str, Any]] = field(
+        default_factory=dict
+    )  # see app.conversations.lifecycle
 
     def __post_init__(self) -> None:
         self.last = self.trimmed = self.origin

@@ -40,9 +40,9 @@ from redis.asyncio.sentinel import SentinelConnectionPool
 from app.broker import BrokerHandler, BrokerStats, History, Message, Published
 from app.broker import redis_scripts as scripts
 from app.broker.keys import KeyLayout
-from app.conversation import addressed, direct, is_direct
+from app.conversations.lifecycle import Change, Kind, Target, with_state
+from app.conversations.names import addressed, direct, is_direct
 from app.errors import BrokerUnavailable, MessageGone, QuotaExceeded
-from app.lifecycle import Change, Kind, Target, with_state
 from app.protocol import event_frame_parts, is_message_frame, message_frame_parts, message_id_of
 from app.redisio.autopipeline import AutoPipeline, NotReplicated
 from app.redisio.clients import (
@@ -755,5 +755,5 @@ def _room_of(shard_channel: bytes) -> str:
 
 def _as_now(payload: bytes, state: bytes | str) -> bytes:
     """A logged frame as it is now: a message with its ``state`` (JSON, or empty: unchanged;
-    see :mod:`app.lifecycle`); events as they are."""
+    see :mod:`app.conversations.lifecycle`); events as they are."""
     return with_state(payload, orjson.loads(state)) if state else payload

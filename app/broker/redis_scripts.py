@@ -8,7 +8,8 @@ frames (the oldest marks where recovery can start), whose entry ids are ``<messa
 (see :mod:`app.presence.redis`). The meta hash also holds ``archived``: every message of the
 room up to that id is in the store (:mod:`app.store.stream_archiver` raises it), except
 ``unarchived``: the newest message that was not archived (the backlog was full). A direct
-conversation has the same keys under its conversation name (``@a:b``, :mod:`app.conversation`).
+conversation has the same keys under its conversation name (``@a:b``,
+:mod:`app.conversations.names`).
 
 With a store, every published frame is also appended to ``{prefix}:archive``, the stream the
 archiver consumes (fields ``c``: the conversation, ``f``: the frame), unless it already holds
@@ -107,7 +108,7 @@ TAKE: Final = NOW + TOKEN_BUCKET + "return take(KEYS[1], tonumber(ARGV[1]), tonu
 # Message ids: max(last + 1, 1000 * Redis time in ms). They increase per room and survive the
 # loss of the room's keys (as long as Redis' clock does not go back), and stay below 2^53 so
 # Lua's doubles and JavaScript clients hold them exactly. Messages and events (edits, deletes,
-# reactions: app.lifecycle) are numbered in the same sequence.
+# reactions: app.conversations.lifecycle) are numbered in the same sequence.
 # publish_frame(head, body) numbers, logs, archives and delivers one frame; -> {id, 0, ts_ms}
 # KEYS: meta, log (or '' for no history), dedup (or ''), the sender's message quota bucket,
 #       the archive stream (or '' without a store), its count of messages not archived
@@ -175,7 +176,8 @@ return reply
 """
 )  # fmt: skip
 
-# An event on message `target` (app.lifecycle): published like a message, and applied to the
+# An event on message `target` (app.conversations.lifecycle): published like a message, and applied
+# to the
 # message's current state, a JSON object in the room's hash `state` (field: the message id).
 # Refused ({0, 3, 0}) when the message is deleted. A reaction toggles: its frame says `on`
 # (ARGV[3]) when the user had not reacted with that emoji, else `off` (ARGV[16]). The state of
@@ -183,7 +185,7 @@ return reply
 # in the hash from then on. The hash expires with the room and is pruned of the messages the
 # log no longer holds when it grows past twice the log's length.
 # KEYS: as PUBLISH, then the state hash
-# ARGV: as PUBLISH, then target id, kind (app.lifecycle.Kind: 1 edited, 2 deleted,
+# ARGV: as PUBLISH, then target id, kind (app.conversations.lifecycle.Kind: 1 edited, 2 deleted,
 #       3 reaction), user, text (the new text, or the emoji), body of a reaction taken back,
 #       the state known from the store (or '')
 EVENT: Final = (

@@ -93,7 +93,7 @@ def exposition(registry: CollectorRegistry) -> bytes:
 @dataclass(frozen=True, slots=True)
 class HubSnapshot:
     """What the worker's Hub holds, as the gauges show it (the Hub makes it: see
-    :meth:`app.hub.Hub.snapshot`)."""
+    :meth:`app.sockets.hub.Hub.snapshot`)."""
 
     connections: int
     queued_bytes: int

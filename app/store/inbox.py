@@ -20,8 +20,8 @@ from sqlalchemy import and_, func, select, tuple_
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from app.conversation import is_direct
-from app.lifecycle import Kind, fold
+from app.conversations.lifecycle import Kind, fold
+from app.conversations.names import is_direct
 from app.store.database import StoreError
 from app.store.messages import DATABASE_ERRORS, StoredMessage, insert_ignoring_duplicates
 from app.store.schema import messages, participants, read_state
@@ -38,7 +38,9 @@ class InboxEntry:
     last_read: int
     unread: int
     peer_read: int = 0
-    last_state: dict[str, Any] | None = None  # what events did to ``last`` (app.lifecycle)
+    last_state: dict[str, Any] | None = (
+        None  # what events did to ``last`` (app.conversations.lifecycle)
+    )
 
 
 class Inbox:

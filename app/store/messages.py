@@ -6,7 +6,8 @@ Contract:
   archiver is at-least-once) stores nothing twice. It returns how many rows were new.
 - :meth:`MessageStore.add` also records who takes part in each conversation (both users of a
   direct one, a room message's author): the users' inboxes (:mod:`app.store.inbox`).
-- Events on messages (edits, deletions, reactions: :mod:`app.lifecycle`) are rows too, in the
+- Events on messages (edits, deletions, reactions: :mod:`app.conversations.lifecycle`) are rows
+too, in the
   same id sequence. Storing a deletion also empties the text of the message it deletes and
   of that message's edits. :meth:`MessageStore.after`, :meth:`~MessageStore.between` and
   :meth:`~MessageStore.count_between` read the log (messages and events: a replay);
@@ -33,8 +34,8 @@ from sqlalchemy.exc import DataError, DBAPIError, IntegrityError, SQLAlchemyErro
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from sqlalchemy.sql.dml import ReturningInsert
 
-from app.conversation import is_direct, members_of_direct
-from app.lifecycle import Kind, Target, fold
+from app.conversations.lifecycle import Kind, Target, fold
+from app.conversations.names import is_direct, members_of_direct
 from app.store.database import StoreError
 from app.store.schema import messages, participants
 
@@ -250,7 +251,7 @@ class MessageStore:
 
     async def states(self, conversation: str, ids: list[int]) -> dict[int, dict[str, Any]]:
         """The state the stored events leave the messages ``ids`` in (those any event
-        changed; :func:`app.lifecycle.fold`)."""
+        changed; :func:`app.conversations.lifecycle.fold`)."""
         if not ids:
             return {}
         query = (

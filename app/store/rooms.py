@@ -3,7 +3,7 @@
 Contract: every call is one transaction; :meth:`RoomStore.create` stores a room only if no
 room of that name is stored (it says whether it did); every call raises
 :class:`~app.store.database.StoreError` when the database fails. Who may change what is
-decided by :mod:`app.rooms`, not here.
+decided by :mod:`app.conversations.rooms`, not here.
 """
 
 from __future__ import annotations

@@ -26,11 +26,13 @@ metadata: Final = MetaData(
 )
 
 # One row per message, and per event on a message (an edit, a deletion, a reaction:
-# app.lifecycle), the conversation's log. ``conversation`` is a room's name, or ``@<a>:<b>``
+# app.conversations.lifecycle), the conversation's log. ``conversation`` is a room's name, or
+# ``@<a>:<b>``
 # for the direct messages between users a and b (a < b; no room name can start with ``@``);
 # ``id`` is the id clients see (increasing within the conversation, below 2^53), so
 # (conversation, id) is unique and archiving the same frame twice is a no-op. ``kind`` is an
-# app.lifecycle.Kind; ``target`` the message a reply answers, or the one an event changes;
+# app.conversations.lifecycle.Kind; ``target`` the message a reply answers, or the one an event
+# changes;
 # ``text`` an event's new text, or its emoji. Deleting a message empties its text and its
 # edits' (the rows stay: the log has no holes).
 messages: Final = Table(
@@ -93,7 +95,7 @@ rooms: Final = Table(
     Column("created_ms", BigInteger, nullable=False),
 )
 
-# Who belongs to a room, and as what: owner, admin or member (app.rooms).
+# Who belongs to a room, and as what: owner, admin or member (app.conversations.rooms).
 members: Final = Table(
     "members",
     metadata,

@@ -26,7 +26,8 @@ consumer group:
 Delivery guarantee: at least once into the store, each message stored once (idempotent by
 conversation and id). Because one leader stores batches in stream order, and the stream is in
 each conversation's id order, a conversation's ``archived`` mark means every message up to it
-is stored: recovery may read those from the store (:class:`app.history.ConversationHistory`).
+is stored: recovery may read those from the store
+(:class:`app.conversations.history.ConversationHistory`).
 What is lost: messages published while the stream holds ``CHAT_ARCHIVE_BACKLOG_MAX`` entries
 (the store has been down long: counted, see ``_count_dropped``), and entries Redis loses with
 its data (a restart without persistence).
@@ -49,7 +50,7 @@ from redis.exceptions import ResponseError
 
 from app.broker import redis_scripts as scripts
 from app.broker.keys import KeyLayout
-from app.conversation import is_direct
+from app.conversations.names import is_direct
 from app.redisio.clients import REDIS_ERRORS
 from app.settings import Settings
 from app.store.archiver import ArchiveStats, report_refused

@@ -37,7 +37,7 @@ What it relies on, and why:
 :data:`CHECKED_AGAINST` lists the versions this was checked against; ``pyproject.toml`` bounds
 the dependencies to them. At start each worker logs and exports (``hubbub_fast_path_live``)
 whether each fast path is live (:func:`fast_paths`); a connection that cannot use the one it
-should is counted and logged (``hubbub_transport_fallbacks_total``) by :mod:`app.session`,
+should is counted and logged (``hubbub_transport_fallbacks_total``) by :mod:`app.sockets.session`,
 never silently: tests/test_direct_writes.py fails if one does.
 """
 

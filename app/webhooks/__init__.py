@@ -1,7 +1,8 @@
 """Webhooks: what happens in the chat, POSTed to the application's backend.
 
 Events (``type``): ``message.created`` (a message in a room or a direct conversation),
-``member.added`` / ``member.removed`` (a room's members, :mod:`app.rooms`), ``user.online`` /
+``member.added`` / ``member.removed`` (a room's members, :mod:`app.conversations.rooms`),
+``user.online`` /
 ``user.offline`` (a user's first connection anywhere, and the end of its last one, after a
 grace period: a reconnect or a deploy's drain within ``CHAT_WEBHOOK_OFFLINE_GRACE_S`` fires
 nothing).

@@ -5,11 +5,11 @@ from __future__ import annotations
 import os
 import socket
 
-from app.hub import Hub
+from app.conversations.rooms import RoomDirectory
 from app.presence import Presence
 from app.redisio.clients import command_client
-from app.rooms import RoomDirectory
 from app.settings import Settings
+from app.sockets.hub import Hub
 from app.webhooks import ONLINE_ROOM
 from app.webhooks.dispatcher import WebhookDispatcher
 from app.webhooks.queue import WebhookQueue

@@ -5,7 +5,7 @@ the worker's :class:`~app.transport.flusher.Flusher` at the end of the loop iter
 frames were offered, straight to the transport when it can (:mod:`app.transport.uvicorn_seam`).
 A write that the socket takes at once (nearly all) needs no task; only a write that must wait
 for a paused transport gets one, until the outbox is empty (an idle connection has no task of
-its own). The inbound side, and so the socket's lifetime, belongs to :mod:`app.session`.
+its own). The inbound side, and so the socket's lifetime, belongs to :mod:`app.sockets.session`.
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ class Connection:
       background. If the socket does not take it within ``close_timeout_s`` (the peer stopped
       reading), the TCP connection is aborted. Either way the session's receive loop then sees
       the disconnect and unregisters the connection: the session, not the caller, cleans up.
-    - ``rooms`` is changed only by the :class:`~app.hub.Hub`.
+    - ``rooms`` is changed only by the :class:`~app.sockets.hub.Hub`.
     """
 
     __slots__ = (
@@ -171,7 +171,8 @@ class Connection:
     def drained(self, below: int) -> asyncio.Future[bool]:
         """A future that resolves to True once no more than ``below`` bytes are queued, or to
         False once the connection is closing (what it was waiting to send never will be).
-        Paces replays by what the socket takes (:mod:`app.replay`); cancelling it is fine."""
+        Paces replays by what the socket takes (:mod:`app.sockets.replay`); cancelling it is
+        fine."""
         future: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
         if self.close_code is not None:
             future.set_result(False)

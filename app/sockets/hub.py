@@ -2,14 +2,16 @@
 
 One Hub per worker. It is the broker's :class:`~app.broker.BrokerHandler` and never awaits a
 socket: delivering a message is a loop of :meth:`Connection.offer
-<app.connection.Connection.offer>` calls, each a bounded append. It subscribes the broker to a
+<app.sockets.connection.Connection.offer>` calls, each a bounded append. It subscribes the broker
+to a
 room when the room's first local member joins and unsubscribes when the last one leaves (and
 likewise to a user's direct messages), so a worker hears only what its clients need. It tells
 presence (:mod:`app.presence`) of changes per (room, user), however many tabs the user has
 here.
 
 Delivery: in each room a connection is either a live member, given every message the room
-hears from the broker, or behind, with a :class:`~app.replay.Replay` that brings it up to date
+hears from the broker, or behind, with a :class:`~app.sockets.replay.Replay` that brings it up to
+date
 from the history and then makes it live. Every join starts behind (from its ``since``, or from
 the room's newest id), and when the broker's subscription is lost every member of every room
 falls behind, from the newest id its room delivered: what a worker missed while it was not
@@ -28,12 +30,12 @@ from collections.abc import Callable, Container
 from dataclasses import dataclass, field
 
 from app.broker import Broker, History
-from app.connection import Connection
 from app.errors import BrokerUnavailable, CloseCode, ErrorCode
 from app.ops.metrics import HubSnapshot, Metrics
 from app.presence import Presence
 from app.protocol import error_frame, joined_frame, left_frame
-from app.replay import HistoryPages, HistorySource, Pacing, Replay, retrieve_exception
+from app.sockets.connection import Connection
+from app.sockets.replay import HistoryPages, HistorySource, Pacing, Replay, retrieve_exception
 from app.transport.budget import OutboxBudget
 
 logger = logging.getLogger(__name__)
@@ -85,7 +87,8 @@ class Hub:
         # Users with a connection here are present in the internal room app.webhooks.ONLINE_ROOM
         # (user.online / user.offline webhooks) when this is set.
         self.online_room: str | None = None
-        # Told of every room whose record changed (None: any may have: app.rooms rechecks).
+        # Told of every room whose record changed (None: any may have: app.conversations.rooms
+        # rechecks).
         self.rooms_changed: Callable[[str | None], None] = lambda room: None
         # Every outbox of this worker counts here (app.transport.budget); over it, the slowest
         # are cut.
@@ -124,7 +127,8 @@ class Hub:
 
     def link_lost(self) -> None:
         """The broker's subscription ended: every member of every room falls behind, from the
-        newest message its room delivered, until the broker is back (see :mod:`app.replay`)."""
+        newest message its room delivered, until the broker is back (see
+        :mod:`app.sockets.replay`)."""
         if not self._linked.is_set():
             return  # already behind since this outage began
         self._linked.clear()
@@ -178,7 +182,8 @@ class Hub:
                 self._metrics.sample_fanout(message_id)
 
     def room_changed(self, room: str) -> None:
-        """A room's record changed: :mod:`app.rooms` forgets it and rechecks who is in it."""
+        """A room's record changed: :mod:`app.conversations.rooms` forgets it and rechecks who
+        is in it."""
         self.rooms_changed(room)
 
     async def expel(self, conn: Connection, room: str) -> None:
@@ -300,7 +305,7 @@ class Hub:
     async def join(self, conn: Connection, room: str, since: int | None) -> None:
         """Put ``conn`` in ``room`` and queue its ``joined`` frame, then (with ``since``) the
         missed messages, paced by the socket, then live ones: no gap, no duplicate, in id
-        order (see :mod:`app.replay`).
+        order (see :mod:`app.sockets.replay`).
 
         Without ``since``, ``joined`` carries ``last``: every message with a larger id reaches
         the client, so ``last`` is the ``since`` to rejoin with until a message has come.

@@ -11,7 +11,8 @@ Contract:
   ``recovered: false``.
 - :meth:`history_before` pages backwards through the log, then the store: every message
   stored, however old, as it is now (edited, deleted, reactions: the store's events, then
-  the broker's newer state, :mod:`app.lifecycle`). Raises :class:`HistoryUnavailable` when
+  the broker's newer state, :mod:`app.conversations.lifecycle`). Raises :class:`HistoryUnavailable`
+  when
   the store is needed and fails.
 """
 
@@ -24,8 +25,8 @@ from typing import Any
 import orjson
 
 from app.broker import Broker, History, Message
-from app.conversation import addressed, is_direct, peer
-from app.lifecycle import Kind, with_state
+from app.conversations.lifecycle import Kind, with_state
+from app.conversations.names import addressed, is_direct, peer
 from app.protocol import event_frame_parts, message_frame, message_frame_parts
 from app.settings import Settings
 from app.store.database import StoreError

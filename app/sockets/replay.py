@@ -37,7 +37,7 @@ from app.errors import BrokerUnavailable
 from app.settings import Settings
 
 if TYPE_CHECKING:
-    from app.connection import Connection
+    from app.sockets.connection import Connection
 
 logger = logging.getLogger(__name__)
 
@@ -88,7 +88,8 @@ class ReplayHost(Protocol):
 
 
 class HistorySource(Protocol):
-    """Where replays read history: the broker, or :class:`app.history.ConversationHistory`
+    """Where replays read history: the broker, or
+    :class:`app.conversations.history.ConversationHistory`
     (the broker's, continued into the store)."""
 
     async def history_since(self, room: str, since: int, limit: int) -> History: ...

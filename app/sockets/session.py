@@ -22,8 +22,10 @@ from app.access.admission import Refused, admit, admit_address, identify
 from app.access.auth import AuthError, Identity
 from app.access.conversations import claim_refusal
 from app.access.ratelimit import RateLimiter, Verdict
-from app.connection import Connection
-from app.conversation import direct, is_direct
+from app.conversations.history import HistoryUnavailable, inbox_entry
+from app.conversations.lifecycle import Change, Kind, Target
+from app.conversations.names import direct, is_direct
+from app.conversations.rooms import RoomError, RoomRecord, room_not_found
 from app.errors import (
     BrokerUnavailable,
     CloseCode,
@@ -33,8 +35,6 @@ from app.errors import (
     QuotaExceeded,
     close_reason,
 )
-from app.history import HistoryUnavailable, inbox_entry
-from app.lifecycle import Change, Kind, Target
 from app.ops.metrics import Metrics
 from app.presence import RoomPresence
 from app.protocol import (
@@ -71,9 +71,9 @@ from app.protocol import (
     rooms_frame,
     typing_frame,
 )
-from app.rooms import RoomError, RoomRecord, room_not_found
-from app.send_window import SendWindow
 from app.settings import Settings
+from app.sockets.connection import Connection
+from app.sockets.send_window import SendWindow
 from app.state import ChatState
 from app.store.database import StoreError
 from app.store.rooms import Role
@@ -97,7 +97,7 @@ class Session:
     """Handles the frames of one connection. Created by :func:`serve`.
 
     Frames are answered in the order they came. ``send`` frames are pipelined
-    (:class:`~app.send_window.SendWindow`): up to ``CHAT_SENDS_IN_FLIGHT_MAX`` are published
+    (:class:`~app.sockets.send_window.SendWindow`): up to ``CHAT_SENDS_IN_FLIGHT_MAX`` are published
     at once, each started in the order it came, and their acks and errors are offered in that
     order too. Any other frame waits until the sends before it are answered (:meth:`settle`).
     """
@@ -203,7 +203,8 @@ class Session:
     async def _manage(
         self, frame: CreateRoom | DescribeRoom | Invite | Remove | RoomsRequest
     ) -> None:
-        """Rooms with a record (:mod:`app.rooms`): create one, describe it, add or remove a
+        """Rooms with a record (:mod:`app.conversations.rooms`): create one, describe it, add or
+        remove a
         member, list yours. Answered with the room as it is now (``room``; ``rooms``)."""
         conn, rooms = self.conn, self._state.rooms
         if isinstance(frame, RoomsRequest):
@@ -409,7 +410,7 @@ class Session:
     async def _change(self, frame: Edit | Delete | React) -> None:
         """Edit, delete or react to a message: checked here (it exists in this conversation,
         is not deleted, and this user may), then published as an event in the conversation's
-        log (:mod:`app.lifecycle`), acked like a message when it carries a ``cid``."""
+        log (:mod:`app.conversations.lifecycle`), acked like a message when it carries a ``cid``."""
         conn = self.conn
         conversation = await self._conversation(frame)
         if frame.room is not None and frame.room not in conn.rooms:
@@ -522,7 +523,7 @@ class Session:
         if frame.room is not None and not conn.identity.may_use(frame.room):
             raise _frame_error(claim_refusal(frame.room))
         # Being in the room is the decision made at its join: a removal or a narrowed token
-        # takes the connection out of it on every worker (app.rooms, _reauthenticate).
+        # takes the connection out of it on every worker (app.conversations.rooms, _reauthenticate).
         if frame.room is not None and frame.room not in conn.rooms:
             raise FrameError(ErrorCode.NOT_JOINED, f"join room {frame.room!r} before sending")
         self._check_text(frame.text)

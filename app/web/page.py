@@ -15,7 +15,7 @@ from fastapi import APIRouter, FastAPI
 from fastapi.responses import FileResponse
 from fastapi.staticfiles import StaticFiles
 
-STATIC_DIR: Final = Path(__file__).parent / "static"
+STATIC_DIR: Final = Path(__file__).parent.parent / "static"
 SECURITY_HEADERS: Final = {
     "Content-Security-Policy": (
         "default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; "

@@ -12,12 +12,12 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from app.access.auth import AuthError, Identity
 from app.access.conversations import http_status
-from app.conversation import direct
+from app.conversations.history import HistoryUnavailable, inbox_entry
+from app.conversations.names import direct
+from app.conversations.rooms import RoomError, RoomRecord, room_not_found
 from app.errors import BrokerUnavailable
-from app.history import HistoryUnavailable, inbox_entry
 from app.protocol import ROOM_PATTERN, USER_PATTERN
-from app.rooms import RoomError, RoomRecord, room_not_found
-from app.session import serve
+from app.sockets.session import serve
 from app.state import ChatState
 from app.store.database import StoreError
 

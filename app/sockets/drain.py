@@ -7,7 +7,7 @@ import logging
 import random
 
 from app.errors import CloseCode
-from app.hub import Hub
+from app.sockets.hub import Hub
 
 logger = logging.getLogger(__name__)
 

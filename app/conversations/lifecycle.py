@@ -15,7 +15,8 @@ state is a JSON object with any of ``text`` and ``edited`` (the newest edit and 
 reacted with it, in order; an emoji nobody reacts with any more is absent). The Redis
 script builds the same objects in Lua (:data:`app.broker.redis_scripts.EVENT`).
 
-Who may do what (checked by :class:`app.session.Session` before publishing): the author edits;
+Who may do what (checked by :class:`app.sockets.session.Session` before publishing): the author
+edits;
 the author or a moderator deletes; anyone who may read the conversation reacts and replies.
 Nothing changes a deleted message: an event on one is refused (``not_found``).
 """

@@ -36,9 +36,9 @@ from typing import Any
 
 from app.broker import Broker
 from app.errors import BrokerUnavailable, ErrorCode
-from app.hub import Hub
 from app.protocol import invited_frame, member_frame
 from app.settings import Settings
+from app.sockets.hub import Hub
 from app.store.database import StoreError
 from app.store.messages import MessageStore
 from app.store.rooms import Role, Room, RoomStore

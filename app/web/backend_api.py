@@ -24,14 +24,14 @@ import orjson
 from fastapi import APIRouter, Depends, HTTPException, Path, Query, Response
 from pydantic import AfterValidator, BaseModel, Field
 
-from app.api import history_response
-from app.bearer import bearer_guard
-from app.conversation import direct
+from app.conversations.names import direct
+from app.conversations.rooms import RoomError, RoomRecord
 from app.errors import BrokerUnavailable, ErrorCode, QuotaExceeded
 from app.protocol import CID_MAX_CHARS, ROOM_PATTERN, USER_PATTERN, storable
-from app.rooms import RoomError, RoomRecord
 from app.state import ChatState
 from app.store.rooms import Role
+from app.web.api import history_response
+from app.web.bearer import bearer_guard
 
 logger = logging.getLogger(__name__)
 

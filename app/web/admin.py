@@ -18,10 +18,10 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, HTTPException, Path, Response
 from pydantic import BaseModel, Field
 
-from app.bearer import bearer_guard
 from app.errors import BrokerUnavailable
 from app.protocol import USER_PATTERN
 from app.state import ChatState
+from app.web.bearer import bearer_guard
 
 logger = logging.getLogger(__name__)
 

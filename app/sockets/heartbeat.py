@@ -21,8 +21,8 @@ from collections import deque
 from typing import Final
 
 from app.errors import CloseCode
-from app.hub import Hub
 from app.protocol import PING_FRAME
+from app.sockets.hub import Hub
 
 SLICES: Final = 50
 
