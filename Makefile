@@ -17,7 +17,7 @@ export UV_SYSTEM_CERTS := 1
 # lets Chromium draw the page's reactions in its screenshots.
 DEB_TEST_DEPS := redis-server:redis-server promtool:prometheus nginx:nginx kubectl:kubernetes-client chromium:chromium pg_ctlcluster:postgresql /usr/share/fonts/truetype/noto/NotoColorEmoji.ttf:fonts-noto-color-emoji
 
-.PHONY: help install run test bench bench-core bench-100k chaos k8s-check lint typecheck check deb-deps docs-config dashboard clean
+.PHONY: help install run test bench bench-core bench-100k chaos attack k8s-check lint typecheck check deb-deps docs-config dashboard clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -73,6 +73,9 @@ k8s-check: $(STAMP) deb-deps  ## server-side dry run of k8s/ on a real kube-apis
 
 chaos: $(STAMP) deb-deps  ## clients chat through Redis, worker and PostgreSQL faults (~4 min); fails on a silent loss or an acked message not stored
 	$(VENV)/bin/python -m loadtest.chaos --store
+
+attack: $(STAMP) deb-deps  ## every identity that may not read a private room tries every path into it, on 3 deployments (~1 min); fails on any leak
+	$(VENV)/bin/python -m loadtest.attack
 
 lint: $(STAMP)  ## ruff format check + ruff lint
 	$(VENV)/bin/ruff format --check .
