@@ -47,10 +47,12 @@ see the markers and the title, which proves they are there to be leaked. So is t
 ``history`` frame ``with`` the member), ``live`` (what reaches the identity's sockets: one
 joined before its removal, ban, narrowing or expiry, and a fresh one per instance that tries
 to join, while the owner and the member keep posting, editing, reacting, typing, describing
-the room, adding and removing someone, and writing to each other), ``GET /rooms/{room}/messages``,
-``GET /inbox``, ``GET /dms/{peer}/messages``; for the service, ``GET /api/v1/rooms/{room}``
-and ``GET /api/v1/rooms/{room}/messages`` (the backend API with a user's token is left out:
-its failed attempts would lock the address out, and tests/test_backend.py covers it).
+the room, adding and removing someone, and writing to each other; for the removed member,
+after the removal's own notice: ``left`` and the ``member`` frame naming it and who removed
+it), ``GET /rooms/{room}/messages``, ``GET /inbox``, ``GET /dms/{peer}/messages``; for the
+service, ``GET /api/v1/rooms/{room}`` and ``GET /api/v1/rooms/{room}/messages`` (the backend
+API with a user's token is left out: its failed attempts would lock the address out, and
+tests/test_backend.py covers it).
 Webhooks are not covered.
 
 **What a leak is** (:func:`check`): for an identity that may not read the room, any byte of
@@ -817,10 +819,15 @@ class Attack:
             sockets = {MEMBER: await self.member_socket(MEMBER, 0),
                        BANNED: await self.member_socket(BANNED, 0)}  # fmt: skip
         else:
-            gone = sockets[REMOVED]
+            # The removal itself reaches its socket: `left`, and the `member` notice naming it
+            # (and who removed it), in either order. From there on, nothing more may.
+            gone, removed = sockets[REMOVED], users[REMOVED].user
             left = await gone.until(lambda f: _type(f) == "left", within=3)
-            kept[REMOVED] = (gone, other, len(gone.frames) if left is None else left + 1,
-                             "removed")  # fmt: skip
+            notice = await gone.until(
+                lambda f: _type(f) == "member" and _field(f, "user") == removed, within=3
+            )
+            seen = [i for i in (left, notice) if i is not None]
+            kept[REMOVED] = (gone, other, max(seen) + 1 if seen else len(gone.frames), "removed")
             # Right after the removal, before anything else: its cells, through the instance
             # that had cached the room first.
             say("the removed member's cells, right after the removal")
@@ -1086,7 +1093,8 @@ def table(report: DeploymentReport) -> str:
     shown = [i for i in IDENTITIES if any(c.applicable for c in report.cells if c.identity == i)]
     widths = [max(len(identity), 8) + 2 for identity in shown]
     first = max(len(p) for p in PATHS) + 2
-    lines = ["".ljust(first) + "".join(i.ljust(w) for i, w in zip(shown, widths, strict=True))]
+    header = "".ljust(first) + "".join(i.ljust(w) for i, w in zip(shown, widths, strict=True))
+    lines = [header.rstrip()]
     cells = {(c.identity, c.path): c for c in report.cells}
     for path in PATHS:
         row = path.ljust(first)
