@@ -92,6 +92,11 @@ async def test_the_inbox_lists_only_what_the_user_may_read_now(tmp_path: Path) -
                 assert b"plans" not in seen and MARKER.encode() not in seen, (user, seen)
         for seen in await inbox_of("carol"):  # the same member with a token that allows it
             assert MARKER.encode() in seen
+        async with as_user(live, "carol", rooms=["lobby"]) as carol:  # nor in her rooms list
+            assert (await answer(carol, {"type": "rooms"}, "rooms"))["rooms"] == []
+        async with as_user(live, "carol") as carol:
+            listed = (await answer(carol, {"type": "rooms"}, "rooms"))["rooms"]
+            assert [r["room"] for r in listed] == ["plans"]
 
 
 async def test_a_room_with_stored_history_cannot_be_taken_over_after_a_restart(
