@@ -2,7 +2,9 @@
 // edits, deletions and reactions, connection state — on top of hubbub.js. Messages are kept per conversation (a room, or "@user" for the direct
 // messages with a user) by id and shown in id order, so a message replayed after a reconnect or
 // reloaded over HTTP appears exactly once; scrolling up loads older ones. Text is always set as
-// text, never HTML.
+// text, never HTML. People are shown by `personLabel` (a suffix from the id tells two alices
+// apart) with an avatar coloured from the id; the invite box invites only a person picked, and
+// an invitation waits for Join or Decline.
 import { HubbubClient, applyEvent, displayName } from "./hubbub.js";
 
 // A display name (what guest servers take; other modes take it too).
@@ -14,6 +16,12 @@ const TYPING_SHOWN_MS = 4000;
 const PAGE = 50; // messages per history page
 const READ_EVERY_MS = 1000;
 const REACTIONS = ["👍", "❤️", "😂", "🎉", "👀"];
+// A guest's user id: its display name, "-" and 16 hex digits of its key's hash (app/access/guest.py).
+const GUEST_ID = /-([0-9a-f]{16})$/;
+const SUFFIX_DIGITS = 4; // shown of an id's hash; more while two known people share them
+const INVITATIONS_SHOWN = 3; // the rest are counted
+const INVITE_OPTIONS_SHOWN = 8;
+const DECLINE_EVERY_MS = 100; // "Decline all" stays under the connection's frame rate
 const $ = (id) => document.getElementById(id);
 
 /** conversation ("lobby", or "@user" for direct messages) -> {kind: "room"|"dm", peer?,
@@ -27,6 +35,15 @@ let composing = {};
 let client = null;
 let lastTyping = 0;
 let hasStore = false; // the server sent an inbox: read positions are kept
+/** display name -> Set of the user ids the page has seen with it (presence, members, authors,
+ * readers, DM peers, the inbox, invitations): the people it knows, and who to warn about. */
+const people = new Map();
+let namesRefresh = false; // a refresh of every shown name is scheduled
+/** room -> its `invited` frame, oldest first: invitations waiting for Join or Decline. */
+const invitations = new Map();
+/** The person picked in the invite box's list: {user, label}. */
+let invitePick = null;
+let inviteOption = -1; // the list's highlighted option (arrow keys)
 
 function conversationOf(frame) {
   if (frame.room !== undefined) return frame.room;
@@ -46,6 +63,102 @@ function el(tag, className, text) {
   return node;
 }
 
+// -- people: who is who --------------------------------------------------------------------
+
+/** 32-bit FNV-1a of `text` from `basis`, as 8 hex digits. */
+function fnv(text, basis) {
+  let hash = basis;
+  for (const char of text) {
+    hash ^= char.codePointAt(0);
+    hash = Math.imul(hash, 0x01000193) >>> 0;
+  }
+  return hash.toString(16).padStart(8, "0");
+}
+
+/** 16 hex digits that stand for `user`: a guest's own hash, else one made from the id. */
+function digestOf(user) {
+  return GUEST_ID.exec(user)?.[1] ?? fnv(user, 0x811c9dc5) + fnv(user, 0x2f8e4d1b);
+}
+
+/** Remember `user` as someone the page knows. A second person with a display name changes
+ * how everybody with it is shown: every shown name is refreshed (once, after this task). */
+function know(user) {
+  if (typeof user !== "string" || !user) return;
+  const name = displayName(user);
+  const group = people.get(name) ?? new Set();
+  if (group.has(user)) return;
+  group.add(user);
+  people.set(name, group);
+  if (group.size > 1 && !namesRefresh) {
+    namesRefresh = true;
+    queueMicrotask(() => { namesRefresh = false; refreshNames(); });
+  }
+}
+
+/** How a person is shown everywhere: the display name, then "·" and the first 4 hex digits of
+ * the id's hash (alice·7e1f), and more digits while another known person with that name has
+ * the same ones. A guest always has the suffix (so you can tell others who you are); another
+ * id only when its display name is shared. */
+function personLabel(user) {
+  know(user);
+  const name = displayName(user);
+  const group = people.get(name);
+  if (!GUEST_ID.test(user) && group.size < 2) return name;
+  const digest = digestOf(user);
+  const others = [...group].filter((other) => other !== user).map(digestOf);
+  let digits = SUFFIX_DIGITS;
+  while (digits < digest.length && others.some((other) => other.slice(0, digits) === digest.slice(0, digits))) {
+    digits += 1;
+  }
+  return `${name}·${digest.slice(0, digits)}`;
+}
+
+/** How many people the page knows with `user`'s display name. */
+function namesakes(user) {
+  return people.get(displayName(user))?.size ?? 0;
+}
+
+/** A small round avatar: the name's first letter (CSS shows it: not part of the text) on a hue
+ * from the id. The hue is set through the CSSOM, which the page's CSP allows (no style=). */
+function avatar(user) {
+  const dot = el("span", "avatar");
+  dot.dataset.initial = ([...displayName(user)][0] ?? "?").toUpperCase();
+  dot.style.setProperty("--hue", String(parseInt(digestOf(user).slice(8, 12), 16) % 360));
+  dot.setAttribute("aria-hidden", "true");
+  return dot;
+}
+
+/** A person as an element: avatar and label, the full id as its tooltip; marked when the
+ * display name is shared. */
+function personNode(user, tag = "span", className = "person") {
+  const node = el(tag, className);
+  node.append(avatar(user), el("span", "who", personLabel(user)));
+  node.title = user;
+  if (namesakes(user) > 1) node.classList.add("shared-name");
+  return node;
+}
+
+/** Show every name again (someone with a known display name arrived: labels change). */
+function refreshNames() {
+  if (!client) return;
+  const me = client.hello?.user;
+  if (me) $("me-name").replaceChildren(personNode(me));
+  for (const item of $("dms").children) {
+    const user = rooms.get(item.dataset.room)?.peer;
+    if (user) item.querySelector(".room").replaceChildren(avatar(user), personLabel(user));
+  }
+  const list = $("messages");
+  const fromBottom = list.scrollHeight - list.scrollTop;
+  const atBottom = fromBottom - list.clientHeight < 40;
+  renderMessages();
+  if (!atBottom) list.scrollTop = list.scrollHeight - fromBottom; // what was shown stays in place
+  renderRoomHead();
+  renderPresence();
+  renderTyping();
+  renderInvitations();
+  if (!$("invite-options").hidden) renderInviteOptions();
+}
+
 // -- name and start ------------------------------------------------------------------------
 
 function start(name) {
@@ -58,8 +171,8 @@ function start(name) {
   client.addEventListener("state", (e) => showState(e.detail));
   client.addEventListener("hello", (e) => {
     if (e.detail.guest) localStorage.setItem("hubbub.guest", e.detail.guest);
-    $("me-name").textContent = displayName(e.detail.user);
-    $("me-name").title = e.detail.user;
+    // Your own label has your suffix too: tell others which alice you are.
+    $("me-name").replaceChildren(personNode(e.detail.user));
   });
   client.addEventListener("joined", (e) => onJoined(e.detail));
   client.addEventListener("message", (e) => addMessage(e.detail));
@@ -83,14 +196,13 @@ function start(name) {
   });
   client.addEventListener("presence", (e) => onPresence(e.detail));
   client.addEventListener("room", (e) => onRoomRecord(e.detail));
-  client.addEventListener("invited", (e) => {
-    const { room, by } = e.detail;
-    showAlert(`${by ? displayName(by) : "The service"} added you to ${room}`);
-    if (!rooms.has(room)) joinRoom(room, false);
-    onRoomRecord(e.detail);
-  });
+  client.addEventListener("invited", (e) => onInvited(e.detail));
   client.addEventListener("member", (e) => {
     const { room, event, user, role } = e.detail;
+    know(user);
+    if (event === "removed" && user === client.hello?.user && invitations.delete(room)) {
+      renderInvitations(); // taken back before you answered
+    }
     const state = rooms.get(room);
     if (!state?.record?.members) return;
     if (event === "added") state.record.members[user] = role;
@@ -133,6 +245,9 @@ $("name-form").addEventListener("submit", (event) => {
     for (const state of rooms.values()) state.messages.clear();
     const joined = [...rooms.keys()].filter((key) => rooms.get(key).kind === "room");
     rooms.clear();
+    people.clear();
+    invitations.clear();
+    renderInvitations();
     $("rooms").replaceChildren();
     $("dms").replaceChildren();
     localStorage.setItem("hubbub.rooms", JSON.stringify(joined));
@@ -175,12 +290,93 @@ function showAlert(text) {
   setTimeout(() => box.remove(), 10_000);
 }
 
+// -- invitations: joined only with your consent -----------------------------------------------
+
+/** An `invited` frame: you are now a member of a room. The page does not join it: the
+ * invitation waits for Join or Decline (a stranger cannot pull the page into rooms). In a room
+ * the page has joined already, it is a change of your role. */
+function onInvited(invitation) {
+  const { room, by, role } = invitation;
+  know(by);
+  if (rooms.get(room)?.historyLoaded) { // joined (a refused join, e.g. a saved room, is not)
+    showAlert(`${by ? personLabel(by) : "The service"} made you ${role === "admin" ? "an admin" : "a member"} of ${room}`);
+    onRoomRecord(invitation);
+    return;
+  }
+  invitations.delete(room); // invited again: moves to the end
+  invitations.set(room, invitation);
+  renderInvitations();
+}
+
+/** The oldest few invitations, each with Join and Decline; the others counted. */
+function renderInvitations() {
+  const box = $("invitations");
+  box.replaceChildren();
+  box.hidden = invitations.size === 0;
+  for (const [room, { by, private: isPrivate }] of [...invitations].slice(0, INVITATIONS_SHOWN)) {
+    const card = el("p", "invitation");
+    card.dataset.room = room;
+    const text = el("span", "invitation-text");
+    if (by) text.append(personNode(by), " invited you to ");
+    else text.append("The service added you to ");
+    text.append(el("strong", "", isPrivate ? `🔒 ${room}` : room));
+    const join = el("button", "", "Join");
+    join.type = "button";
+    join.setAttribute("aria-label", `Join ${room}`);
+    join.addEventListener("click", () => acceptInvitation(room));
+    const decline = el("button", "secondary", "Decline");
+    decline.type = "button";
+    decline.setAttribute("aria-label", `Decline ${room}`);
+    decline.addEventListener("click", () => declineInvitation(room));
+    card.append(text, join, decline);
+    box.append(card);
+  }
+  const more = invitations.size - INVITATIONS_SHOWN;
+  if (more > 0) {
+    const line = el("p", "invitation-more", `and ${more} more invitation${more === 1 ? "" : "s"}`);
+    const all = el("button", "link", "Decline all");
+    all.type = "button";
+    all.addEventListener("click", declineAllInvitations);
+    line.append(" ", all);
+    box.append(line);
+  }
+}
+
+/** Join: into the room, as a member. */
+function acceptInvitation(room) {
+  const invitation = invitations.get(room);
+  if (!invitation) return;
+  invitations.delete(room);
+  renderInvitations();
+  if (rooms.has(room)) client.join(room); // in the sidebar, its join refused before
+  joinRoom(room);
+  onRoomRecord(invitation);
+}
+
+/** Decline: out of the room's members (a member may remove itself), and the card goes. */
+function declineInvitation(room) {
+  if (!invitations.delete(room)) return;
+  renderInvitations();
+  client.removeMember(room, client.hello?.user);
+}
+
+/** Decline every waiting invitation, a few a second (each is a frame). */
+function declineAllInvitations() {
+  const waiting = [...invitations.keys()];
+  invitations.clear();
+  renderInvitations();
+  waiting.forEach((room, n) => {
+    setTimeout(() => client.removeMember(room, client.hello?.user), n * DECLINE_EVERY_MS);
+  });
+}
+
 // -- rooms ---------------------------------------------------------------------------------
 
 function sidebarItem(list, key, label, title) {
   const item = el("li");
   item.dataset.room = key;
-  const open = el("button", "room", label);
+  const open = el("button", "room");
+  open.append(...[label].flat());
   open.type = "button";
   if (title) open.title = title;
   open.addEventListener("click", () => setActive(key));
@@ -210,22 +406,42 @@ function joinRoom(room, show = true) {
 function onRoomRecord(record) {
   const state = rooms.get(record.room);
   if (!state) return;
+  for (const user of Object.keys(record.members ?? {})) know(user);
   state.record = { ...(state.record ?? {}), ...record };
   const button = document.querySelector(`#rooms li[data-room="${CSS.escape(record.room)}"] .room`);
   if (button) button.textContent = record.private ? `🔒 ${record.room}` : record.room;
   if (record.room === active) renderRoomHead();
 }
 
-/** The title (with the room's record) and, for its owner and admins, the invite form. */
+/** The title (with the room's record), its members and, for its owner and admins, the invite
+ * form; a direct conversation's title is the other person. */
 function renderRoomHead() {
-  const state = rooms.get(active);
+  const state = active === null ? null : rooms.get(active);
   const record = state?.record;
   const form = $("invite-form");
   form.hidden = !(state?.kind === "room" && (record?.role === "owner" || record?.role === "admin"));
-  if (!state || state.kind !== "room") return;
-  const title = record?.title ? `${active} — ${record.title}` : active;
-  $("room-title").textContent = record?.private ? `🔒 ${title}` : title;
-  $("room-title").title = record?.members ? `Members: ${Object.keys(record.members).map(displayName).join(", ")}` : "";
+  if (form.hidden) closeInviteOptions();
+  const members = $("room-members");
+  members.hidden = !(state?.kind === "room" && record?.members);
+  $("room-title").title = state?.kind === "dm" ? state.peer : "";
+  if (!state) {
+    $("room-title").textContent = "No room";
+  } else if (state.kind === "dm") {
+    $("room-title").textContent = `@${personLabel(state.peer)}`;
+  } else {
+    const title = record?.title ? `${active} — ${record.title}` : active;
+    $("room-title").textContent = record?.private ? `🔒 ${title}` : title;
+  }
+  if (members.hidden) return;
+  const roles = Object.entries(record.members)
+    .map(([user, role]) => [personLabel(user), user, role])
+    .sort(([a], [b]) => a.localeCompare(b));
+  members.replaceChildren("Members: ");
+  roles.forEach(([, user, role], n) => {
+    if (n) members.append(", ");
+    members.append(personNode(user, "span", role === "member" ? "person" : `person ${role}`));
+    if (role !== "member") members.append(` (${role})`);
+  });
 }
 
 /** Out of a room for good (removed from its members): off the sidebar. */
@@ -236,26 +452,12 @@ function forgetRoom(room) {
   if (active === room) setActive(rooms.size ? [...rooms.keys()][0] : null);
 }
 
-/** The user id `name` stands for: an id itself, or the display name of exactly one user this
- * page knows (from presence lists and direct messages): guests' ids are not what people type. */
-function userNamed(name) {
-  const known = new Set();
-  for (const [key, state] of rooms) {
-    for (const user of state.users ?? []) known.add(user);
-    for (const user of Object.keys(state.record?.members ?? {})) known.add(user);
-    if (state.kind === "dm") known.add(key.slice(1));
-  }
-  if (known.has(name)) return name;
-  const matching = [...known].filter((user) => displayName(user) === name);
-  return matching.length === 1 ? matching[0] : name;
-}
-
 /** The direct conversation with `user` in the sidebar (made if new); shown when `show`. */
 function openDirect(user, show = true) {
   const key = `@${user}`;
   if (!rooms.has(key)) {
     rooms.set(key, newConversation("dm", user));
-    sidebarItem($("dms"), key, displayName(user), user);
+    sidebarItem($("dms"), key, [avatar(user), personLabel(user)], user);
   }
   if (show) setActive(key);
 }
@@ -296,8 +498,6 @@ function saveRooms() {
 function setActive(key) {
   active = key;
   const state = key === null ? null : rooms.get(key);
-  $("room-title").textContent = key === null ? "No room" : state.kind === "dm" ? `@${displayName(state.peer)}` : key;
-  $("room-title").title = state?.kind === "dm" ? state.peer : "";
   renderRoomHead();
   for (const item of [...$("rooms").children, ...$("dms").children]) {
     const current = item.dataset.room === key;
@@ -410,17 +610,121 @@ $("create-form").addEventListener("submit", (event) => {
   client.createRoom(room, { private: true });
 });
 
+// -- the invite box: a person is picked, never resolved from a typed name --------------------
+
+/** The people the page knows who could be invited to the shown room (not you, not its
+ * members), by label. */
+function inviteCandidates() {
+  const me = client?.hello?.user;
+  const members = rooms.get(active)?.record?.members ?? {};
+  const users = [...people.values()].flatMap((group) => [...group])
+    .filter((user) => user !== me && !Object.hasOwn(members, user));
+  return users.map((user) => ({ user, label: personLabel(user) }))
+    .sort((a, b) => a.label.localeCompare(b.label));
+}
+
+/** The list under the invite box: the candidates whose label or id holds what is typed. */
+function renderInviteOptions() {
+  const input = $("invite-input");
+  const list = $("invite-options");
+  const typed = input.value.trim().toLowerCase();
+  const shown = inviteCandidates()
+    .filter(({ user, label }) => label.toLowerCase().includes(typed) || user.toLowerCase().includes(typed))
+    .slice(0, INVITE_OPTIONS_SHOWN);
+  inviteOption = Math.min(inviteOption, shown.length - 1);
+  list.replaceChildren(...shown.map(({ user }, n) => {
+    const option = personNode(user, "li", "person option");
+    option.id = `invite-option-${n}`;
+    option.dataset.user = user;
+    option.setAttribute("role", "option");
+    option.setAttribute("aria-selected", String(n === inviteOption));
+    option.addEventListener("click", () => pickInvitee(user));
+    return option;
+  }));
+  list.hidden = shown.length === 0;
+  input.setAttribute("aria-expanded", String(!list.hidden));
+  if (inviteOption >= 0) input.setAttribute("aria-activedescendant", `invite-option-${inviteOption}`);
+  else input.removeAttribute("aria-activedescendant");
+}
+
+function closeInviteOptions() {
+  $("invite-options").hidden = true;
+  $("invite-input").setAttribute("aria-expanded", "false");
+  $("invite-input").removeAttribute("aria-activedescendant");
+  inviteOption = -1;
+}
+
+/** `user` picked from the list: the box shows its label, and an invite is for this id. */
+function pickInvitee(user) {
+  const label = personLabel(user);
+  invitePick = { user, label };
+  $("invite-input").value = label;
+  closeInviteOptions();
+  $("invite-input").focus();
+}
+
+/** Who the invite box's text stands for: the person picked from the list, a known person's
+ * full label (alice·7e1f), a known id, or (not on a guest server) a user id typed in full.
+ * A display name alone is never resolved to someone: {refused: why} says to pick. */
+function invitee(text) {
+  if (invitePick && text === invitePick.label) return invitePick.user;
+  const me = client.hello?.user;
+  const known = [...people.values()].flatMap((group) => [...group]).filter((user) => user !== me);
+  const labelled = known.filter((user) => personLabel(user) === text);
+  if (labelled.length === 1) return labelled[0];
+  const sharing = people.get(text)?.size ?? 0; // known people (you too) with this display name
+  if (sharing > 1) return { refused: `Pick the person from the list: ${sharing} people are called ${text}` };
+  if (known.includes(text)) return text;
+  if (known.some((user) => displayName(user) === text)) {
+    return { refused: `Pick the person from the list: a name alone could be anyone called ${text}` };
+  }
+  if (!USER.test(text)) return { refused: "Pick the person from the list (or type a user id in full)" };
+  // A guest server's users all have a hash in their ids: a bare name is nobody's id there.
+  if (me && GUEST_ID.test(me) && !GUEST_ID.test(text)) {
+    return { refused: `Pick the person from the list: nobody the page knows is called ${text}` };
+  }
+  return text; // a user id typed in full
+}
+
+$("invite-input").addEventListener("input", () => {
+  if (invitePick && $("invite-input").value !== invitePick.label) invitePick = null;
+  inviteOption = -1;
+  renderInviteOptions();
+});
+$("invite-input").addEventListener("focus", renderInviteOptions);
+$("invite-input").addEventListener("blur", closeInviteOptions);
+// A click on an option must not blur the box first (which closes the list).
+$("invite-options").addEventListener("mousedown", (event) => event.preventDefault());
+$("invite-input").addEventListener("keydown", (event) => {
+  if (event.key === "ArrowDown" || event.key === "ArrowUp") {
+    event.preventDefault();
+    if ($("invite-options").hidden) renderInviteOptions();
+    const count = $("invite-options").children.length;
+    if (!count) return;
+    if (event.key === "ArrowDown") inviteOption = (inviteOption + 1) % count;
+    else inviteOption = inviteOption <= 0 ? count - 1 : inviteOption - 1;
+    renderInviteOptions();
+  } else if (event.key === "Enter" && !$("invite-options").hidden && inviteOption >= 0) {
+    event.preventDefault(); // Enter on a highlighted option picks it; the next one invites
+    pickInvitee($("invite-options").children[inviteOption].dataset.user);
+  } else if (event.key === "Escape") {
+    closeInviteOptions();
+  }
+});
+
 $("invite-form").addEventListener("submit", (event) => {
   event.preventDefault();
   const input = $("invite-input");
-  const name = input.value.trim();
-  if (!name || !active) return;
-  const user = userNamed(name);
-  if (!USER.test(user)) {
-    showAlert("A user is letters, digits and _ . - (starting with a letter or digit)");
+  const text = input.value.trim();
+  if (!text || !active) return;
+  const user = invitee(text);
+  if (typeof user !== "string") {
+    showAlert(user.refused);
     return;
   }
   input.value = "";
+  invitePick = null;
+  closeInviteOptions();
   client.invite(active, user);
 });
 
@@ -460,14 +764,15 @@ function messageItem(frame) {
   if (frame.reply_to) {
     const quoted = rooms.get(key)?.messages.get(frame.reply_to);
     const quote = el("p", "quote", quoted
-      ? `↪ ${displayName(quoted.user)}: ${quoted.deleted ? "(deleted)" : quoted.text.slice(0, 80)}`
+      ? `↪ ${personLabel(quoted.user)}: ${quoted.deleted ? "(deleted)" : quoted.text.slice(0, 80)}`
       : "↪ an earlier message");
     item.append(quote);
   }
   const time = el("time", "meta", new Date(frame.ts).toLocaleTimeString([], { hour: "2-digit", minute: "2-digit" }));
   time.dateTime = new Date(frame.ts).toISOString();
-  const author = el("span", "author", displayName(frame.user));
-  author.title = frame.user; // guests may share a display name: the id tells them apart
+  // Guests may share a display name: the suffix and the avatar tell them apart (the id is
+  // the tooltip).
+  const author = personNode(frame.user, "span", "author person");
   item.append(time, author);
   if (frame.deleted) {
     item.append(el("span", "text", "Message deleted"));
@@ -477,7 +782,7 @@ function messageItem(frame) {
   if (frame.edited) item.append(el("span", "edited", " (edited)"));
   const reactions = el("span", "reactions");
   for (const [emoji, users] of Object.entries(frame.reactions ?? {})) {
-    const chip = actionButton(`${emoji} ${users.length}`, `${emoji} by ${users.map(displayName).join(", ")}`,
+    const chip = actionButton(`${emoji} ${users.length}`, `${emoji} by ${users.map(personLabel).join(", ")}`,
       () => client.react(conversationTarget(key), frame.id, emoji));
     chip.classList.add("reaction");
     chip.setAttribute("aria-pressed", String(users.includes(me)));
@@ -534,6 +839,7 @@ function onReceipt(key, user, id) {
     return;
   }
   if (id <= (state.read.get(user) ?? 0)) return;
+  know(user);
   state.read.set(user, id);
   if (key === active) renderSeen();
 }
@@ -555,7 +861,7 @@ function renderSeen() {
   for (const [id, users] of readers) {
     const node = list.querySelector(`[data-id="${id}"] .seen`);
     if (!node) continue;
-    node.textContent = `Seen by ${users.map(displayName).join(", ")}`;
+    node.textContent = `Seen by ${users.map(personLabel).join(", ")}`;
     node.hidden = false;
   }
 }
@@ -564,6 +870,7 @@ function addMessage(frame, older = false, counts = !older, refresh = false) {
   const key = conversationOf(frame);
   const state = rooms.get(key);
   if (!state) return;
+  know(frame.user); // an author seen
   if (state.messages.has(frame.id)) { // exactly once; a reload shows it as it is now
     if (refresh) {
       state.messages.set(frame.id, frame);
@@ -613,6 +920,7 @@ function onJoined({ room, count, users }) {
   }
   state.count = count;
   state.users = users ? new Set(users) : null;
+  for (const user of users ?? []) know(user);
   if (room === active) renderPresence();
 }
 
@@ -620,6 +928,7 @@ function onPresence({ room, event, user, count }) {
   const state = rooms.get(room);
   if (!state) return;
   state.count = count;
+  if (event === "join") know(user);
   if (state.users && user) {
     if (event === "join") state.users.add(user);
     else state.users.delete(user);
@@ -627,19 +936,22 @@ function onPresence({ room, event, user, count }) {
   if (room === active) renderPresence();
 }
 
+/** The room's people (each with avatar and suffix), then a warning for every display name
+ * that two or more people the page knows share. */
 function renderPresence() {
   const list = $("presence");
   list.replaceChildren();
+  renderNameWarnings();
   const state = rooms.get(active);
   $("presence-count").textContent = state?.kind === "room" ? `(${state.count})` : "";
   if (!state || !state.users) return;
   for (const user of [...state.users].sort()) {
     const item = el("li");
     if (user === client.hello?.user) {
-      item.textContent = displayName(user);
+      item.append(personNode(user));
     } else {
       // A guest's id is not what people type: clicking a name opens the conversation.
-      const open = el("button", "link", displayName(user));
+      const open = personNode(user, "button", "link person");
       open.type = "button";
       open.title = `Message ${user}`;
       open.addEventListener("click", () => openDirect(user));
@@ -648,6 +960,16 @@ function renderPresence() {
     item.title = user;
     list.append(item);
   }
+}
+
+/** "⚠ 2 people are called alice", for every display name shared among the people known. */
+function renderNameWarnings() {
+  const shared = [...people].filter(([, group]) => group.size > 1).sort(([a], [b]) => a.localeCompare(b));
+  $("name-warnings").replaceChildren(...shared.map(([name, group]) => {
+    const item = el("li", "name-warning", `⚠ ${group.size} people are called ${name}`);
+    item.title = `Tell them apart by the suffix after the name: ${[...group].map(personLabel).join(", ")}`;
+    return item;
+  }));
 }
 
 function onTyping({ room, user }) {
@@ -662,8 +984,8 @@ function renderTyping() {
   const state = rooms.get(active);
   const users = state ? [...state.typing.keys()] : [];
   $("typing").textContent = users.length === 0 ? ""
-    : users.length === 1 ? `${displayName(users[0])} is typing…`
-      : `${users.slice(0, 3).map(displayName).join(", ")} are typing…`;
+    : users.length === 1 ? `${personLabel(users[0])} is typing…`
+      : `${users.slice(0, 3).map(personLabel).join(", ")} are typing…`;
 }
 
 // -- composer ------------------------------------------------------------------------------
@@ -681,7 +1003,7 @@ function setComposing(next) {
   }
   $("composing-text").textContent = next.edit
     ? "Editing your message"
-    : `Replying to ${displayName(target.user)}: ${target.text.slice(0, 80)}`;
+    : `Replying to ${personLabel(target.user)}: ${target.text.slice(0, 80)}`;
   banner.hidden = false;
   const input = $("composer-input");
   if (next.edit) input.value = target.text;
