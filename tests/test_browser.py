@@ -1,7 +1,8 @@
 """The chat page in a real Chromium (Debian's /usr/bin/chromium, driven by Playwright): two
 people chat, a page survives its server's restart without losing or repeating a message,
-markup in messages stays text, and the page works at phone width (screenshots are saved in
-test-artifacts/)."""
+markup in messages stays text, guests who share a name are told apart and invited only by
+picking, invitations wait for consent, and the page works at phone width (screenshots are
+saved in test-artifacts/)."""
 
 from __future__ import annotations
 
@@ -28,6 +29,24 @@ CHROMIUM_ARGS = [
     "--metrics-recording-only", "--mute-audio",
 ]  # fmt: skip
 UI_TIMEOUT_MS = 15_000
+
+
+def label(user: str, known: list[str]) -> str:
+    """How the page shows guest ``user`` among the ``known`` guests (chat.js's personLabel):
+    the display name, "·" and the first 4 hex digits of its hash, more while another known
+    guest with that name has the same ones."""
+    name, digest = user[:-17], user[-16:]
+    others = [other[-16:] for other in known if other != user and other[:-17] == name]
+    digits = 4
+    while digits < 16 and any(other[:digits] == digest[:digits] for other in others):
+        digits += 1
+    return f"{name}·{digest[:digits]}"
+
+
+def frames_sent(chat: ChatPage, kind: str) -> list[dict[str, object]]:
+    """The frames of type ``kind`` the page sent, on all its sockets."""
+    frames = [json.loads(payload) for _, sent in chat.sockets for payload in sent]
+    return [frame for frame in frames if frame.get("type") == kind]
 
 
 @pytest.fixture
@@ -283,8 +302,11 @@ async def test_guests_keep_their_identity_and_cannot_take_anothers(browser: Brow
         try:
             first = await ada.page.evaluate("hubbub.client.hello.user")
             assert first.startswith("ada-")
-            assert await other.page.evaluate("hubbub.client.hello.user") != first
-            await expect(ada.page.locator("#me-name")).to_have_text("ada")
+            second = await other.page.evaluate("hubbub.client.hello.user")
+            assert second != first
+            # Her own name carries her suffix: she can tell others which ada she is.
+            mine = label(first, [first, second])
+            await expect(ada.page.locator("#me-name")).to_have_text(mine)
             await ada.say("still me")
             await ada.shows(["still me"])
             await ada.page.reload()
@@ -297,7 +319,7 @@ async def test_guests_keep_their_identity_and_cannot_take_anothers(browser: Brow
             # The first socket learnt the key from `hello`; the next one began with it.
             assert json.loads(ada.sockets[0][1][0]) == {"type": "auth", "name": "ada"}
             assert json.loads(ada.sockets[1][1][0]) == {"type": "auth", "name": "ada", "guest": key}
-            await expect(ada.page.locator("#messages .message .author")).to_have_text(["ada"])
+            await expect(ada.page.locator("#messages .message .author")).to_have_text([mine])
             author = ada.page.locator("#messages .message .author").first
             assert await author.get_attribute("title") == first
         finally:
@@ -539,8 +561,9 @@ async def test_two_people_reply_edit_react_delete_and_see_who_read(
 async def test_a_private_room_is_created_and_someone_invited_from_the_page(
     browser: Browser, tmp_path: Path
 ) -> None:
-    """Ada creates a private room and invites bob by the name she sees; bob's page is told,
-    shows it, and they talk there. Cy, not invited, is refused."""
+    """Ada creates a private room and invites bob (a `names` server: his name is his id); bob's
+    page shows the invitation, he joins, and they talk there. Cy, not invited, is refused (with
+    the room answer: not_found)."""
     settings = make_settings(database_url=f"sqlite:///{tmp_path}/data/hubbub.db")
     async with run_server(settings) as live:
         ada = await ChatPage.open(browser, live.http_url, "ada", "lobby")
@@ -556,13 +579,14 @@ async def test_a_private_room_is_created_and_someone_invited_from_the_page(
             await expect(invite).to_be_visible()  # she owns it
             await invite.fill("bob")
             await invite.press("Enter")
-            await expect(bob.page.locator("#alerts .alert")).to_contain_text(
-                "ada added you to plans"
+            await expect(bob.page.locator("#invitations .invitation")).to_contain_text(
+                "ada invited you to 🔒 plans"
             )
+            await bob.page.get_by_role("button", name="Join plans").click()
             plans = bob.page.locator('#rooms li[data-room="plans"] .room')
             await expect(plans).to_have_text("🔒 plans")
-            await plans.click()
             await expect(bob.page.locator("#room-title")).to_have_text("🔒 plans")
+            await expect(bob.page.locator("#invitations .invitation")).to_have_count(0)
             await expect(bob.page.locator("#invite-form")).to_be_hidden()  # a member
             await ada.say("the plan")
             await bob.shows(["the plan"])
@@ -574,9 +598,138 @@ async def test_a_private_room_is_created_and_someone_invited_from_the_page(
             try:
                 await cy.page.locator("#join-input").fill("plans")
                 await cy.page.locator("#join-input").press("Enter")
-                await expect(cy.page.locator("#alerts .alert")).to_contain_text("forbidden")
+                # The room answer: to an outsider a private room does not exist (not_found).
+                await expect(cy.page.locator("#alerts .alert")).to_contain_text(
+                    "not_found: room 'plans' not found"
+                )
             finally:
                 await cy.close()
         finally:
             await ada.close()
+            await bob.close()
+
+
+async def test_namesakes_are_told_apart_invited_by_picking_and_join_only_with_consent(
+    browser: Browser, tmp_path: Path
+) -> None:
+    """Issue 33, "privacy where features meet": two guests called alice (the second an
+    impostor) and bob. Bob's page tells the alices apart everywhere (a suffix from each id, an
+    avatar, a shared-name warning); typing "alice" into the invite box is refused and invites
+    nobody; bob invites the real alice by picking her from the list. Her page shows the
+    invitation and joins nothing until she clicks Join; another invitation she declines, and
+    she is no longer a member. Twenty invitations at once (as the server sends them) stack:
+    three shown, the rest counted, none joined."""
+    settings = make_settings(auth_mode="guest", database_url=f"sqlite:///{tmp_path}/data/hubbub.db")
+    async with run_server(settings) as live:
+        alice = await ChatPage.open(browser, live.http_url, "alice", "lobby")
+        impostor = await ChatPage.open(browser, live.http_url, "alice", "lobby")
+        bob = await ChatPage.open(browser, live.http_url, "bob", "lobby")
+        try:
+            pages = (alice, impostor, bob)
+            users = [await c.page.evaluate("hubbub.client.hello.user") for c in pages]
+            real, fake = users[:2]
+            real_label, fake_label, bob_label = (label(user, users) for user in users)
+            assert real_label != fake_label and real_label.startswith("alice·")
+
+            # Told apart at a glance: presence (with the warning), authors, own names.
+            await expect(bob.page.locator("#presence li")).to_have_text(
+                [label(user, users) for user in sorted(users)], timeout=UI_TIMEOUT_MS
+            )
+            await expect(bob.page.locator("#name-warnings li")).to_have_text(
+                ["⚠ 2 people are called alice"]
+            )
+            await expect(alice.page.locator("#me-name")).to_have_text(real_label)
+            await expect(impostor.page.locator("#me-name")).to_have_text(fake_label)
+            await alice.say("it's me")
+            await bob.shows(["it's me"])
+            await impostor.say("no, me")
+            await bob.shows(["it's me", "no, me"])
+            await expect(bob.page.locator("#messages .message .author")).to_have_text(
+                [real_label, fake_label]
+            )
+            # An avatar each, its colour set through the CSSOM (a CSP violation would be a
+            # console error: close() fails on those).
+            hues = await bob.page.locator("#presence .avatar").evaluate_all(
+                "nodes => nodes.map(node => node.style.getPropertyValue('--hue'))"
+            )
+            assert len(hues) == 3 and all(hue.isdigit() for hue in hues), hues
+
+            await bob.page.locator("#create-input").fill("plans")
+            await bob.page.locator("#create-input").press("Enter")
+            await expect(bob.page.locator("#room-title")).to_have_text("🔒 plans")
+            invite = bob.page.locator("#invite-input")
+            # A typed name is never resolved to somebody: refused, nobody invited.
+            await invite.fill("alice")
+            await invite.press("Enter")
+            await expect(bob.page.locator("#alerts")).to_contain_text(
+                "Pick the person from the list: 2 people are called alice"
+            )
+            # Picked from the list (the options show the suffixes): the real alice's id.
+            await invite.fill("ali")
+            options = bob.page.locator("#invite-options [role=option]")
+            await expect(options).to_have_text(sorted([real_label, fake_label]))
+            await bob.page.get_by_role("option", name=real_label).click()
+            await expect(invite).to_have_value(real_label)
+            await invite.press("Enter")
+            members = bob.page.locator("#room-members")
+            await expect(members).to_contain_text(real_label)
+            await expect(members).not_to_contain_text(fake_label)
+
+            # Alice is asked; her page joins nothing by itself.
+            card = alice.page.locator("#invitations .invitation")
+            await expect(card).to_contain_text(f"{bob_label} invited you to 🔒 plans")
+            assert frames_sent(bob, "invite") == [
+                {"type": "invite", "room": "plans", "user": real, "role": "member"}
+            ]
+            await expect(impostor.page.locator("#invitations .invitation")).to_have_count(0)
+            await asyncio.sleep(0.5)  # time enough for a page that joins by itself
+            await expect(alice.page.locator('#rooms li[data-room="plans"]')).to_have_count(0)
+            assert not [f for f in frames_sent(alice, "join") if f["room"] == "plans"]
+            assert all(conn.user != real for conn in live.state.hub.members("plans"))
+            await alice.page.get_by_role("button", name="Join plans").click()
+            await expect(alice.page.locator("#room-title")).to_have_text("🔒 plans")
+            await expect(card).to_have_count(0)
+            await wait_until(
+                lambda: any(conn.user == real for conn in live.state.hub.members("plans")), 10
+            )
+            await bob.say("welcome, the real alice")
+            await alice.shows(["welcome, the real alice"])
+            ARTIFACTS.mkdir(exist_ok=True)
+            await bob.page.screenshot(path=ARTIFACTS / "chat-namesakes.png", full_page=True)
+
+            # Declined: out of the members, as the owner's page shows.
+            await bob.page.locator("#create-input").fill("secret")
+            await bob.page.locator("#create-input").press("Enter")
+            await expect(bob.page.locator("#room-title")).to_have_text("🔒 secret")
+            await invite.fill("alice")
+            await bob.page.get_by_role("option", name=real_label).click()
+            await invite.press("Enter")
+            await expect(members).to_contain_text(real_label)
+            await expect(card).to_contain_text(f"{bob_label} invited you to 🔒 secret")
+            await alice.page.get_by_role("button", name="Decline secret").click()
+            await expect(card).to_have_count(0)
+            await expect(members).not_to_contain_text(real_label)
+            await expect(members).to_contain_text(bob_label)
+            await expect(alice.page.locator('#rooms li[data-room="secret"]')).to_have_count(0)
+            assert all(conn.user != real for conn in live.state.hub.members("secret"))
+
+            # A flood of invitations (20 in a second) stacks, and joins nothing.
+            await alice.page.evaluate(
+                """by => { for (let n = 0; n < 20; n++) hubbub.client._handle({
+                    type: "invited", room: `flood${n}`, private: true, title: "", topic: "",
+                    role: "member", by}); }""",
+                fake,
+            )
+            await expect(card).to_have_count(3)
+            await expect(card.first).to_contain_text(f"{fake_label} invited you to 🔒 flood0")
+            await expect(alice.page.locator("#invitations .invitation-more")).to_contain_text(
+                "and 17 more invitations"
+            )
+            await asyncio.sleep(0.3)
+            await expect(alice.page.locator('#rooms li[data-room^="flood"]')).to_have_count(0)
+            assert not [f for f in frames_sent(alice, "join") if str(f["room"]).startswith("flood")]
+            await alice.page.screenshot(path=ARTIFACTS / "chat-invitations.png", full_page=True)
+        finally:
+            await alice.close()
+            await impostor.close()
             await bob.close()
