@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 import pytest
 import uvloop
 from redis.asyncio import Redis
+from sqlalchemy.ext.asyncio import AsyncEngine
 
+from app.store.database import engine_for, migrate
 from tests.helpers import LiveServer, make_settings, run_server
 from tests.processes import PostgresServer, RedisServer
 
@@ -54,3 +57,23 @@ async def postgres_server() -> AsyncIterator[PostgresServer]:
         yield server
     finally:
         await server.stop()
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+async def engine(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[AsyncEngine]:
+    """A migrated store on each database."""
+    if request.param == "sqlite":
+        url = f"sqlite:///{tmp_path}/data/chat.db"
+        server = None
+    else:
+        server = PostgresServer()
+        await server.start()
+        url = await server.create_database("hubbub")
+    engine = engine_for(url)
+    try:
+        await migrate(engine)
+        yield engine
+    finally:
+        await engine.dispose()
+        if server is not None:
+            await server.stop()

@@ -4,7 +4,6 @@ and SQLite (a file in a temporary directory)."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -21,26 +20,6 @@ from app.store.messages import MessageStore, StoredMessage
 from app.store.schema import metadata
 from tests.helpers import wait_until
 from tests.processes import AppProcess, PostgresServer
-
-
-@pytest.fixture(params=["sqlite", "postgresql"])
-async def engine(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[AsyncEngine]:
-    """A migrated store on each database."""
-    if request.param == "sqlite":
-        url = f"sqlite:///{tmp_path}/data/chat.db"
-        server = None
-    else:
-        server = PostgresServer()
-        await server.start()
-        url = await server.create_database("hubbub")
-    engine = engine_for(url)
-    try:
-        await migrate(engine)
-        yield engine
-    finally:
-        await engine.dispose()
-        if server is not None:
-            await server.stop()
 
 
 def _message(conversation: str, n: int) -> StoredMessage:

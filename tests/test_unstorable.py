@@ -17,7 +17,6 @@ import asyncio
 import contextlib
 import logging
 import re
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -158,26 +157,6 @@ async def test_the_backend_api_refuses_a_nul_with_422(tmp_path: Path) -> None:
 
 
 # -- in the archivers ------------------------------------------------------------------------
-
-
-@pytest.fixture(params=["sqlite", "postgresql"])
-async def engine(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[AsyncEngine]:
-    """A migrated store on each database."""
-    server = None
-    if request.param == "sqlite":
-        url = f"sqlite:///{tmp_path}/data/chat.db"
-    else:
-        server = PostgresServer()
-        await server.start()
-        url = await server.create_database("hubbub")
-    engine = engine_for(url)
-    try:
-        await migrate(engine)
-        yield engine
-    finally:
-        await engine.dispose()
-        if server is not None:
-            await server.stop()
 
 
 def _row(conversation: str, n: int, text: str | None = None) -> StoredMessage:
