@@ -92,6 +92,11 @@ async def test_metrics_count_server_closes_by_code(server: LiveServer) -> None:
 
 
 async def test_http_requests_are_instrumented(server: LiveServer) -> None:
+    # An unused room's history is 404 for anyone (issue 33): say something in it first.
+    async with ChatClient.connect(server.ws_url("writer")) as client:
+        await client.join("r1")
+        await client.say("r1", "hello")
+        await client.messages_until("hello")
     async with httpx.AsyncClient() as http:
         assert (await http.get(f"{server.http_url}/rooms/r1/messages")).status_code == 200
     result = await scrape(f"{server.http_url}/metrics")
