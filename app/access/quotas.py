@@ -167,6 +167,12 @@ class RedisQuotas:
     def _key(self, *parts: str) -> str:
         return ":".join((self._prefix, "q", *parts))
 
+    def _bucket_key(self, rate: str, who: str) -> str:
+        """A token bucket (see app.broker.redis_scripts.TOKEN_BUCKET: a string since the
+        buckets became GCRA; the hashes of before were under ``q:``, which old workers of a
+        rolling deploy still read)."""
+        return f"{self._prefix}:rate:{rate}:{who}"
+
     def _user_key(self, kind: str, user: str) -> str:
         """A user's ``ban`` or ``conns`` key (on Redis Cluster, in the user's slot)."""
         return f"{self._prefix}:q:{{u:{user}}}:{kind}" if self._cluster else self._key(kind, user)
@@ -176,14 +182,14 @@ class RedisQuotas:
             return True
         rate, burst = self._rates["ip"]
         try:
-            return bool(await self._take(keys=[self._key("ip", ip)], args=[rate, burst]))
+            return bool(await self._take(keys=[self._bucket_key("ip", ip)], args=[rate, burst]))
         except _ERRORS as exc:
             logger.warning("quotas unavailable, admitting address %s: %r", ip, exc)
             return True
 
     async def admit(self, user: str, conn_id: str, ip: str | None) -> Refusal | None:
         rate, burst = self._rates["ip"]
-        ip_key = "" if ip is None else self._key("ip", ip)
+        ip_key = "" if ip is None else self._bucket_key("ip", ip)
         keys = [ip_key, self._user_key("ban", user), self._user_key("conns", user)]
         args: list[str | float] = [
             rate, burst, conn_id, self._settings.max_connections_per_user, self._ttl_ms,
@@ -225,7 +231,9 @@ class RedisQuotas:
     async def allow(self, rate: Rate, user: str) -> bool:
         per_s, burst = self._rates[rate]
         try:
-            taken = await self._pipeline.call(self._take, [self._key(rate, user)], [per_s, burst])
+            taken = await self._pipeline.call(
+                self._take, [self._bucket_key(rate, user)], [per_s, burst]
+            )
             return bool(taken)
         except _ERRORS:
             return True

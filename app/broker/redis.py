@@ -44,7 +44,7 @@ from app.conversations.lifecycle import Change, Kind, Target, with_state
 from app.conversations.names import addressed, direct, is_direct
 from app.errors import BrokerUnavailable, MessageGone, QuotaExceeded
 from app.protocol import event_frame_parts, is_message_frame, message_frame_parts, message_id_of
-from app.redisio.autopipeline import AutoPipeline, NotReplicated
+from app.redisio.autopipeline import SERVER_RUN_ID, AutoPipeline, NotReplicated
 from app.redisio.clients import (
     REDIS_ERRORS,
     call_redis,
@@ -159,7 +159,7 @@ class RedisBroker:
         return self._keys.room(room, part)
 
     def _quota_key(self, user: str) -> str:
-        return f"{self._prefix}:q:message:{user}"
+        return f"{self._prefix}:rate:message:{user}"
 
     # -- lifecycle ----------------------------------------------------------------------------
 
@@ -546,6 +546,7 @@ class RedisBroker:
         settings = self._settings
         rate, burst = quota or (settings.user_messages_per_s, settings.user_message_burst)
         args: list[Any] = [
+            SERVER_RUN_ID,  # the pipeline writes in the run_id of the server it talks to
             channel,
             head,
             body,

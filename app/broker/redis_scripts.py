@@ -58,18 +58,17 @@ local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 """
 
-# A token bucket per key (a hash: t tokens, ts last refill in ms).
+# A token bucket per key: `rate` tokens a second, at most `burst`, one taken per call. Kept
+# as GCRA (the generic cell rate algorithm, the same decisions): the key is a string, the
+# time in ms at which the bucket is full again; no key is a full bucket. Two calls, and the
+# key expires exactly when the bucket is full again.
 TOKEN_BUCKET: Final = """
 local function take(key, rate, burst, now)
-  local b = redis.call('HMGET', key, 't', 'ts')
-  local tokens = tonumber(b[1]) or burst
-  local ts = tonumber(b[2]) or now
-  tokens = math.min(burst, tokens + math.max(0, now - ts) * rate / 1000)
-  local ok = 0
-  if tokens >= 1 then tokens = tokens - 1; ok = 1 end
-  redis.call('HSET', key, 't', tostring(tokens), 'ts', tostring(now))
-  redis.call('PEXPIRE', key, math.ceil(burst / rate * 1000) + 1000)
-  return ok
+  local interval = 1000 / rate
+  local full_at = math.max(tonumber(redis.call('GET', key)) or now, now) + interval
+  if full_at - now > burst * interval then return 0 end
+  redis.call('SET', key, string.format('%.3f', full_at), 'PX', math.ceil(full_at - now))
+  return 1
 end
 """
 
@@ -81,6 +80,11 @@ end
 # `since` from before the break is answered `recovered:false` instead of a silent gap. `base`
 # is the log's entries-added at that moment: entries trimmed after the origin are those beyond
 # the log's length among the `added - base` added since.
+# The run_id is the caller's `run` when it knows it (the server at the other end of its
+# connection: app.redisio.autopipeline learns it once per connection), else asked with
+# `INFO server` (which costs a publish a fifth of its time). `incarnation` also returns when
+# the keys' expiry was last pushed back (`tl` with a log, `tm` without; nil in a new
+# incarnation): see EXPIRY.
 INCARNATION: Final = """
 local function entries_added(log)
   if log == '' or redis.call('EXISTS', log) == 0 then return 0 end
@@ -90,15 +94,37 @@ local function entries_added(log)
   end
   return nil  -- Redis < 7.0 does not say
 end
-local function incarnation(meta, log, ttl_ms)
-  local run = string.match(redis.call('INFO', 'server'), 'run_id:(%x+)')
-  local m = redis.call('HMGET', meta, 'last', 'origin', 'run', 'base')
-  if m[3] == run then return tonumber(m[1]), tonumber(m[2]), tonumber(m[4]) end
+local function incarnation(meta, log, ttl_ms, run)
+  if run == nil or run == '' then
+    run = string.match(redis.call('INFO', 'server'), 'run_id:(%x+)')
+  end
+  local m = redis.call('HMGET', meta, 'last', 'origin', 'run', 'base', 'tl', 'tm')
+  if m[3] == run then
+    return tonumber(m[1]), tonumber(m[2]), tonumber(m[4]), tonumber(log == '' and m[6] or m[5])
+  end
   local origin = string.format('%.0f', math.max(tonumber(m[1] or '0'), now * 1000))
   local base = entries_added(log) or -1
   redis.call('HSET', meta, 'last', origin, 'origin', origin, 'run', run, 'base', base)
+  redis.call('HDEL', meta, 'tl', 'tm')
   redis.call('PEXPIRE', meta, ttl_ms)
-  return tonumber(origin), tonumber(origin), base
+  return tonumber(origin), tonumber(origin), base, nil
+end
+"""
+
+# A room's keys live `ttl` after its last message. Pushing their expiry back on every message
+# cost two calls each; instead it is pushed back to 9/8 of the ttl once an eighth of it has
+# passed since the last push (`tl`/`tm` in meta), so the keys still live at least `ttl` after
+# the last message and at most an eighth more. A new incarnation (a new log, perhaps) pushes
+# at once.
+EXPIRY: Final = """
+local function expiry_due(pushed, ttl_ms)
+  return pushed == nil or now - pushed >= tonumber(ttl_ms) / 8
+end
+local function push_expiry(meta, log, ttl_ms)
+  local ttl = math.ceil(tonumber(ttl_ms) * 9 / 8)
+  redis.call('PEXPIRE', meta, ttl)
+  if log ~= '' then redis.call('PEXPIRE', log, ttl) end
+  return log == '' and 'tm' or 'tl'
 end
 """
 
@@ -109,26 +135,37 @@ TAKE: Final = NOW + TOKEN_BUCKET + "return take(KEYS[1], tonumber(ARGV[1]), tonu
 # loss of the room's keys (as long as Redis' clock does not go back), and stay below 2^53 so
 # Lua's doubles and JavaScript clients hold them exactly. Messages and events (edits, deletes,
 # reactions: app.conversations.lifecycle) are numbered in the same sequence.
-# publish_frame(head, body) numbers, logs, archives and delivers one frame; -> {id, 0, ts_ms}
+# publish_frame(head, body, claim) numbers, logs, archives and delivers one frame; -> {id, 0,
+# ts_ms}. With `claim`, the dedup marker (KEYS[3]) is set to the id first, unless it exists:
+# then nothing is published and the reply is {first id, 1, 0} (a duplicate).
 # KEYS: meta, log (or '' for no history), dedup (or ''), the sender's message quota bucket,
 #       the archive stream (or '' without a store), its count of messages not archived
-# ARGV: channel, (head), (body), log length (history size + 1), ttl_ms, dedup_ttl_ms,
-#       second channel (or ''), quota rate per s, quota burst, conversation, archive length
+# ARGV: the run_id of the Redis server (see INCARNATION; '' to ask), channel, (head), (body),
+#       log length (history size + 1), ttl_ms, dedup_ttl_ms, second channel (or ''), quota
+#       rate per s, quota burst, conversation, archive length
+# The log is trimmed exactly to its length: a room's log is short (a history), and trimming
+# whole stream nodes instead (`MAXLEN ~`) would keep up to 100 entries more per room.
 PUBLISH_FRAME: Final = """
-local function publish_frame(head, body)
-  local last = incarnation(KEYS[1], KEYS[2], ARGV[5])
+local function publish_frame(head, body, claim)
+  local last, _, _, pushed = incarnation(KEYS[1], KEYS[2], ARGV[6], ARGV[1])
   local id = string.format('%.0f', math.max(last + 1, now * 1000))
+  if claim and KEYS[3] ~= '' then
+    local first = redis.call('SET', KEYS[3], id, 'NX', 'GET', 'PX', ARGV[7])
+    if first then return {first, 1, 0} end
+  end
   -- The frame, as app.protocol.message_frame builds it from the same head and body.
   local payload = head .. id .. body .. string.format('%.0f', now) .. '}'
-  redis.call('HSET', KEYS[1], 'last', id)
-  redis.call('PEXPIRE', KEYS[1], ARGV[5])
   if KEYS[2] ~= '' then
-    redis.call('XADD', KEYS[2], 'MAXLEN', ARGV[4], id .. '-0', 'f', payload)
-    redis.call('PEXPIRE', KEYS[2], ARGV[5])
+    redis.call('XADD', KEYS[2], 'MAXLEN', ARGV[5], id .. '-0', 'f', payload)
+  end
+  if expiry_due(pushed, ARGV[6]) then
+    redis.call('HSET', KEYS[1], 'last', id, push_expiry(KEYS[1], KEYS[2], ARGV[6]), now)
+  else
+    redis.call('HSET', KEYS[1], 'last', id)
   end
   if KEYS[5] ~= '' then
-    if redis.call('XLEN', KEYS[5]) < tonumber(ARGV[11]) then
-      redis.call('XADD', KEYS[5], '*', 'c', ARGV[10], 'f', payload)
+    if redis.call('XLEN', KEYS[5]) < tonumber(ARGV[12]) then
+      redis.call('XADD', KEYS[5], '*', 'c', ARGV[11], 'f', payload)
     else  -- the backlog is full (the store has been down for long): counted, not archived,
       -- and the room's store history has a hole here that recovery must not read across
       redis.call('INCR', KEYS[6])
@@ -138,36 +175,31 @@ local function publish_frame(head, body)
   -- Subscribers get the frame itself: workers of the previous release read it too (a rolling
   -- deploy runs both), and the broker reads the id from it (app.protocol.message_id_of).
   -- A room's channel (no second channel) is a shard channel on Redis Cluster (see sharded).
-  redis.call(ARGV[7] == '' and ROOM_PUBLISH or 'PUBLISH', ARGV[1], payload)
-  if ARGV[7] ~= '' and ARGV[7] ~= ARGV[1] then redis.call('PUBLISH', ARGV[7], payload) end
-  if KEYS[3] ~= '' then redis.call('SET', KEYS[3], id, 'PX', ARGV[6]) end
+  redis.call(ARGV[8] == '' and ROOM_PUBLISH or 'PUBLISH', ARGV[2], payload)
+  if ARGV[8] ~= '' and ARGV[8] ~= ARGV[2] then redis.call('PUBLISH', ARGV[8], payload) end
+  if not claim and KEYS[3] ~= '' then redis.call('SET', KEYS[3], id, 'PX', ARGV[7]) end
   return {id, 0, now}, payload
 end
 """
 
-# The sender's quota, then its dedup marker: {0, 2, 0} refused by the quota, {id, 1, 0} a
-# duplicate of message id.
-QUOTA_AND_DEDUP: Final = """
-if KEYS[4] ~= '' and take(KEYS[4], tonumber(ARGV[8]), tonumber(ARGV[9]), now) == 0 then
+# The sender's quota: {0, 2, 0} refused.
+QUOTA: Final = """
+if KEYS[4] ~= '' and take(KEYS[4], tonumber(ARGV[9]), tonumber(ARGV[10]), now) == 0 then
   return {0, 2, 0}
-end
-if KEYS[3] ~= '' then
-  local first = redis.call('GET', KEYS[3])
-  if first then return {first, 1, 0} end
 end
 """
 
-# A message. ARGV[2], ARGV[3]: the head and body of its frame (app.protocol.message_frame_parts).
+# A message. ARGV[3], ARGV[4]: the head and body of its frame (app.protocol.message_frame_parts).
 # With webhooks (KEYS[7]: their queue, or ''), the message is queued as `message.created` in
-# the same step, unless the queue holds ARGV[12] events: then KEYS[8] counts it.
+# the same step, unless the queue holds ARGV[13] events: then KEYS[8] counts it.
 # -> {id, 0 published | 1 duplicate | 2 refused by the quota, ts_ms}
 PUBLISH: Final = (
-    NOW + TOKEN_BUCKET + INCARNATION + PUBLISH_FRAME + QUOTA_AND_DEDUP
+    NOW + TOKEN_BUCKET + INCARNATION + EXPIRY + PUBLISH_FRAME + QUOTA
     + """
-local reply, payload = publish_frame(ARGV[2], ARGV[3])
-if KEYS[7] ~= '' then
-  if redis.call('XLEN', KEYS[7]) < tonumber(ARGV[12]) then
-    redis.call('XADD', KEYS[7], '*', 'e', 'message.created', 'c', ARGV[10], 'f', payload)
+local reply, payload = publish_frame(ARGV[3], ARGV[4], true)
+if payload and KEYS[7] ~= '' then
+  if redis.call('XLEN', KEYS[7]) < tonumber(ARGV[13]) then
+    redis.call('XADD', KEYS[7], '*', 'e', 'message.created', 'c', ARGV[11], 'f', payload)
   else
     redis.call('INCR', KEYS[8])
   end
@@ -176,14 +208,15 @@ return reply
 """
 )  # fmt: skip
 
-# An event on message `target` (app.conversations.lifecycle): published like a message, and applied
-# to the
-# message's current state, a JSON object in the room's hash `state` (field: the message id).
-# Refused ({0, 3, 0}) when the message is deleted. A reaction toggles: its frame says `on`
-# (ARGV[3]) when the user had not reacted with that emoji, else `off` (ARGV[16]). The state of
-# a message the log no longer holds is ARGV[17], read from the store by the worker; kept
-# in the hash from then on. The hash expires with the room and is pruned of the messages the
-# log no longer holds when it grows past twice the log's length.
+# An event on message `target` (app.conversations.lifecycle): published like a message, and
+# applied to the message's current state, a JSON object in the room's hash `state` (field: the
+# message id). A duplicate (its dedup marker exists) answers {first id, 1, 0} before anything
+# else, so a retried delete is a duplicate, not a refusal. Refused ({0, 3, 0}) when the
+# message is deleted. A reaction toggles: its frame says `on` (ARGV[4]) when the user had not
+# reacted with that emoji, else `off` (ARGV[17]). The state of a message the log no longer
+# holds is ARGV[18], read from the store by the worker; kept in the hash from then on. The
+# hash expires with the room and is pruned of the messages the log no longer holds when it
+# grows past twice the log's length.
 # KEYS: as PUBLISH, then the state hash
 # ARGV: as PUBLISH, then target id, kind (app.conversations.lifecycle.Kind: 1 edited, 2 deleted,
 #       3 reaction), user, text (the new text, or the emoji), body of a reaction taken back,
@@ -192,15 +225,20 @@ EVENT: Final = (
     NOW
     + TOKEN_BUCKET
     + INCARNATION
+    + EXPIRY
     + PUBLISH_FRAME
-    + QUOTA_AND_DEDUP
+    + QUOTA
     + """
-local target, kind, user, text = ARGV[12], tonumber(ARGV[13]), ARGV[14], ARGV[15]
+if KEYS[3] ~= '' then
+  local first = redis.call('GET', KEYS[3])
+  if first then return {first, 1, 0} end
+end
+local target, kind, user, text = ARGV[13], tonumber(ARGV[14]), ARGV[15], ARGV[16]
 local raw = redis.call('HGET', KEYS[7], target)
 local state = {}
-if raw then state = cjson.decode(raw) elseif ARGV[17] ~= '' then state = cjson.decode(ARGV[17]) end
+if raw then state = cjson.decode(raw) elseif ARGV[18] ~= '' then state = cjson.decode(ARGV[18]) end
 if state.deleted then return {0, 3, 0} end
-local body = ARGV[3]
+local body = ARGV[4]
 if kind == 1 then
   state.text = text
   state.edited = now
@@ -212,14 +250,14 @@ else
   for _, u in ipairs(reactions[text] or {}) do
     if u == user then had = true else kept[#kept + 1] = u end
   end
-  if had then body = ARGV[16] else kept[#kept + 1] = user end
+  if had then body = ARGV[17] else kept[#kept + 1] = user end
   if #kept > 0 then reactions[text] = kept else reactions[text] = nil end
   if next(reactions) then state.reactions = reactions else state.reactions = nil end
 end
-local reply = publish_frame(ARGV[2], body)
+local reply = publish_frame(ARGV[3], body, false)
 redis.call('HSET', KEYS[7], target, cjson.encode(state))
-redis.call('PEXPIRE', KEYS[7], ARGV[5])
-if KEYS[2] ~= '' and redis.call('HLEN', KEYS[7]) > 2 * tonumber(ARGV[4]) then
+redis.call('PEXPIRE', KEYS[7], math.ceil(tonumber(ARGV[6]) * 9 / 8))
+if KEYS[2] ~= '' and redis.call('HLEN', KEYS[7]) > 2 * tonumber(ARGV[5]) then
   local oldest = redis.call('XRANGE', KEYS[2], '-', '+', 'COUNT', 1)[1]
   if oldest then
     local floor = tonumber(string.sub(oldest[1], 1, -3))

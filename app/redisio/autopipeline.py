@@ -14,10 +14,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Final
 
 import hiredis
 from redis.asyncio import Redis
@@ -35,6 +36,22 @@ _Command = tuple[Any, ...]
 # whether its reply waits for the replicas (see AutoPipeline's ``wait_replicas``).
 _Call = tuple[_Command, "asyncio.Future[Any]", "AsyncScript | None", bool]
 _WAIT = "WAIT"
+
+
+class _ServerRunId:
+    """See :data:`SERVER_RUN_ID`."""
+
+    def __repr__(self) -> str:
+        return "SERVER_RUN_ID"
+
+
+SERVER_RUN_ID: Final = _ServerRunId()
+"""A script's first argument that the pipeline replaces, as it writes the call, with the
+``run_id`` of the Redis server at the other end of its connection (asked once per
+connection, with ``INFO server``): what a script would otherwise ask that server on every
+call. A connection is to one server process for its whole life, so the id a call carries is
+that of the server that runs it, across restarts and failovers alike."""
+_RUN_ID = re.compile(rb"run_id:([0-9a-f]+)")
 
 
 class NotReplicated(RedisError):
@@ -61,6 +78,7 @@ class _Replies(asyncio.Protocol):
     """
 
     writer: asyncio.StreamWriter  # set once handed over (and kept: see hand_over)
+    run_id = b""  # the server's (see SERVER_RUN_ID), set once handed over
 
     def __init__(self, timeout_s: float | None, rerun: Callable[[_Call], None]) -> None:
         self._timeout_s = timeout_s
@@ -76,12 +94,19 @@ class _Replies(asyncio.Protocol):
         return not self.closed and not self.writer.transport.is_closing()
 
     def send(self, batch: list[_Call]) -> None:
-        self.writer.transport.write(b"".join([hiredis.pack_command(call[0]) for call in batch]))
+        self.writer.transport.write(b"".join([self._pack(call[0]) for call in batch]))
         now = time.monotonic()
         self._waiting.extend([(call, now) for call in batch])
         if self._deadline is None and self._timeout_s is not None:
             loop = asyncio.get_running_loop()
             self._deadline = loop.call_at(loop.time() + self._timeout_s, self._check_deadline)
+
+    def _pack(self, command: _Command) -> bytes:
+        # An EVALSHA's first argument follows its keys: (EVALSHA, sha, n, *keys, *args).
+        first = 3 + command[2] if command[0] == "EVALSHA" else 0
+        if first and len(command) > first and command[first] is SERVER_RUN_ID:
+            command = (*command[:first], self.run_id, *command[first + 1 :])
+        return hiredis.pack_command(command)  # type: ignore[no-any-return]
 
     def _check_deadline(self) -> None:
         self._deadline = None
@@ -250,7 +275,12 @@ class AutoPipeline:
         """Open a connection; then send the batches that waited for it, in order."""
         try:
             replies = _Replies(self._timeout_s, self._rerun_loading)
-            replies.writer = await hand_over(self._redis, replies)
+            replies.writer, info = await hand_over(self._redis, replies, ("INFO", "server"))
+            found = _RUN_ID.search(info if isinstance(info, bytes) else str(info).encode())
+            if found is None:  # pragma: no cover - every Redis since 2.4 says it
+                replies.writer.transport.close()
+                raise RedisConnectionError("Redis did not say its run_id")
+            replies.run_id = found.group(1)
         except Exception as exc:
             batches, self._connecting = self._connecting or [], None
             _fail(batches, exc)

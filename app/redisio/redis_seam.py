@@ -34,23 +34,35 @@ from redis.utils import HIREDIS_AVAILABLE
 CHECKED_AGAINST: Final = {"redis": "8.1."}
 
 
-async def hand_over(redis: Redis, protocol: asyncio.BaseProtocol) -> asyncio.StreamWriter:
+async def hand_over(
+    redis: Redis, protocol: asyncio.BaseProtocol, first: tuple[Any, ...] | None = None
+) -> tuple[asyncio.StreamWriter, Any]:
     """Open a connection the way ``redis``'s pool would, then make ``protocol`` its owner.
 
-    From then on ``protocol`` gets every byte that arrives and the connection's loss; redis-py
-    forgets the connection. The caller keeps the returned writer for as long as it uses the
-    transport (``writer.transport``; a StreamWriter closes its transport when collected) and
-    closes the transport when done.
+    ``first``: a command run on the connection before it is handed over; its reply (as
+    redis-py's parser reads it, no response callback) is returned with the writer (None
+    without one). From then on ``protocol`` gets every byte that arrives and the connection's
+    loss; redis-py forgets the connection. The caller keeps the returned writer for as long
+    as it uses the transport (``writer.transport``; a StreamWriter closes its transport when
+    collected) and closes the transport when done.
     """
     pool = redis.connection_pool
     connection = pool.make_connection()  # type: ignore[no-untyped-call]
     await connection.connect()
+    answer = None
+    if first is not None:
+        try:
+            await connection.send_command(*first)
+            answer = await connection.read_response()
+        except BaseException:
+            await connection.disconnect()
+            raise
     writer: asyncio.StreamWriter | None = connection._writer
     if writer is None:  # pragma: no cover - redis-py sets it on connect
         raise ConnectionError("redis-py did not open a stream")
     connection._reader = connection._writer = None  # redis-py must not close it later
     writer.transport.set_protocol(protocol)
-    return writer
+    return writer, answer
 
 
 _SERIALIZER = HiredisRespSerializer()

@@ -50,7 +50,7 @@ class Subscription(asyncio.Protocol):
     async def open(cls, redis: Redis, on_push: PushHandler) -> Subscription:
         """Connect as ``redis`` would (its URL, credentials and timeouts)."""
         subscription = cls(on_push)
-        subscription.writer = await hand_over(redis, subscription)
+        subscription.writer, _ = await hand_over(redis, subscription)
         return subscription
 
     def subscribe(self, *channels: str) -> None:

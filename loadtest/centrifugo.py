@@ -1,0 +1,122 @@
+"""Centrifugo, the peer that ``make bench`` measures Hubbub against, run the way its anchor's
+README says (``../shared/anchors/centrifugo/``): anonymous clients may subscribe and publish
+in ``chat:``, history on (so its messages are recoverable, as Hubbub's are), the Redis engine
+on the Redis given. Nothing of it is part of Hubbub; a machine without the anchor skips the
+peer's side of a comparison and says so.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import lzma
+import os
+import shutil
+import socket
+import tempfile
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+ANCHOR = ROOT.parent / "shared" / "anchors" / "centrifugo" / "centrifugo-v6.9.1-linux-amd64.xz"
+_BINARY = Path(tempfile.gettempdir()) / "hubbub-centrifugo-v6.9.1"
+
+
+def available() -> bool:
+    """Whether the anchor's binary is on this machine."""
+    return _BINARY.exists() or ANCHOR.exists()
+
+
+def binary() -> Path:
+    """The unpacked binary (unpacked once per machine)."""
+    if not _BINARY.exists():
+        partial = _BINARY.with_suffix(".partial")
+        partial.write_bytes(lzma.decompress(ANCHOR.read_bytes()))
+        partial.chmod(0o755)
+        partial.replace(_BINARY)
+    return _BINARY
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def config(port: int, redis_url: str, history_size: int = 1000) -> dict[str, Any]:
+    """The anchor README's configuration, on ``port``, with ``redis_url``'s Redis."""
+    namespace = {
+        "name": "chat",
+        "allow_subscribe_for_client": True, "allow_subscribe_for_anonymous": True,
+        "allow_publish_for_client": True, "allow_publish_for_anonymous": True,
+        "history_size": history_size, "history_ttl": "24h", "force_recovery": True,
+    }  # fmt: skip
+    return {
+        "http_server": {"address": "127.0.0.1", "port": port},
+        "log": {"level": "error"},
+        "usage_stats": {"disabled": True},
+        "engine": {
+            "type": "redis",
+            "redis": {"address": [redis_url.removesuffix("/0")], "prefix": "centrifugo"},
+        },
+        # One client subscribed to every room stands for a node's many clients (loadtest
+        # redis_cost), past the default limit of 128 channels a client.
+        "client": {"allow_anonymous_connect_without_token": True, "channel_limit": 1_000_000},
+        "channel": {"namespaces": [namespace]},
+        "health": {"enabled": True},
+    }
+
+
+class Centrifugo:
+    """One Centrifugo node on a free loopback port, pinned to ``cores``."""
+
+    def __init__(self, redis_url: str, cores: set[int], history_size: int = 1000) -> None:
+        self.port = _free_port()
+        self.dir = Path(tempfile.mkdtemp(prefix="hubbub-centrifugo-"))
+        self.cores = cores
+        (self.dir / "config.json").write_text(
+            json.dumps(config(self.port, redis_url, history_size))
+        )
+        self.proc: asyncio.subprocess.Process | None = None
+
+    @property
+    def ws_url(self) -> str:
+        return f"ws://127.0.0.1:{self.port}/connection/websocket"
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    async def start(self) -> None:
+        env = {**os.environ, "GOMAXPROCS": str(len(self.cores))}
+        self.proc = await asyncio.create_subprocess_exec(
+            "taskset", "-c", ",".join(map(str, sorted(self.cores))),
+            str(binary()), "-c", str(self.dir / "config.json"),
+            env=env, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
+        )  # fmt: skip
+        async with asyncio.timeout(20):
+            while True:
+                if self.proc.returncode is not None:
+                    raise RuntimeError(f"centrifugo exited {self.proc.returncode}")
+                try:
+                    reader, writer = await asyncio.open_connection("127.0.0.1", self.port)
+                    writer.write(b"GET /health HTTP/1.0\r\n\r\n")
+                    status = await reader.readline()
+                    writer.close()
+                    if b" 200 " in status:
+                        return
+                except OSError:
+                    pass
+                await asyncio.sleep(0.05)
+
+    async def stop(self) -> None:
+        if self.proc is not None and self.proc.returncode is None:
+            self.proc.terminate()
+            try:
+                async with asyncio.timeout(10):
+                    await self.proc.wait()
+            except TimeoutError:
+                self.proc.kill()
+                await self.proc.wait()
+        shutil.rmtree(self.dir, ignore_errors=True)

@@ -1,0 +1,291 @@
+"""``python -m loadtest.redis_cost``: what one published message costs Redis.
+
+Starts one ``redis-server`` (no persistence) pinned to ``--redis-core``; then, in this process
+(pinned to ``--generator-core``), a :class:`~app.broker.redis.RedisBroker` that publishes
+``--rate`` messages a second from ``--users`` senders over ``--rooms`` rooms, with a client
+message id (deduplication) on each, as the chat page sends them, through the real publish
+script (numbering, quota, history, pub/sub), and ``--workers`` other brokers, each subscribed
+to every room, standing for the workers whose clients are in the rooms. Over ``--seconds`` it
+reads Redis' CPU time from /proc and prints, as JSON: messages published a second, Redis' CPU
+per message in microseconds, and Redis' own per-command statistics (calls and microseconds
+per published message), so that a change to the scripts shows where it saved.
+
+With ``--target centrifugo`` the same load goes through the peer instead (its anchor, see
+:mod:`loadtest.centrifugo`), on the same kind of Redis: ``--workers`` Centrifugo nodes each
+with a client subscribed to every room (so each node subscribes to every room's channel, as
+each worker does), and a client on the first node publishing over its WebSocket (history on,
+so its messages are recoverable, as Hubbub's are). Redis is measured the same way.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import orjson
+from redis.asyncio import Redis
+from websockets.asyncio.client import ClientConnection, connect
+
+from app.broker.redis import RedisBroker
+from app.settings import Settings
+from loadtest.centrifugo import Centrifugo
+from tests.processes import RedisServer
+
+_TICKS = os.sysconf("SC_CLK_TCK")
+TEXT = "x" * 40
+
+
+class Counter:
+    """A BrokerHandler that counts room deliveries."""
+
+    def __init__(self) -> None:
+        self.delivered = 0
+
+    def deliver_room(self, room: str, message_id: int | None, payload: bytes) -> None:
+        self.delivered += 1
+
+    def deliver_user(self, user: str, message_id: int | None, payload: bytes) -> None: ...
+    def kick(self, user: str, reason: str, issued_at: float | None = None) -> None: ...
+    def link_lost(self) -> None: ...
+    def resubscribed(self) -> None: ...
+    def room_changed(self, room: str) -> None: ...
+
+
+def cpu_s(pid: int) -> float:
+    """The process' CPU time so far (user + system), in seconds."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / _TICKS
+
+
+def per_message(commandstats: dict[str, Any], published: int) -> dict[str, list[float]]:
+    """Redis' ``INFO commandstats`` as {command: [calls, microseconds] per published message}."""
+    out: dict[str, list[float]] = {}
+    for name, stats in sorted(commandstats.items(), key=lambda kv: -kv[1]["usec"]):
+        if stats["calls"]:
+            command = name.removeprefix("cmdstat_")
+            out[command] = [
+                round(stats["calls"] / published, 2),
+                round(stats["usec"] / published, 2),
+            ]
+    return out
+
+
+async def _until_ready(*brokers: RedisBroker) -> None:
+    async with asyncio.timeout(30):
+        while not all(broker.ready for broker in brokers):
+            await asyncio.sleep(0.05)
+
+
+async def measure(args: argparse.Namespace) -> dict[str, Any]:
+    """Start Redis, run ``args.target``'s load on it, and say what Redis spent."""
+    redis = RedisServer()
+    await redis.start()
+    assert redis.proc is not None
+    os.sched_setaffinity(redis.proc.pid, {args.redis_core})
+    admin = Redis.from_url(redis.url)
+    try:
+        run = _hubbub if args.target == "hubbub" else _centrifugo
+        return await run(args, redis, admin)
+    finally:
+        await admin.aclose()
+        await redis.stop()
+
+
+class Load:
+    """Offers ``publish`` at ``rate`` a second, and measures Redis while it does."""
+
+    def __init__(self, args: argparse.Namespace, redis: RedisServer, admin: Redis) -> None:
+        self.args, self.admin = args, admin
+        assert redis.proc is not None
+        self.pid = redis.proc.pid
+        self.sent = self.published = self.failed = 0
+
+    async def offer(self, publish: Any, seconds: float) -> float:
+        """Call ``publish(n)`` (a coroutine function) ``rate`` times a second for ``seconds``;
+        -> the seconds it took, until the last answer. Every ``n`` is new (no duplicate cid)."""
+        tick, n = 0.005, 0
+        tasks: set[asyncio.Task[None]] = set()
+        began = time.monotonic()
+        while (elapsed := time.monotonic() - began) < seconds:
+            for _ in range(int(self.args.rate * elapsed - n)):
+                task = asyncio.ensure_future(publish(self.sent))
+                tasks.add(task)
+                task.add_done_callback(tasks.discard)
+                n += 1
+                self.sent += 1
+            await asyncio.sleep(tick)
+        await asyncio.gather(*tasks, return_exceptions=True)
+        return time.monotonic() - began
+
+    async def measure(self, publish: Any, delivered: Any) -> dict[str, Any]:
+        """Warm up for a second, then offer the load for ``--seconds`` and report."""
+        await self.offer(publish, 1.0)  # every room's keys exist, scripts are loaded
+        self.published = self.failed = 0
+        delivered_before = delivered()
+        await self.admin.config_resetstat()
+        cpu_before = cpu_s(self.pid)
+        took = await self.offer(publish, self.args.seconds)
+        redis_cpu = cpu_s(self.pid) - cpu_before
+        commandstats = await self.admin.info("commandstats")
+        published = max(1, self.published)
+        return {
+            "target": self.args.target,
+            "rooms": self.args.rooms,
+            "workers": self.args.workers,
+            "offered_per_s": self.args.rate,
+            "published_per_s": round(self.published / took),
+            "delivered_to_workers_per_s": round((delivered() - delivered_before) / took),
+            "failed": self.failed,
+            "redis_core_share": round(redis_cpu / took, 3),
+            "redis_us_per_message": round(redis_cpu / published * 1e6, 1),
+            "commands_per_message": per_message(commandstats, published),
+        }
+
+
+async def _hubbub(args: argparse.Namespace, redis: RedisServer, admin: Redis) -> dict[str, Any]:
+    settings = Settings(  # type: ignore[call-arg]
+        redis_url=redis.url, auth_mode="guest", history_size=args.history,
+        user_messages_per_s=args.rate, user_message_burst=int(args.rate),
+    )  # fmt: skip
+    publisher = RedisBroker(settings)
+    listeners = [RedisBroker(settings) for _ in range(args.workers)]
+    counters = [Counter() for _ in listeners]
+    await publisher.start(Counter())
+    for listener, counter in zip(listeners, counters, strict=True):
+        await listener.start(counter)
+    rooms = [f"room-{n}" for n in range(args.rooms)]
+    load = Load(args, redis, admin)
+    try:
+        await _until_ready(publisher, *listeners)
+        for listener in listeners:
+            for room in rooms:
+                await listener.subscribe_room(room)
+
+        async def publish(n: int) -> None:
+            try:
+                await publisher.publish(rooms[n % len(rooms)], f"user{n % args.users}", TEXT, n)
+                load.published += 1
+            except Exception:  # counted: a refused publish is a result too
+                load.failed += 1
+
+        return await load.measure(publish, lambda: sum(c.delivered for c in counters))
+    finally:
+        for listener in listeners:
+            await listener.stop()
+        await publisher.stop()
+
+
+class _CentrifugoClient:
+    """A connection to a Centrifugo node speaking its JSON protocol: numbered commands,
+    answers matched by ``id``, pushes counted."""
+
+    def __init__(self, ws: ClientConnection) -> None:
+        self.ws = ws
+        self.next_id = 0
+        self.answers: dict[int, asyncio.Future[dict[str, Any]]] = {}
+        self.pushes = 0
+        self.sending: set[asyncio.Future[None]] = set()
+        self.reader = asyncio.create_task(self._read())
+
+    @classmethod
+    async def open(cls, url: str) -> _CentrifugoClient:
+        client = cls(await connect(url, max_size=None, compression=None))
+        await client.command({"connect": {}})
+        return client
+
+    def send(self, command: dict[str, Any]) -> asyncio.Future[dict[str, Any]]:
+        self.next_id += 1
+        future: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        self.answers[self.next_id] = future
+        sending = asyncio.ensure_future(self.ws.send(orjson.dumps({"id": self.next_id, **command})))
+        self.sending.add(sending)
+        sending.add_done_callback(self.sending.discard)
+        return future
+
+    async def command(self, command: dict[str, Any]) -> dict[str, Any]:
+        answer = await self.send(command)
+        if "error" in answer:
+            raise RuntimeError(f"centrifugo refused {command}: {answer['error']}")
+        return answer
+
+    async def _read(self) -> None:
+        async for frame in self.ws:
+            for line in frame.splitlines() if isinstance(frame, str) else frame.split(b"\n"):
+                if not line:
+                    continue
+                if line in ("{}", b"{}"):
+                    await self.ws.send("{}")  # its ping
+                    continue
+                reply = orjson.loads(line)
+                if "push" in reply:
+                    self.pushes += 1
+                elif (future := self.answers.pop(reply.get("id", 0), None)) and not future.done():
+                    future.set_result(reply)
+
+    async def close(self) -> None:
+        self.reader.cancel()
+        await self.ws.close()
+
+
+async def _centrifugo(args: argparse.Namespace, redis: RedisServer, admin: Redis) -> dict[str, Any]:
+    nodes = [
+        Centrifugo(redis.url, {args.generator_core}, history_size=args.history)
+        for _ in range(args.workers)
+    ]
+    clients: list[_CentrifugoClient] = []
+    try:
+        for node in nodes:
+            await node.start()
+        rooms = [f"chat:room-{n}" for n in range(args.rooms)]
+        listeners = [await _CentrifugoClient.open(node.ws_url) for node in nodes]
+        clients += listeners
+        for listener in listeners:
+            await asyncio.gather(
+                *(listener.command({"subscribe": {"channel": room}}) for room in rooms)
+            )
+        publisher = await _CentrifugoClient.open(nodes[0].ws_url)
+        clients.append(publisher)
+        load = Load(args, redis, admin)
+
+        async def publish(n: int) -> None:
+            data = {"text": TEXT, "user": f"user{n % args.users}"}
+            answer = await publisher.send(
+                {"publish": {"channel": rooms[n % len(rooms)], "data": data}}
+            )
+            if "error" in answer:
+                load.failed += 1
+            else:
+                load.published += 1
+
+        return await load.measure(publish, lambda: sum(c.pushes for c in listeners))
+    finally:
+        for client in clients:
+            await client.close()
+        for node in nodes:
+            await node.stop()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--target", choices=("hubbub", "centrifugo"), default="hubbub")
+    parser.add_argument("--rooms", type=int, default=1000)
+    parser.add_argument("--rate", type=float, default=5_000.0, help="messages a second")
+    parser.add_argument("--users", type=int, default=1000, help="senders (their quotas)")
+    parser.add_argument("--workers", type=int, default=2, help="subscribed brokers")
+    parser.add_argument("--history", type=int, default=100, help="CHAT_HISTORY_SIZE")
+    parser.add_argument("--seconds", type=float, default=10.0)
+    parser.add_argument("--generator-core", type=int, default=0)
+    parser.add_argument("--redis-core", type=int, default=1)
+    args = parser.parse_args(argv)
+    os.sched_setaffinity(0, {args.generator_core})
+    print(json.dumps(asyncio.run(measure(args)), indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

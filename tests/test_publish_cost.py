@@ -1,0 +1,160 @@
+"""What a publish asks of Redis (issue 34), against a real redis-server: nothing per message
+that can be known once (the server's run_id is learnt per connection, not asked with
+``INFO`` on every publish), keys' expiry pushed back when due rather than on every message
+(and still at least ``CHAT_HISTORY_TTL_S`` after the last one), the message quota as GCRA
+(one string key, two calls) with the token bucket's decisions, and ``make bench``'s
+``loadtest.redis_cost`` in a smoke run."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import time
+from collections.abc import AsyncIterator
+
+import pytest
+from redis.asyncio import Redis
+
+from app.broker.redis import RedisBroker
+from app.errors import QuotaExceeded
+from tests.helpers import make_settings, wait_until
+from tests.processes import ROOT, RedisServer
+from tests.test_broker_contract import Recorder
+
+
+@pytest.fixture
+async def redis() -> AsyncIterator[RedisServer]:
+    server = RedisServer()
+    await server.start()
+    try:
+        yield server
+    finally:
+        await server.stop()
+
+
+async def started(server: RedisServer, **settings: object) -> RedisBroker:
+    broker = RedisBroker(make_settings(**server.settings(), **settings))
+    await broker.start(Recorder())
+    await wait_until(lambda: broker.ready)
+    return broker
+
+
+async def command_calls(admin: Redis) -> dict[str, int]:
+    stats = await admin.info("commandstats")
+    return {name.removeprefix("cmdstat_"): int(s["calls"]) for name, s in stats.items()}
+
+
+async def test_a_publish_asks_redis_only_what_it_cannot_know(redis: RedisServer) -> None:
+    """40 messages with client ids in one room: no INFO (the run_id came with the
+    connection), one PEXPIRE push for the room's two keys at most, one SET NX for each dedup
+    marker, and the quota in two calls a message."""
+    broker = await started(redis, history_ttl_s=3600)
+    admin = Redis.from_url(redis.url)
+    try:
+        await broker.publish("r", "u", "warm-up", "c0")  # the connection is open
+        await admin.config_resetstat()
+        for n in range(1, 41):
+            await broker.publish("r", "u", str(n), f"c{n}")
+        calls = await command_calls(admin)
+        assert calls.get("info", 0) == 0, calls
+        assert calls.get("pexpire", 0) <= 2, calls
+        assert calls["evalsha"] == 40 and calls["xadd"] == 40 and calls["publish"] == 40, calls
+        assert calls["get"] == 40 and calls["set"] == 80, calls  # quota: GET+SET; marker: SET NX
+    finally:
+        await admin.aclose()
+        await broker.stop()
+
+
+async def test_a_rooms_keys_live_their_ttl_after_the_last_message(redis: RedisServer) -> None:
+    """Right after any publish, the room's meta and log expire no sooner than the ttl and no
+    later than 9/8 of it, whether or not that publish pushed the expiry back; a log that
+    appears in a live incarnation (history turned on by a deploy) gets an expiry too."""
+    ttl_s = 0.8
+    without_history = await started(redis, history_ttl_s=ttl_s, history_size=0)
+    with_history = await started(redis, history_ttl_s=ttl_s)
+    admin = Redis.from_url(redis.url)
+    meta, log = "hubbub:{r:r}:meta", "hubbub:{r:r}:log"
+    try:
+        await without_history.publish("r", "u", "no log yet", None)
+        assert await admin.exists(log) == 0
+        began = time.monotonic()
+        while time.monotonic() - began < 0.5:  # a push is due every 0.1 s
+            await with_history.publish("r", "u", "x", None)
+            published_at = time.monotonic()
+            pttls = [await admin.pttl(meta), await admin.pttl(log)]
+            read_after_ms = (time.monotonic() - published_at) * 1000
+            for pttl in pttls:
+                assert ttl_s * 1000 - read_after_ms - 5 <= pttl <= ttl_s * 1000 * 9 / 8, pttls
+            await asyncio.sleep(0.03)
+    finally:
+        await admin.aclose()
+        await with_history.stop()
+        await without_history.stop()
+
+
+async def test_the_message_quota_allows_its_burst_then_its_rate(redis: RedisServer) -> None:
+    """Burst 3 at 10 a second: three at once, the fourth refused (and refusals take
+    nothing), one more once a tenth of a second has passed; the bucket's key expires when the
+    bucket is full again."""
+    broker = await started(redis, user_messages_per_s=10, user_message_burst=3)
+    admin = Redis.from_url(redis.url)
+    try:
+        for n in range(3):
+            await broker.publish("r", "u", str(n), None)
+        refused_at = time.monotonic()
+        with pytest.raises(QuotaExceeded):
+            await broker.publish("r", "u", "over", None)
+        while True:
+            try:
+                await broker.publish("r", "u", "later", None)
+                break
+            except QuotaExceeded:
+                await asyncio.sleep(0.01)
+        assert time.monotonic() - refused_at >= 0.08
+        assert 0 < await admin.pttl("hubbub:rate:message:u") <= 300
+    finally:
+        await admin.aclose()
+        await broker.stop()
+
+
+async def test_a_restart_from_its_append_only_file_is_a_new_incarnation() -> None:
+    """The run_id a publish carries is that of the server on its connection: after Redis
+    restarts (keeping every key), the broker's next publish starts a new incarnation, so a
+    ``since`` from before the restart is not vouched for."""
+    server = RedisServer(appendonly=True)
+    await server.start()
+    broker = await started(server, redis_timeout_s=1)
+    try:
+        before = await broker.publish("r", "u", "before", None)
+        await server.kill()
+        await server.start()
+        async with asyncio.timeout(20):
+            while True:
+                try:
+                    await broker.publish("r", "u", "after", None)
+                    break
+                except Exception:
+                    await asyncio.sleep(0.1)
+        assert not (await broker.history_since("r", before.id, 10)).recovered
+    finally:
+        await broker.stop()
+        await server.stop()
+
+
+@pytest.mark.timeout(120)
+async def test_redis_cost_smoke() -> None:
+    """``python -m loadtest.redis_cost`` for two seconds: every message published, delivered
+    to both subscribed brokers, and its cost reported per message, command by command."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "loadtest.redis_cost", "--rooms", "20", "--rate", "300",
+        "--seconds", "2", "--workers", "2", cwd=ROOT,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    stdout, stderr = await proc.communicate()
+    assert proc.returncode == 0, stderr.decode()
+    result = json.loads(stdout)
+    assert result["failed"] == 0 and result["published_per_s"] > 200, result
+    assert result["delivered_to_workers_per_s"] >= 2 * result["published_per_s"] * 0.9, result
+    assert result["redis_us_per_message"] > 0, result
+    assert "evalsha" in result["commands_per_message"], result
