@@ -14,7 +14,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from app.redisio.autopipeline import AutoPipeline
+from app.redisio.autopipeline import SERVER_RUN_ID, AutoPipeline, Merge
 from tests.helpers import wait_until
 from tests.processes import RedisServer
 
@@ -155,3 +155,60 @@ async def test_close_fails_the_calls_still_waiting_or_queued(redis_server: Redis
         with pytest.raises(RedisConnectionError):
             await pipeline.call(incr, ["n"], [1])  # closed for good
     await redis.aclose()
+
+
+# A mergeable script: ARGV[1] once (shared), then one key and one argument per call; it logs
+# each call's (shared, own) and answers {own, the run's number of calls} per call.
+MERGEABLE = """
+local replies = {}
+for i = 1, #KEYS do
+  redis.call('RPUSH', KEYS[i], ARGV[1] .. ':' .. ARGV[i + 1])
+  replies[2 * i - 1], replies[2 * i] = ARGV[i + 1], #KEYS
+end
+return replies
+"""
+
+
+async def test_mergeable_calls_of_one_iteration_share_script_runs_in_order(
+    redis: Redis,
+) -> None:
+    """Neighbouring calls of one group merge (at most ``max_merged`` in a run); a call of
+    another group, or an unmergeable one, starts a new run; every caller gets its own reply
+    and the server ran them in the order made; the shared first argument is the server's
+    run_id where the callers passed SERVER_RUN_ID."""
+    pipeline = AutoPipeline(redis, max_merged=4)
+    merged = redis.register_script(MERGEABLE)
+    incr = redis.register_script(INCR_BY)
+    await redis.script_load(MERGEABLE)
+    await redis.script_load(INCR_BY)
+    run_id = (await redis.info("server"))["run_id"]
+    a, b = Merge("a", 2), Merge("b", 2)
+    calls = [
+        *(pipeline.submit(merged, ["log"], [SERVER_RUN_ID, n], merge=a) for n in range(6)),
+        pipeline.submit(incr, ["n"], [1]),
+        pipeline.submit(merged, ["log"], [SERVER_RUN_ID, 6], merge=a),
+        pipeline.submit(merged, ["log"], [SERVER_RUN_ID, 7], merge=b),
+        pipeline.submit(merged, ["log"], [SERVER_RUN_ID, 8], merge=b),
+    ]
+    replies = await asyncio.gather(*calls)
+    assert pipeline.batches == 1
+    runs = [reply[1] for reply in replies[:6]] + [replies[7][1], replies[8][1], replies[9][1]]
+    assert runs == [4, 4, 4, 4, 2, 2, 1, 2, 2]  # 4 + 2, then alone after the INCR, then 2
+    assert [reply[0] for i, reply in enumerate(replies) if i != 6] == [
+        str(n).encode() for n in range(9)
+    ]
+    assert replies[6] == 1
+    assert await redis.lrange("log", 0, -1) == [f"{run_id}:{n}".encode() for n in range(9)]
+
+
+async def test_a_merged_runs_error_fails_each_of_its_calls(redis: Redis) -> None:
+    pipeline = AutoPipeline(redis)
+    merged = redis.register_script(MERGEABLE)
+    await redis.script_load(MERGEABLE)
+    await redis.set("not-a-list", "x")
+    results = await asyncio.gather(
+        pipeline.submit(merged, ["log"], [SERVER_RUN_ID, 1], merge=Merge(0, 2)),
+        pipeline.submit(merged, ["not-a-list"], [SERVER_RUN_ID, 2], merge=Merge(0, 2)),
+        return_exceptions=True,
+    )
+    assert all(isinstance(r, ResponseError) and "WRONGTYPE" in str(r) for r in results), results

@@ -117,8 +117,11 @@ async def test_at_most_the_limit_of_sends_is_in_flight(
             assert isinstance(pipeline, AutoPipeline)
 
             def in_flight() -> int:
+                """Messages waiting on Redis (the sends of one loop iteration share one
+                script call: 8 keys a message, see redis_scripts.PUBLISH)."""
                 replies = pipeline._replies
-                return 0 if replies is None else len(replies._waiting)
+                waiting = [] if replies is None else replies._waiting
+                return sum(call[0][2] // 8 for call, _ in waiting if call[0][0] == "EVALSHA")
 
             await wait_until(lambda: in_flight() == limit)
             await asyncio.sleep(0.2)  # and no more come: the rest wait in the session

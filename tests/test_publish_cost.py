@@ -16,8 +16,9 @@ from collections.abc import AsyncIterator
 import pytest
 from redis.asyncio import Redis
 
+from app.broker import Published
 from app.broker.redis import RedisBroker
-from app.errors import QuotaExceeded
+from app.errors import BrokerUnavailable, QuotaExceeded
 from tests.helpers import make_settings, wait_until
 from tests.processes import ROOT, RedisServer
 from tests.test_broker_contract import Recorder
@@ -158,3 +159,29 @@ async def test_redis_cost_smoke() -> None:
     assert result["delivered_to_workers_per_s"] >= 2 * result["published_per_s"] * 0.9, result
     assert result["redis_us_per_message"] > 0, result
     assert "evalsha" in result["commands_per_message"], result
+
+
+async def test_messages_of_one_iteration_share_a_run_and_fail_alone(redis: RedisServer) -> None:
+    """Three publishes made together go to Redis as one script run; the one whose room's
+    log Redis refuses (a key of the wrong type) fails alone with ``broker_unavailable``, the
+    two others are published."""
+    broker = await started(redis)
+    admin = Redis.from_url(redis.url)
+    try:
+        await broker.publish("good", "u", "warm-up", None)
+        await admin.set("hubbub:{r:bad}:log", "not a stream")
+        await admin.config_resetstat()
+        results = await asyncio.gather(
+            broker.publish("good", "u", "1", "c1"),
+            broker.publish("bad", "u", "2", "c2"),
+            broker.publish("good", "v", "3", "c3"),
+            return_exceptions=True,
+        )
+        assert isinstance(results[1], BrokerUnavailable) and "WRONGTYPE" in str(results[1])
+        first, third = results[0], results[2]
+        assert isinstance(first, Published) and isinstance(third, Published)
+        assert first.id < third.id and not first.duplicate and not third.duplicate
+        assert (await command_calls(admin))["evalsha"] == 1
+    finally:
+        await admin.aclose()
+        await broker.stop()

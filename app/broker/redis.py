@@ -44,7 +44,7 @@ from app.conversations.lifecycle import Change, Kind, Target, with_state
 from app.conversations.names import addressed, direct, is_direct
 from app.errors import BrokerUnavailable, MessageGone, QuotaExceeded
 from app.protocol import event_frame_parts, is_message_frame, message_frame_parts, message_id_of
-from app.redisio.autopipeline import SERVER_RUN_ID, AutoPipeline, NotReplicated
+from app.redisio.autopipeline import SERVER_RUN_ID, AutoPipeline, Merge, NotReplicated
 from app.redisio.clients import (
     REDIS_ERRORS,
     call_redis,
@@ -63,6 +63,7 @@ logger = logging.getLogger(__name__)
 _MEMORY_READ_INTERVAL_S = 5.0
 _REFUSED_BY_QUOTA = 2  # the PUBLISH script's second reply, as published (0) or duplicate (1)
 _GONE = 3  # the EVENT script's second reply: the message is deleted
+_FAILED = 4  # the PUBLISH script's second reply: Redis refused this message (the first says why)
 _FROM_THE_STORE = 2  # HISTORY_SINCE's first reply: the page is the store's
 
 
@@ -85,12 +86,18 @@ class RedisBroker:
             self._cluster = cast(RedisCluster, self._redis)
             self._sub_redis = self._redis  # unused: Shards opens one connection per master
             self._pipeline = ClusterPipelines(
-                self._cluster, functools.partial(node_client, settings), *wait
+                self._cluster,
+                functools.partial(node_client, settings),
+                *wait,
+                max_merged=settings.redis_merge_max,
             )
         else:
             self._sub_redis = subscriber_client(settings)
             self._pipeline = AutoPipeline(
-                self._redis, wait_replicas=wait[0], wait_timeout_s=wait[1]
+                self._redis,
+                wait_replicas=wait[0],
+                wait_timeout_s=wait[1],
+                max_merged=settings.redis_merge_max,
             )
         self._scripts = {
             name: self._redis.register_script(
@@ -571,12 +578,20 @@ class RedisBroker:
                 user_key = self._quota_key(user)
                 if not await self._pipeline.submit(self._take, [user_key], [rate, burst]):
                     raise QuotaExceeded(user_key)
-            reply = await self._pipeline.submit(self._scripts[script], keys, args, durable=True)
+            # Messages of one loop iteration share a script run (redis_scripts.PUBLISH), on
+            # Redis Cluster those of one slot.
+            merge = Merge(self._keys.tag(conversation) if self._cluster else 0, 3)
+            reply = await self._pipeline.submit(
+                self._scripts[script], keys, args, durable=True,
+                merge=merge if script == "PUBLISH" else None,
+            )  # fmt: skip
         except REDIS_ERRORS as exc:
             if isinstance(exc, NotReplicated):
                 self._not_replicated += 1
             raise BrokerUnavailable(f"redis: {exc!r}") from exc
         message_id, outcome, ts_ms = reply
+        if outcome == _FAILED:
+            raise BrokerUnavailable(f"redis: {message_id!r}")
         if outcome == _REFUSED_BY_QUOTA:
             raise QuotaExceeded(self._quota_key(user))
         if outcome == _GONE:

@@ -135,76 +135,94 @@ TAKE: Final = NOW + TOKEN_BUCKET + "return take(KEYS[1], tonumber(ARGV[1]), tonu
 # loss of the room's keys (as long as Redis' clock does not go back), and stay below 2^53 so
 # Lua's doubles and JavaScript clients hold them exactly. Messages and events (edits, deletes,
 # reactions: app.conversations.lifecycle) are numbered in the same sequence.
-# publish_frame(head, body, claim) numbers, logs, archives and delivers one frame; -> {id, 0,
-# ts_ms}. With `claim`, the dedup marker (KEYS[3]) is set to the id first, unless it exists:
-# then nothing is published and the reply is {first id, 1, 0} (a duplicate).
+# publish_frame(k, a, head, body, claim) numbers, logs, archives and delivers one frame whose
+# keys are KEYS[k + 1..k + 6] and whose arguments are ARGV[a + 2..a + 12] (ARGV[1] is the
+# run_id); -> {id, 0, ts_ms}. With `claim`, the dedup marker is set to the id first, unless
+# it exists: then nothing is published and the reply is {first id, 1, 0} (a duplicate).
 # KEYS: meta, log (or '' for no history), dedup (or ''), the sender's message quota bucket,
 #       the archive stream (or '' without a store), its count of messages not archived
-# ARGV: the run_id of the Redis server (see INCARNATION; '' to ask), channel, (head), (body),
-#       log length (history size + 1), ttl_ms, dedup_ttl_ms, second channel (or ''), quota
-#       rate per s, quota burst, conversation, archive length
+# ARGV: the run_id of the Redis server (see INCARNATION; '' to ask), then channel, (head),
+#       (body), log length (history size + 1), ttl_ms, dedup_ttl_ms, second channel (or ''),
+#       quota rate per s, quota burst, conversation, archive length
 # The log is trimmed exactly to its length: a room's log is short (a history), and trimming
 # whole stream nodes instead (`MAXLEN ~`) would keep up to 100 entries more per room.
 PUBLISH_FRAME: Final = """
-local function publish_frame(head, body, claim)
-  local last, _, _, pushed = incarnation(KEYS[1], KEYS[2], ARGV[6], ARGV[1])
+local function publish_frame(k, a, head, body, claim)
+  local meta, log, dedup, archive = KEYS[k + 1], KEYS[k + 2], KEYS[k + 3], KEYS[k + 5]
+  local channel, ttl, copy = ARGV[a + 2], ARGV[a + 6], ARGV[a + 8]
+  local last, _, _, pushed = incarnation(meta, log, ttl, ARGV[1])
   local id = string.format('%.0f', math.max(last + 1, now * 1000))
-  if claim and KEYS[3] ~= '' then
-    local first = redis.call('SET', KEYS[3], id, 'NX', 'GET', 'PX', ARGV[7])
+  if claim and dedup ~= '' then
+    local first = redis.call('SET', dedup, id, 'NX', 'GET', 'PX', ARGV[a + 7])
     if first then return {first, 1, 0} end
   end
   -- The frame, as app.protocol.message_frame builds it from the same head and body.
   local payload = head .. id .. body .. string.format('%.0f', now) .. '}'
-  if KEYS[2] ~= '' then
-    redis.call('XADD', KEYS[2], 'MAXLEN', ARGV[5], id .. '-0', 'f', payload)
+  if log ~= '' then
+    redis.call('XADD', log, 'MAXLEN', ARGV[a + 5], id .. '-0', 'f', payload)
   end
-  if expiry_due(pushed, ARGV[6]) then
-    redis.call('HSET', KEYS[1], 'last', id, push_expiry(KEYS[1], KEYS[2], ARGV[6]), now)
+  if expiry_due(pushed, ttl) then
+    redis.call('HSET', meta, 'last', id, push_expiry(meta, log, ttl), now)
   else
-    redis.call('HSET', KEYS[1], 'last', id)
+    redis.call('HSET', meta, 'last', id)
   end
-  if KEYS[5] ~= '' then
-    if redis.call('XLEN', KEYS[5]) < tonumber(ARGV[12]) then
-      redis.call('XADD', KEYS[5], '*', 'c', ARGV[11], 'f', payload)
+  if archive ~= '' then
+    if redis.call('XLEN', archive) < tonumber(ARGV[a + 12]) then
+      redis.call('XADD', archive, '*', 'c', ARGV[a + 11], 'f', payload)
     else  -- the backlog is full (the store has been down for long): counted, not archived,
       -- and the room's store history has a hole here that recovery must not read across
-      redis.call('INCR', KEYS[6])
-      redis.call('HSET', KEYS[1], 'unarchived', id)
+      redis.call('INCR', KEYS[k + 6])
+      redis.call('HSET', meta, 'unarchived', id)
     end
   end
   -- Subscribers get the frame itself: workers of the previous release read it too (a rolling
   -- deploy runs both), and the broker reads the id from it (app.protocol.message_id_of).
   -- A room's channel (no second channel) is a shard channel on Redis Cluster (see sharded).
-  redis.call(ARGV[8] == '' and ROOM_PUBLISH or 'PUBLISH', ARGV[2], payload)
-  if ARGV[8] ~= '' and ARGV[8] ~= ARGV[2] then redis.call('PUBLISH', ARGV[8], payload) end
-  if not claim and KEYS[3] ~= '' then redis.call('SET', KEYS[3], id, 'PX', ARGV[7]) end
+  redis.call(copy == '' and ROOM_PUBLISH or 'PUBLISH', channel, payload)
+  if copy ~= '' and copy ~= channel then redis.call('PUBLISH', copy, payload) end
+  if not claim and dedup ~= '' then redis.call('SET', dedup, id, 'PX', ARGV[a + 7]) end
   return {id, 0, now}, payload
 end
-"""
-
-# The sender's quota: {0, 2, 0} refused.
-QUOTA: Final = """
-if KEYS[4] ~= '' and take(KEYS[4], tonumber(ARGV[9]), tonumber(ARGV[10]), now) == 0 then
-  return {0, 2, 0}
+local function quota_refused(k, a)
+  local bucket = KEYS[k + 4]
+  return bucket ~= '' and take(bucket, tonumber(ARGV[a + 9]), tonumber(ARGV[a + 10]), now) == 0
 end
 """
 
-# A message. ARGV[3], ARGV[4]: the head and body of its frame (app.protocol.message_frame_parts).
-# With webhooks (KEYS[7]: their queue, or ''), the message is queued as `message.created` in
-# the same step, unless the queue holds ARGV[13] events: then KEYS[8] counts it.
-# -> {id, 0 published | 1 duplicate | 2 refused by the quota, ts_ms}
+# Messages, one or many: the messages a worker publishes in one loop iteration go in one call
+# (one script run instead of one each: app.redisio.autopipeline merges them), each with its
+# 8 keys and 12 arguments after the run_id (ARGV[1]), in the order given, each as if alone.
+# Per message: KEYS as publish_frame's, then the webhook queue (or '') and its count of events
+# not queued; ARGV as publish_frame's, then the queue's length limit. With webhooks, the
+# message is queued as `message.created` in the same step, unless the queue is full: then the
+# count says so. One message's error (a key of the wrong type, Redis out of memory) is its
+# own: the others go on.
+# -> {id, outcome, ts_ms} for each message, in one flat array: outcome 0 published,
+# 1 duplicate (id: the first's), 2 refused by the quota, 4 failed (id: Redis' error).
 PUBLISH: Final = (
-    NOW + TOKEN_BUCKET + INCARNATION + EXPIRY + PUBLISH_FRAME + QUOTA
+    NOW + TOKEN_BUCKET + INCARNATION + EXPIRY + PUBLISH_FRAME
     + """
-local reply, payload = publish_frame(ARGV[3], ARGV[4], true)
-if payload and KEYS[7] ~= '' then
-  if redis.call('XLEN', KEYS[7]) < tonumber(ARGV[13]) then
-    redis.call('XADD', KEYS[7], '*', 'e', 'message.created', 'c', ARGV[11], 'f', payload)
-  else
-    redis.call('INCR', KEYS[8])
+local function publish_message(k, a)
+  if quota_refused(k, a) then return {0, 2, 0} end
+  local reply, payload = publish_frame(k, a, ARGV[a + 3], ARGV[a + 4], true)
+  if payload and KEYS[k + 7] ~= '' then
+    if redis.call('XLEN', KEYS[k + 7]) < tonumber(ARGV[a + 13]) then
+      redis.call('XADD', KEYS[k + 7], '*', 'e', 'message.created', 'c', ARGV[a + 11], 'f', payload)
+    else
+      redis.call('INCR', KEYS[k + 8])
+    end
   end
+  return reply
 end
-return reply
+local replies = {}
+for m = 0, #KEYS / 8 - 1 do
+  local ok, reply = pcall(publish_message, 8 * m, 12 * m)
+  if not ok then
+    reply = {type(reply) == 'table' and reply.err or tostring(reply), 4, 0}
+  end
+  replies[3 * m + 1], replies[3 * m + 2], replies[3 * m + 3] = reply[1], reply[2], reply[3]
+end
+return replies
 """
 )  # fmt: skip
 
@@ -227,8 +245,8 @@ EVENT: Final = (
     + INCARNATION
     + EXPIRY
     + PUBLISH_FRAME
-    + QUOTA
     + """
+if quota_refused(0, 0) then return {0, 2, 0} end
 if KEYS[3] ~= '' then
   local first = redis.call('GET', KEYS[3])
   if first then return {first, 1, 0} end
@@ -254,7 +272,7 @@ else
   if #kept > 0 then reactions[text] = kept else reactions[text] = nil end
   if next(reactions) then state.reactions = reactions else state.reactions = nil end
 end
-local reply = publish_frame(ARGV[3], body, false)
+local reply = publish_frame(0, 0, ARGV[3], body, false)
 redis.call('HSET', KEYS[7], target, cjson.encode(state))
 redis.call('PEXPIRE', KEYS[7], math.ceil(tonumber(ARGV[6]) * 9 / 8))
 if KEYS[2] ~= '' and redis.call('HLEN', KEYS[7]) > 2 * tonumber(ARGV[5]) then

@@ -17,7 +17,8 @@ import logging
 import re
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
+from dataclasses import dataclass
 from typing import Any, Final
 
 import hiredis
@@ -52,6 +53,21 @@ connection, with ``INFO server``): what a script would otherwise ask that server
 call. A connection is to one server process for its whole life, so the id a call carries is
 that of the server that runs it, across restarts and failovers alike."""
 _RUN_ID = re.compile(rb"run_id:([0-9a-f]+)")
+
+
+@dataclass(frozen=True, slots=True)
+class Merge:
+    """A call that may be merged with the calls next to it in the same write: of the same
+    script, ``durable`` alike, with an equal ``group`` (on Redis Cluster: the slot's hash tag,
+    since one script call touches one slot). The script must take its calls' keys one call
+    after the other, then its first argument once (the same for all: e.g.
+    :data:`SERVER_RUN_ID`), then each call's other arguments one call after the other, and
+    answer a flat array of ``reply_width`` entries per call, in order; each caller gets its
+    own ``reply_width`` entries as a list (a call merged with none gets the script's reply
+    as it is). A merged call's error fails all the calls merged into it."""
+
+    group: Hashable
+    reply_width: int
 
 
 class NotReplicated(RedisError):
@@ -210,8 +226,11 @@ class AutoPipeline:
         max_batch: int = 1000,
         wait_replicas: int = 0,
         wait_timeout_s: float = 0.5,
+        max_merged: int = 32,
     ) -> None:
         self._redis = redis
+        self._max_merged = max_merged
+        self._mergeable = 0  # mergeable calls pending
         self._timeout_s: float | None = redis.connection_pool.connection_kwargs.get(
             "socket_timeout"
         )
@@ -234,13 +253,21 @@ class AutoPipeline:
         return await self.submit(script, keys, args, durable)
 
     def submit(
-        self, script: AsyncScript, keys: Sequence[Any], args: Sequence[Any], durable: bool = False
+        self,
+        script: AsyncScript,
+        keys: Sequence[Any],
+        args: Sequence[Any],
+        durable: bool = False,
+        merge: Merge | None = None,
     ) -> asyncio.Future[Any]:
         """:meth:`call` without the coroutine (for hot paths): the future gets the reply or
-        the error; cancelling it drops the result, as cancelling a caller of :meth:`call` does."""
+        the error; cancelling it drops the result, as cancelling a caller of :meth:`call` does.
+        ``merge``: the call may share one script run with its neighbours (see :class:`Merge`),
+        up to ``max_merged`` calls in one."""
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         durable = durable and self._wait_replicas > 0
-        command = ("EVALSHA", script.sha, len(keys), *keys, *args)
+        command = (merge or "EVALSHA", script.sha, len(keys), *keys, *args)
+        self._mergeable += merge is not None
         self._enqueue((command, future, script, durable))
         return future
 
@@ -255,6 +282,9 @@ class AutoPipeline:
         batch, self._pending = self._pending, []
         if not batch:
             return
+        if self._mergeable:
+            self._mergeable = 0
+            batch = _merged(batch, self._max_merged)
         if self._wait_replicas and any(call[3] for call in batch):
             waited: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
             wait = (_WAIT, self._wait_replicas, self._wait_timeout_ms)
@@ -334,3 +364,72 @@ def _fail(batches: list[list[_Call]], exc: Exception) -> None:
         for _, future, _, _ in batch:
             if not future.done():
                 future.set_exception(exc)
+
+
+def _merged(batch: list[_Call], most: int) -> list[_Call]:
+    """``batch`` with each run of neighbouring calls that may merge (see :class:`Merge`) as
+    one call, of at most ``most`` calls; every call still in its place in the order."""
+    out: list[_Call] = []
+    run: list[_Call] = []
+    for call in batch:
+        command = call[0]
+        if run and len(run) < most and _merge_with(run[0], call):
+            run.append(call)
+            continue
+        if run:
+            out.append(_one_call(run))
+        run = [call] if isinstance(command[0], Merge) else []
+        if not run:
+            out.append(call)
+    if run:
+        out.append(_one_call(run))
+    return out
+
+
+def _merge_with(first: _Call, call: _Call) -> bool:
+    (command, _, _, durable), (other, _, _, other_durable) = first, call
+    return (
+        other[0] == command[0]  # a Merge of the same group and width
+        and other[1] == command[1]  # the same script
+        and other_durable == durable
+        and other[3 + other[2]] is command[3 + command[2]]  # the same first argument
+    )
+
+
+def _one_call(run: list[_Call]) -> _Call:
+    """The calls of ``run`` as one EVALSHA whose reply is split among their futures."""
+    first_command, _, script, durable = run[0]
+    if len(run) == 1:
+        return (("EVALSHA", *first_command[1:]), run[0][1], script, durable)
+    keys: list[Any] = []
+    rest: list[Any] = []
+    for command, _, _, _ in run:
+        count = command[2]
+        keys.extend(command[3 : 3 + count])
+        rest.extend(command[4 + count :])
+    shared = first_command[3 + first_command[2]]
+    merged = ("EVALSHA", first_command[1], len(keys), *keys, shared, *rest)
+    future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+    width = first_command[0].reply_width
+    futures = [call[1] for call in run]
+    future.add_done_callback(lambda done: _split(done, futures, width))
+    return (merged, future, script, durable)
+
+
+def _split(done: asyncio.Future[Any], futures: list[asyncio.Future[Any]], width: int) -> None:
+    """A merged call's reply (or error) to the calls merged into it."""
+    error = RedisConnectionError("merged call cancelled") if done.cancelled() else done.exception()
+    reply: list[Any] = []
+    if error is None:
+        answer = done.result()
+        if isinstance(answer, list) and len(answer) == width * len(futures):
+            reply = answer
+        else:
+            error = ResponseError(f"a merged call answered {answer!r:.100}")
+    for index, future in enumerate(futures):
+        if future.done():
+            continue
+        if error is not None:
+            future.set_exception(error)
+        else:
+            future.set_result(reply[index * width : (index + 1) * width])

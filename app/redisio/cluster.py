@@ -21,7 +21,7 @@ from redis.crc import key_slot
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisClusterException, RedisError, ResponseError
 
-from app.redisio.autopipeline import AutoPipeline
+from app.redisio.autopipeline import AutoPipeline, Merge
 
 logger = logging.getLogger(__name__)
 
@@ -53,10 +53,12 @@ class ClusterPipelines:
         client_for: Callable[[ClusterNode], Redis],
         wait_replicas: int = 0,
         wait_timeout_s: float = 0.5,
+        max_merged: int = 32,
     ) -> None:
         self._cluster = cluster
         self._client_for = client_for
         self._wait = (wait_replicas, wait_timeout_s)
+        self._max_merged = max_merged
         self._pipelines: dict[str, tuple[Redis, AutoPipeline]] = {}
         self._refreshing: asyncio.Task[None] | None = None
 
@@ -67,7 +69,13 @@ class ClusterPipelines:
         if entry is None:
             client = self._client_for(node)
             replicas, timeout_s = self._wait
-            entry = (client, AutoPipeline(client, wait_replicas=replicas, wait_timeout_s=timeout_s))
+            pipeline = AutoPipeline(
+                client,
+                wait_replicas=replicas,
+                wait_timeout_s=timeout_s,
+                max_merged=self._max_merged,
+            )
+            entry = (client, pipeline)
             self._pipelines[node.name] = entry
         return entry[1]
 
@@ -82,10 +90,11 @@ class ClusterPipelines:
         keys: Sequence[Any],
         args: Sequence[Any],
         durable: bool = False,
+        merge: Merge | None = None,
     ) -> asyncio.Future[Any]:
         """:meth:`call` as a future. Calls submitted one after the other reach their
         pipelines in that order (each task's first step runs in the order they were made)."""
-        return asyncio.ensure_future(self.call(script, keys, args, durable))
+        return asyncio.ensure_future(self.call(script, keys, args, durable, merge))
 
     def reconnect(self) -> None:
         """Drop every master's connection (the calls waiting fail); the next calls reopen."""
@@ -98,8 +107,10 @@ class ClusterPipelines:
         keys: Sequence[Any],
         args: Sequence[Any],
         durable: bool = False,
+        merge: Merge | None = None,
     ) -> Any:
-        """Run ``script`` on the master of ``keys[0]``'s slot (see the class)."""
+        """Run ``script`` on the master of ``keys[0]``'s slot (see the class); ``merge``: as
+        :meth:`AutoPipeline.submit`'s (its group must name the slot)."""
         await self._cluster.initialize()  # the first call reads the slots; then a no-op
         for attempt in range(1, _ATTEMPTS + 1):
             try:
@@ -108,7 +119,7 @@ class ClusterPipelines:
                 self._reload_soon()
                 raise RedisConnectionError(f"redis cluster: {exc}") from exc
             try:
-                return await pipeline.submit(script, keys, args, durable)
+                return await pipeline.submit(script, keys, args, durable, merge)
             except ResponseError as exc:
                 if attempt == _ATTEMPTS or not str(exc).startswith(_REROUTE):
                     raise

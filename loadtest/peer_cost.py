@@ -1,0 +1,291 @@
+"""``python -m loadtest.peer_cost``: what a chat message costs, end to end, Hubbub beside
+Centrifugo: Redis' CPU per published message, the server's CPU per delivery, and the
+server's CPU per client to connect and join.
+
+One target at a time (``--target``): ``hubbub-redis`` (one Hubbub process, ``python -m
+app``, on Redis), ``hubbub`` (the same on its embedded broker: the yardstick for the cost of
+going through Redis), ``centrifugo`` (its anchor, :mod:`loadtest.centrifugo`, Redis engine,
+history on, GOMAXPROCS=1). The server runs on ``--server-core``; Redis and this generator on
+``--redis-core``. ``--rooms`` rooms of ``--room-size`` clients each connect and join (their
+server CPU, divided by the clients, is the join cost); then one client of each room sends
+``--rate`` messages a second in all, for ``--seconds``, after a warm-up; every member
+receives each (the sender too). Redis' and the server's CPU are read from /proc. Prints JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable
+from pathlib import Path
+from typing import Any
+
+import orjson
+from websockets.asyncio.client import ClientConnection, connect
+from websockets.exceptions import ConnectionClosed
+
+from loadtest.bench import OPEN_LIMITS, free_port
+from loadtest.centrifugo import Centrifugo
+from loadtest.redis_cost import TEXT, cpu_s
+from tests.processes import ROOT, RedisServer
+
+TARGETS = ("hubbub-redis", "hubbub", "centrifugo")
+
+
+def tree_cpu_s(pid: int) -> float:
+    """CPU time of ``pid`` and its children (gunicorn's workers), in seconds."""
+    total = cpu_s(pid)
+    children = Path(f"/proc/{pid}/task/{pid}/children")
+    if children.exists():
+        total += sum(cpu_s(int(child)) for child in children.read_text().split())
+    return total
+
+
+class Member:
+    """One client: counts the messages it receives; answers its server's pings."""
+
+    def __init__(self, ws: ClientConnection, centrifugo: bool) -> None:
+        self.ws, self.centrifugo = ws, centrifugo
+        self.received = 0
+        self.next_id = 0
+        self.answers: dict[int, asyncio.Future[dict[str, Any]]] = {}
+        self.sending: set[asyncio.Future[None]] = set()
+        self.reader = asyncio.create_task(self._read())
+
+    async def _read(self) -> None:
+        with contextlib.suppress(ConnectionClosed):
+            async for frame in self.ws:
+                data = frame.encode() if isinstance(frame, str) else frame
+                if self.centrifugo:
+                    self._centrifugo(data)
+                    continue
+                for line in data.split(b"\n"):  # one frame may hold several
+                    if b'"type":"message"' in line:
+                        self.received += 1
+                    elif b'"type":"ping"' in line:
+                        await self.ws.send('{"type":"pong"}')
+                    elif b'"type":"joined"' in line or b'"type":"error"' in line:
+                        self._answer(0, orjson.loads(line))
+
+    def _centrifugo(self, data: bytes) -> None:
+        for line in data.split(b"\n"):
+            if line == b"{}":
+                pong = asyncio.ensure_future(self.ws.send("{}"))  # its ping
+                self.sending.add(pong)
+                pong.add_done_callback(self.sending.discard)
+            elif b'"push"' in line:
+                self.received += 1
+            elif line:
+                reply = orjson.loads(line)
+                self._answer(reply.get("id", 0), reply)
+
+    def _answer(self, key: int, reply: dict[str, Any]) -> None:
+        future = self.answers.pop(key, None)
+        if future is not None and not future.done():
+            future.set_result(reply)
+
+    async def ask(self, command: dict[str, Any]) -> dict[str, Any]:
+        """Send ``command`` and wait for its answer (Hubbub: the next joined or error)."""
+        key = 0
+        if self.centrifugo:
+            self.next_id += 1
+            key = self.next_id
+            command = {"id": key, **command}
+        future: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        self.answers[key] = future
+        await self.ws.send(orjson.dumps(command).decode())
+        async with asyncio.timeout(30):
+            reply = await future
+        if "error" in reply or reply.get("type") == "error":
+            raise RuntimeError(f"{command} refused: {reply}")
+        return reply
+
+    async def close(self) -> None:
+        self.reader.cancel()
+        with contextlib.suppress(Exception):
+            await self.ws.close()
+
+
+class Target:
+    """The server under test, and how its clients speak."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.kind: str = args.target
+        self.redis: RedisServer | None = None
+        self.centrifugo: Centrifugo | None = None
+        self.proc: asyncio.subprocess.Process | None = None
+        self.url = ""
+
+    async def start(self) -> None:
+        if self.kind != "hubbub":
+            self.redis = RedisServer()
+            await self.redis.start()
+            assert self.redis.proc is not None
+            os.sched_setaffinity(self.redis.proc.pid, {self.args.redis_core})
+        if self.kind == "centrifugo":
+            assert self.redis is not None
+            self.centrifugo = Centrifugo(self.redis.url, {self.args.server_core})
+            await self.centrifugo.start()
+            self.url = self.centrifugo.ws_url
+            return
+        port = free_port()
+        env = {**os.environ, **OPEN_LIMITS, "CHAT_PORT": str(port), "TMPDIR": tempfile.gettempdir()}
+        if self.redis is not None:
+            env["CHAT_REDIS_URL"] = self.redis.url
+        self.proc = await asyncio.create_subprocess_exec(
+            "taskset", "-c", str(self.args.server_core), sys.executable, "-m", "app",
+            cwd=ROOT, env=env, stdout=asyncio.subprocess.DEVNULL,
+            stderr=asyncio.subprocess.DEVNULL,
+        )  # fmt: skip
+        self.url = f"ws://127.0.0.1:{port}/ws"
+        async with asyncio.timeout(30):
+            while True:
+                try:
+                    _, writer = await asyncio.open_connection("127.0.0.1", port)
+                    writer.close()
+                    break
+                except OSError:
+                    if self.proc.returncode is not None:
+                        raise RuntimeError("the server exited") from None
+                    await asyncio.sleep(0.05)
+
+    @property
+    def server_pid(self) -> int:
+        if self.centrifugo is not None:
+            return self.centrifugo.pid
+        assert self.proc is not None
+        return self.proc.pid
+
+    def redis_cpu_s(self) -> float:
+        if self.redis is None or self.redis.proc is None:
+            return 0.0
+        return cpu_s(self.redis.proc.pid)
+
+    async def member(self, name: str, room: str) -> Member:
+        """A client connected and in ``room``."""
+        if self.centrifugo is not None:
+            member = Member(await connect(self.url, compression=None), centrifugo=True)
+            await member.ask({"connect": {}})
+            await member.ask({"subscribe": {"channel": f"chat:{room}"}})
+            return member
+        ws = await connect(f"{self.url}?name={name}", compression=None)
+        member = Member(ws, centrifugo=False)
+        await member.ask({"type": "join", "room": room})
+        return member
+
+    def send(self, member: Member, room: str, n: int) -> Awaitable[None]:
+        if self.centrifugo is not None:
+            data = {"text": TEXT}
+            frame = {"id": 10**9 + n, "publish": {"channel": f"chat:{room}", "data": data}}
+        else:
+            frame = {"type": "send", "room": room, "text": TEXT, "cid": n}
+        return member.ws.send(orjson.dumps(frame).decode())
+
+    async def stop(self) -> None:
+        if self.proc is not None and self.proc.returncode is None:
+            self.proc.terminate()
+            try:
+                async with asyncio.timeout(10):
+                    await self.proc.wait()
+            except TimeoutError:
+                self.proc.kill()
+                await self.proc.wait()
+        if self.centrifugo is not None:
+            await self.centrifugo.stop()
+        if self.redis is not None:
+            await self.redis.stop()
+
+
+async def measure(args: argparse.Namespace) -> dict[str, Any]:
+    target = Target(args)
+    await target.start()
+    members: list[Member] = []
+    try:
+        rooms = [f"room-{r}" for r in range(args.rooms)]
+        server_before = tree_cpu_s(target.server_pid)
+        began = time.monotonic()
+        for start in range(0, args.rooms * args.room_size, 100):  # 100 connecting at a time
+            joined = [
+                target.member(f"u{n}", rooms[n // args.room_size])
+                for n in range(start, min(start + 100, args.rooms * args.room_size))
+            ]
+            members += await asyncio.gather(*joined)
+        join_s = time.monotonic() - began
+        join_cpu = tree_cpu_s(target.server_pid) - server_before
+        writers = members[:: args.room_size]
+
+        async def offer(seconds: float, first: int) -> int:
+            """Send ``rate`` a second round the rooms; -> how many were sent."""
+            sent, begin = 0, time.monotonic()
+            while (elapsed := time.monotonic() - begin) < seconds:
+                owed = int(args.rate * elapsed) - sent
+                await asyncio.gather(
+                    *(target.send(writers[(first + sent + i) % len(writers)],
+                                  rooms[(first + sent + i) % len(rooms)], first + sent + i)
+                      for i in range(owed))
+                )  # fmt: skip
+                sent += owed
+                await asyncio.sleep(0.005)
+            return sent
+
+        def received() -> int:
+            return sum(member.received for member in members)
+
+        warm = await offer(2.0, 0)
+        server_before, redis_before = tree_cpu_s(target.server_pid), target.redis_cpu_s()
+        delivered_before, began = received(), time.monotonic()
+        sent = await offer(args.seconds, warm)
+        expected = delivered_before + sent * args.room_size
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(10):
+                while received() < expected:
+                    await asyncio.sleep(0.02)
+        took = time.monotonic() - began
+        server_cpu = tree_cpu_s(target.server_pid) - server_before
+        redis_cpu = target.redis_cpu_s() - redis_before
+        delivered = received() - delivered_before
+        clients = len(members)
+        return {
+            "target": args.target,
+            "rooms": args.rooms,
+            "room_size": args.room_size,
+            "clients": clients,
+            "join_s": round(join_s, 2),
+            "server_us_per_join": round(join_cpu / clients * 1e6),
+            "sent_per_s": round(sent / took),
+            "delivered_per_s": round(delivered / took),
+            "missing": max(0, expected - received()),
+            "redis_us_per_message": round(redis_cpu / max(1, sent) * 1e6, 1),
+            "server_us_per_delivery": round(server_cpu / max(1, delivered) * 1e6, 2),
+            "redis_core_share": round(redis_cpu / took, 3),
+            "server_core_share": round(server_cpu / took, 3),
+        }
+    finally:
+        await asyncio.gather(*(member.close() for member in members))
+        await target.stop()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--target", choices=TARGETS, default="hubbub-redis")
+    parser.add_argument("--rooms", type=int, default=100)
+    parser.add_argument("--room-size", type=int, default=10)
+    parser.add_argument("--rate", type=float, default=1000.0, help="messages a second in all")
+    parser.add_argument("--seconds", type=float, default=10.0)
+    parser.add_argument("--server-core", type=int, default=0)
+    parser.add_argument("--redis-core", type=int, default=1)
+    args = parser.parse_args(argv)
+    os.sched_setaffinity(0, {args.redis_core})
+    result = asyncio.run(measure(args))
+    sys.stdout.write(orjson.dumps(result, option=orjson.OPT_INDENT_2).decode() + "\n")
+    return 1 if result["missing"] else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
