@@ -26,12 +26,13 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+from redis.asyncio import Redis
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
 
 from loadtest.bench import OPEN_LIMITS, free_port
 from loadtest.centrifugo import Centrifugo
-from loadtest.redis_cost import TEXT, cpu_s
+from loadtest.redis_cost import TEXT, cpu_s, per_message
 from tests.processes import ROOT, RedisServer
 
 TARGETS = ("hubbub-redis", "hubbub", "centrifugo")
@@ -162,6 +163,19 @@ class Target:
         assert self.proc is not None
         return self.proc.pid
 
+    async def redis_commands(self, reset: bool = False) -> dict[str, Any]:
+        """Redis' INFO commandstats (``reset``: start counting anew); {} without Redis."""
+        if self.redis is None:
+            return {}
+        admin = Redis.from_url(self.redis.url)
+        try:
+            if reset:
+                await admin.config_resetstat()
+                return {}
+            return dict(await admin.info("commandstats"))
+        finally:
+            await admin.aclose()
+
     def redis_cpu_s(self) -> float:
         if self.redis is None or self.redis.proc is None:
             return 0.0
@@ -238,6 +252,7 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
             return sum(member.received for member in members)
 
         warm = await offer(2.0, 0)
+        await target.redis_commands(reset=True)
         server_before, redis_before = tree_cpu_s(target.server_pid), target.redis_cpu_s()
         delivered_before, began = received(), time.monotonic()
         sent = await offer(args.seconds, warm)
@@ -250,6 +265,7 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
         server_cpu = tree_cpu_s(target.server_pid) - server_before
         redis_cpu = target.redis_cpu_s() - redis_before
         delivered = received() - delivered_before
+        commands = per_message(await target.redis_commands(), max(1, sent))
         clients = len(members)
         return {
             "target": args.target,
@@ -265,6 +281,7 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
             "server_us_per_delivery": round(server_cpu / max(1, delivered) * 1e6, 2),
             "redis_core_share": round(redis_cpu / took, 3),
             "server_core_share": round(server_cpu / took, 3),
+            "redis_commands_per_message": commands,
         }
     finally:
         await asyncio.gather(*(member.close() for member in members))
