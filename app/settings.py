@@ -386,6 +386,13 @@ class Settings(BaseSettings):
         description="Above `CHAT_PRESENCE_MAX_MEMBERS`, a room's count is announced at most this "
         "often (per worker).",
     )
+    presence_coalesce_s: float = Field(
+        0.05,
+        ge=0,
+        le=5,
+        description="Arrivals and departures a worker announces in one room within this long "
+        "go out in one broadcast (0: each at once).",
+    )
     drain_window_s: float = Field(
         10.0,
         ge=0,

@@ -222,6 +222,7 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
     members: list[Member] = []
     try:
         rooms = [f"room-{r}" for r in range(args.rooms)]
+        await target.redis_commands(reset=True)
         server_before = tree_cpu_s(target.server_pid)
         began = time.monotonic()
         for start in range(0, args.rooms * args.room_size, 100):  # 100 connecting at a time
@@ -232,6 +233,7 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
             members += await asyncio.gather(*joined)
         join_s = time.monotonic() - began
         join_cpu = tree_cpu_s(target.server_pid) - server_before
+        join_commands = per_message(await target.redis_commands(), len(members))
         writers = members[:: args.room_size]
 
         async def offer(seconds: float, first: int) -> int:
@@ -282,6 +284,7 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
             "redis_core_share": round(redis_cpu / took, 3),
             "server_core_share": round(server_cpu / took, 3),
             "redis_commands_per_message": commands,
+            "redis_commands_per_join": join_commands,
         }
     finally:
         await asyncio.gather(*(member.close() for member in members))

@@ -71,7 +71,7 @@ async def test_calls_rerun_after_a_script_flush_keep_their_order(redis: Redis) -
     replies = await asyncio.gather(*(pipeline.call(push, ["log"], [i]) for i in range(100)))
     assert replies == list(range(1, 101))
     assert [int(x) for x in await redis.lrange("log", 0, -1)] == list(range(100))
-    assert pipeline.batches == 2  # the first met NOSCRIPT: one load and the 100 again
+    assert pipeline.batches == 1  # loaded before its first call: no NOSCRIPT, no rerun
 
 
 async def test_a_lost_server_fails_every_caller_of_the_batch(
@@ -212,3 +212,32 @@ async def test_a_merged_runs_error_fails_each_of_its_calls(redis: Redis) -> None
         return_exceptions=True,
     )
     assert all(isinstance(r, ResponseError) and "WRONGTYPE" in str(r) for r in results), results
+
+
+async def test_each_connection_loads_a_script_before_its_first_call(
+    redis_server: RedisServer,
+) -> None:
+    """Calls of a script Redis does not know yet, made in three iterations in a row, run in
+    the order made, none refused with NOSCRIPT: the pipeline loads the script first on each
+    connection (a NOSCRIPT rerun would run after calls sent in between: a restarted Redis
+    numbered a room's first messages out of order). The same after SCRIPT FLUSH and a new
+    connection."""
+    redis = Redis.from_url(redis_server.url)
+    pipeline = AutoPipeline(redis)
+    push = redis.register_script(FAIL_ON_NEGATIVE)
+    try:
+        for round_ in range(2):
+            await redis.script_flush()
+            await redis.config_resetstat()
+            calls = []
+            for n in range(3):
+                calls += [pipeline.call(push, [f"log{round_}"], [10 * n + i]) for i in range(5)]
+                await asyncio.sleep(0)  # the next five in the next iteration
+            await asyncio.gather(*calls)
+            logged = [int(x) for x in await redis.lrange(f"log{round_}", 0, -1)]
+            assert logged == sorted(logged) and len(logged) == 15
+            assert "errorstat_NOSCRIPT" not in await redis.info("errorstats")
+            pipeline.reconnect()  # the next round: a new connection, scripts flushed
+    finally:
+        await pipeline.close()
+        await redis.aclose()

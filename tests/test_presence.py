@@ -28,7 +28,13 @@ class Opened:
         self.recorder = recorder
 
     def announced(self) -> list[dict[str, object]]:
-        return [orjson.loads(payload) for _, _, payload in self.recorder.rooms]
+        """Every presence frame broadcast (one broadcast may carry several, see
+        app.presence.announcer)."""
+        return [
+            orjson.loads(line)
+            for _, _, payload in self.recorder.rooms
+            for line in payload.split(b"\n")
+        ]
 
 
 OpenedFactory = Callable[..., AbstractAsyncContextManager[Opened]]
@@ -80,7 +86,7 @@ async def test_arrivals_and_departures_are_announced(opened_of: OpenedFactory) -
         assert await presence.of("r") == RoomPresence(2, ["ada", "bob"])
         await presence.leave("r", "ada")
         assert await presence.of("r") == RoomPresence(1, ["bob"])
-        await wait_until(lambda: len(opened.recorder.rooms) == 3)
+        await wait_until(lambda: len(opened.announced()) == 3)
         assert [(f["event"], f["user"], f["count"]) for f in opened.announced()] == [
             ("join", "ada", 1),
             ("join", "bob", 2),
@@ -95,12 +101,12 @@ async def test_big_rooms_are_announced_as_throttled_counts(opened_of: OpenedFact
     async with opened_of(presence_max_members=3, presence_count_interval_s=0.2) as opened:
         for n in range(50):
             await opened.presence.join("r", f"u{n}")
-        await wait_until(lambda: len(opened.recorder.rooms) >= 4)
+        await wait_until(lambda: len(opened.announced()) >= 4)
         frames = opened.announced()
         assert [f.get("user") for f in frames[:3]] == ["u0", "u1", "u2"]  # small: by name
         assert frames[3] == {"type": "presence", "room": "r", "count": 4}
         await wait_until(lambda: opened.announced()[-1].get("count") == 50)
-        assert len(opened.recorder.rooms) == 5  # the trailing update, and nothing else
+        assert len(opened.announced()) == 5  # the trailing update, and nothing else
         assert await opened.presence.of("r") == RoomPresence(50, None)
 
 
@@ -134,8 +140,23 @@ async def test_a_dead_workers_users_leave_when_their_entries_expire() -> None:
 
 def _events(recorder: Recorder) -> list[tuple[bytes, bytes]]:
     found = []
-    for _, _, payload in recorder.rooms:
-        frame = orjson.loads(payload)
+    frames = [orjson.loads(line) for _, _, p in recorder.rooms for line in p.split(b"\n")]
+    for frame in frames:
         if "event" in frame:
             found.append((orjson.dumps(frame["event"]), orjson.dumps(frame["user"])))
     return found
+
+
+async def test_arrivals_within_the_window_go_out_in_one_broadcast(
+    opened_of: OpenedFactory,
+) -> None:
+    """Ten members coming back at once (a reconnect storm) are announced in one broadcast
+    of ten frames, in order, not ten broadcasts."""
+    async with opened_of(presence_coalesce_s=0.3) as opened:
+        for n in range(10):
+            await opened.presence.join("r", f"u{n}")
+        await wait_until(lambda: len(opened.announced()) == 10)
+        assert len(opened.recorder.rooms) == 1
+        assert [(f["user"], f["count"]) for f in opened.announced()] == [
+            (f"u{n}", n + 1) for n in range(10)
+        ]

@@ -113,7 +113,7 @@ async def test_the_message_quota_allows_its_burst_then_its_rate(redis: RedisServ
             except QuotaExceeded:
                 await asyncio.sleep(0.01)
         assert time.monotonic() - refused_at >= 0.08
-        assert 0 < await admin.pttl("hubbub:rate:message:u") <= 300
+        assert 0 < await admin.pttl("hubbub:rate:message:u") <= 10_000
     finally:
         await admin.aclose()
         await broker.stop()

@@ -182,7 +182,8 @@ class RedisQuotas:
             return True
         rate, burst = self._rates["ip"]
         try:
-            return bool(await self._take(keys=[self._bucket_key("ip", ip)], args=[rate, burst]))
+            key = self._bucket_key("ip", ip)
+            return bool(await self._pipeline.call(self._take, [key], [rate, burst]))
         except _ERRORS as exc:
             logger.warning("quotas unavailable, admitting address %s: %r", ip, exc)
             return True
@@ -199,7 +200,7 @@ class RedisQuotas:
                 if ip_key and not await self._pipeline.call(self._take, [ip_key], [rate, burst]):
                     return Refusal.IP_RATE
                 keys[0] = f"{self._prefix}:q:{{u:{user}}}{ABSENT}"  # none, in the user's slot
-            code = int(await self._admit(keys=keys, args=args))
+            code = int(await self._pipeline.call(self._admit, keys, args))
         except _ERRORS as exc:
             logger.warning("quotas unavailable, admitting %s: %r", user, exc)
             return None

@@ -601,8 +601,10 @@ class RedisBroker:
     async def history_since(self, room: str, since: int, limit: int) -> History:
         keys = [self._room_key(room, part) for part in ("meta", "log", "state")]
         settings = self._settings
-        args = [since, limit, settings.recovery_max_messages, int(settings.history_ttl_s * 1000)]
-        result = await call_redis(lambda: self._scripts["HISTORY_SINCE"](keys=keys, args=args))
+        ttl_ms = int(settings.history_ttl_s * 1000)
+        args = [SERVER_RUN_ID, since, limit, settings.recovery_max_messages, ttl_ms]
+        script = self._scripts["HISTORY_SINCE"]
+        result = await call_redis(lambda: self._pipeline.call(script, keys, args))
         if result[0] == _FROM_THE_STORE:
             return History(False, [], store_upto=int(result[1]))
         if not result[0]:
@@ -616,11 +618,13 @@ class RedisBroker:
 
     async def last_id(self, room: str) -> int:
         keys = [self._room_key(room, "meta"), self._room_key(room, "log")]
-        ttl_ms = int(self._settings.history_ttl_s * 1000)
-        return int(await call_redis(lambda: self._scripts["LAST_ID"](keys=keys, args=[ttl_ms])))
+        args = [SERVER_RUN_ID, int(self._settings.history_ttl_s * 1000)]
+        script = self._scripts["LAST_ID"]
+        return int(await call_redis(lambda: self._pipeline.call(script, keys, args)))
 
     async def room_exists(self, room: str) -> bool:
-        return bool(await call_redis(lambda: self._redis.exists(self._room_key(room, "meta"))))
+        meta = self._room_key(room, "meta")
+        return bool(await call_redis(lambda: self._pipeline.command(meta, "EXISTS", meta)))
 
     async def history_before(self, room: str, before: int | None, limit: int) -> list[Message]:
         """Messages only (the log's events are skipped), each as it is now (its state)."""
@@ -700,7 +704,7 @@ class RedisBroker:
 
     async def is_private(self, room: str) -> bool:
         key = f"{self._prefix}:private"
-        return bool(await call_redis(lambda: self._redis.sismember(key, room)))
+        return bool(await call_redis(lambda: self._pipeline.command(key, "SISMEMBER", key, room)))
 
     async def _missed_kicks(self) -> None:
         """After an outage: apply the kicks of local users this worker may have missed."""
@@ -726,10 +730,8 @@ class RedisBroker:
 
     async def broadcast(self, room: str, payload: bytes) -> None:
         channel = self._room_channel(room)
-        if self._cluster is not None:
-            await call_redis(lambda: self._redis.spublish(channel, payload))
-        else:
-            await call_redis(lambda: self._redis.publish(channel, payload))
+        command = "SPUBLISH" if self._cluster is not None else "PUBLISH"
+        await call_redis(lambda: self._pipeline.command(channel, command, channel, payload))
 
     async def _watch_memory(self) -> None:
         """Read Redis' memory every few seconds (:meth:`_read_memory`)."""

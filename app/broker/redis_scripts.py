@@ -60,14 +60,16 @@ local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 
 # A token bucket per key: `rate` tokens a second, at most `burst`, one taken per call. Kept
 # as GCRA (the generic cell rate algorithm, the same decisions): the key is a string, the
-# time in ms at which the bucket is full again; no key is a full bucket. Two calls, and the
-# key expires exactly when the bucket is full again.
+# time in ms at which the bucket is full again (a time past is a full bucket, as no key is).
+# Two calls. The key expires once the bucket is full again, but not within 10 s: a user who
+# keeps sending keeps one key rather than one made and expired again and again.
 TOKEN_BUCKET: Final = """
 local function take(key, rate, burst, now)
   local interval = 1000 / rate
   local full_at = math.max(tonumber(redis.call('GET', key)) or now, now) + interval
   if full_at - now > burst * interval then return 0 end
-  redis.call('SET', key, string.format('%.3f', full_at), 'PX', math.ceil(full_at - now))
+  local ttl = math.max(math.ceil(full_at - now), 10000)
+  redis.call('SET', key, string.format('%.3f', full_at), 'PX', ttl)
   return 1
 end
 """
@@ -303,9 +305,9 @@ HISTORY_SINCE: Final = (
     NOW
     + INCARNATION
     + """
--- KEYS: meta, log, state   ARGV: since, page, cap, ttl_ms
-local since = tonumber(ARGV[1])
-local last, origin, base = incarnation(KEYS[1], KEYS[2], ARGV[4])
+-- KEYS: meta, log, state   ARGV: run_id (see INCARNATION), since, page, cap, ttl_ms
+local since = tonumber(ARGV[2])
+local last, origin, base = incarnation(KEYS[1], KEYS[2], ARGV[5], ARGV[1])
 if since > last or since < origin then return {0, 0} end
 if since == last then return {1, 0} end
 local oldest = redis.call('XRANGE', KEYS[2], '-', '+', 'COUNT', 1)[1]
@@ -321,7 +323,7 @@ if since < tonumber(string.sub(oldest[1], 1, -3)) then
     return {0, 0}
   end
 end
-local page, cap = tonumber(ARGV[2]), tonumber(ARGV[3])
+local page, cap = tonumber(ARGV[3]), tonumber(ARGV[4])
 local start = string.format('%.0f', since + 1) .. '-0'
 local entries = redis.call('XRANGE', KEYS[2], start, '+', 'COUNT', cap + 1)
 if #entries > cap then return {0, 0} end
@@ -343,8 +345,8 @@ LAST_ID: Final = (
     NOW
     + INCARNATION
     + """
--- KEYS: meta, log   ARGV: ttl_ms
-return string.format('%.0f', incarnation(KEYS[1], KEYS[2], ARGV[1]))
+-- KEYS: meta, log   ARGV: run_id (see INCARNATION), ttl_ms
+return string.format('%.0f', (incarnation(KEYS[1], KEYS[2], ARGV[2], ARGV[1])))
 """
 )
 

@@ -21,6 +21,7 @@ class MemoryPresence:
             self._count,
             settings.presence_max_members,
             settings.presence_count_interval_s,
+            settings.presence_coalesce_s,
         )
 
     def on_internal(self, listener: Callable[[str, str, str], Awaitable[None]]) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import secrets
 import time
@@ -17,21 +18,25 @@ from collections.abc import Awaitable, Callable
 from typing import Final, cast
 
 from redis.asyncio import Redis
+from redis.asyncio.cluster import RedisCluster
 
 from app.broker import Broker
 from app.broker.keys import KeyLayout
 from app.errors import BrokerUnavailable
 from app.presence import RoomPresence
 from app.presence.announcer import PresenceAnnouncer
-from app.redisio.clients import REDIS_ERRORS, call_redis, command_client, preload
+from app.redisio.autopipeline import AutoPipeline
+from app.redisio.clients import REDIS_ERRORS, call_redis, command_client, node_client, preload
+from app.redisio.cluster import ClusterPipelines
 from app.settings import Settings
 
 logger = logging.getLogger(__name__)
 
 # Presence, per room: ``present`` is a sorted set user -> expiry (ms) of the user's freshest
 # entry; ``tabs:<user>`` a sorted set worker -> expiry. A user is present while its ``present``
-# score is in the future. Every operation is O(log n). JOIN/LEAVE return 1 when the call changed
-# the user's presence (first entry in, last entry out) and 0 otherwise.
+# score is in the future. Every operation is O(log n). JOIN/LEAVE return {changed, count}:
+# changed is 1 when the call changed the user's presence (first entry in, last entry out) and
+# 0 otherwise; count, the room's present users then (what an announcement says).
 JOIN: Final = """
 -- KEYS: present, tabs   ARGV: user, worker, now_ms, expires_ms, ttl_ms
 local live = redis.call('ZCOUNT', KEYS[2], ARGV[3], '+inf')
@@ -39,15 +44,16 @@ redis.call('ZADD', KEYS[2], ARGV[4], ARGV[2])
 redis.call('ZADD', KEYS[1], 'GT', ARGV[4], ARGV[1])
 redis.call('PEXPIRE', KEYS[1], ARGV[5])
 redis.call('PEXPIRE', KEYS[2], ARGV[5])
-return live == 0 and 1 or 0
+return {live == 0 and 1 or 0, redis.call('ZCOUNT', KEYS[1], ARGV[3], '+inf')}
 """
 
 LEAVE: Final = """
 -- KEYS: present, tabs   ARGV: user, worker, now_ms
 redis.call('ZREM', KEYS[2], ARGV[2])
-if redis.call('ZCOUNT', KEYS[2], ARGV[3], '+inf') > 0 then return 0 end
+if redis.call('ZCOUNT', KEYS[2], ARGV[3], '+inf') > 0 then return {0, 0} end
 redis.call('DEL', KEYS[2])
-return redis.call('ZREM', KEYS[1], ARGV[1])
+local changed = redis.call('ZREM', KEYS[1], ARGV[1])
+return {changed, redis.call('ZCOUNT', KEYS[1], ARGV[3], '+inf')}
 """
 
 # Refresh this worker's entries in one room: the user of KEYS[i] (i >= 2) is ARGV[i + 2].
@@ -85,6 +91,15 @@ class RedisPresence:
         self._room_key = KeyLayout.of(settings).room
         self.worker_id = secrets.token_hex(6)
         self._redis: Redis = command_client(settings)
+        # Joins and leaves, counts and lists go through a pipeline (a reconnect storm is
+        # thousands of them a second); the upkeep, every few seconds, through redis-py.
+        self._pipeline: AutoPipeline | ClusterPipelines
+        if settings.redis_cluster_nodes:
+            self._pipeline = ClusterPipelines(
+                cast(RedisCluster, self._redis), functools.partial(node_client, settings)
+            )
+        else:
+            self._pipeline = AutoPipeline(self._redis)
         self._join = self._redis.register_script(JOIN)
         self._leave = self._redis.register_script(LEAVE)
         self._refresh = self._redis.register_script(REFRESH)
@@ -96,6 +111,7 @@ class RedisPresence:
             self._count,
             settings.presence_max_members,
             settings.presence_count_interval_s,
+            settings.presence_coalesce_s,
         )
 
     def on_internal(self, listener: Callable[[str, str, str], Awaitable[None]]) -> None:
@@ -114,6 +130,7 @@ class RedisPresence:
             await self._withdraw()
         except (*REDIS_ERRORS, BrokerUnavailable) as exc:  # the entries expire by themselves
             logger.warning("could not withdraw presence on stop: %r", exc)
+        await self._pipeline.close()
         await self._redis.aclose()
 
     def _keys(self, room: str, user: str) -> list[str]:
@@ -128,8 +145,9 @@ class RedisPresence:
         ttl = int(self._settings.presence_ttl_s * 1000)
         keys = self._keys(room, user)
         args: list[str | int] = [user, self.worker_id, now, now + ttl, ttl]
-        if await call_redis(lambda: self._join(keys=keys, args=args)):
-            await self._announcer.announce(room, "join", user)
+        changed, count = await call_redis(lambda: self._pipeline.call(self._join, keys, args))
+        if changed:
+            await self._announcer.announce(room, "join", user, count)
 
     async def leave(self, room: str, user: str) -> None:
         users = self._present.get(room)
@@ -140,20 +158,32 @@ class RedisPresence:
                 self._announcer.forget(room)
         keys = self._keys(room, user)
         args: list[str | int] = [user, self.worker_id, int(time.time() * 1000)]
-        if await call_redis(lambda: self._leave(keys=keys, args=args)):
-            await self._announcer.announce(room, "leave", user)
+        changed, count = await call_redis(lambda: self._pipeline.call(self._leave, keys, args))
+        if changed:
+            await self._announcer.announce(room, "leave", user, count)
 
     async def _count(self, room: str) -> int:
         key, now = self._room_key(room, "present"), int(time.time() * 1000)
-        return int(await call_redis(lambda: self._redis.zcount(key, now, "+inf")))
+        return int(
+            await call_redis(lambda: self._pipeline.command(key, "ZCOUNT", key, now, "+inf"))
+        )
 
     async def of(self, room: str) -> RoomPresence:
-        count = await self._count(room)
-        if count > self._settings.presence_max_members:
-            return RoomPresence(count, None)
+        """The count and, up to ``presence_max_members``, the users: asked together (one
+        round trip), the list no longer than one past the most it may show."""
         key, now = self._room_key(room, "present"), int(time.time() * 1000)
-        users = await call_redis(lambda: self._redis.zrangebyscore(key, now, "+inf"))
-        return RoomPresence(count, sorted(cast(bytes, u).decode() for u in users))
+        most = self._settings.presence_max_members
+        count, users = await call_redis(
+            lambda: asyncio.gather(
+                self._pipeline.command(key, "ZCOUNT", key, now, "+inf"),
+                self._pipeline.command(
+                    key, "ZRANGEBYSCORE", key, now, "+inf", "LIMIT", 0, most + 1
+                ),
+            )
+        )
+        if count > most or len(users) > most:
+            return RoomPresence(max(count, len(users)), None)
+        return RoomPresence(len(users), sorted(cast(bytes, u).decode() for u in users))
 
     async def _keep_up(self) -> None:
         """Refresh this worker's entries and sweep out users of dead workers, every ttl/3."""

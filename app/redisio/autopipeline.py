@@ -103,6 +103,7 @@ class _Replies(asyncio.Protocol):
         self._waiting: deque[tuple[_Call, float]] = deque()
         self._held: list[tuple[asyncio.Future[Any], Any]] = []  # replies waiting for a WAIT
         self._deadline: asyncio.TimerHandle | None = None
+        self._loaded: set[str] = set()  # the scripts loaded on this connection
         self.closed = False
 
     @property
@@ -110,12 +111,34 @@ class _Replies(asyncio.Protocol):
         return not self.closed and not self.writer.transport.is_closing()
 
     def send(self, batch: list[_Call]) -> None:
+        batch = self._loading_first(batch)
         self.writer.transport.write(b"".join([self._pack(call[0]) for call in batch]))
         now = time.monotonic()
         self._waiting.extend([(call, now) for call in batch])
         if self._deadline is None and self._timeout_s is not None:
             loop = asyncio.get_running_loop()
             self._deadline = loop.call_at(loop.time() + self._timeout_s, self._check_deadline)
+
+    def _loading_first(self, batch: list[_Call]) -> list[_Call]:
+        """``batch`` with a ``SCRIPT LOAD`` before the first call of each script this
+        connection has not loaded yet. A script is thus in Redis before its first call on
+        every connection (a restarted or promoted server has none), so that calls are not
+        refused with NOSCRIPT and run again after later ones: reruns keep their order among
+        themselves, not with the calls sent while they were refused (the first sends of a
+        room after a restart would be numbered out of order)."""
+        if all(call[2] is None or call[2].sha in self._loaded for call in batch):
+            return batch
+        out: list[_Call] = []
+        loop = asyncio.get_running_loop()
+        for call in batch:
+            script = call[2]
+            if script is not None and script.sha not in self._loaded:
+                self._loaded.add(script.sha)
+                loaded: asyncio.Future[Any] = loop.create_future()
+                loaded.add_done_callback(_log_failed_load)
+                out.append((("SCRIPT", "LOAD", script.script), loaded, None, False))
+            out.append(call)
+        return out
 
     def _pack(self, command: _Command) -> bytes:
         # An EVALSHA's first argument follows its keys: (EVALSHA, sha, n, *keys, *args).
@@ -207,9 +230,10 @@ class AutoPipeline:
     * **Results:** each caller gets its own script's reply, or the exception its command
       raised. A lost connection fails every call waiting on it with a ``ConnectionError``, a
       reply later than the client's ``socket_timeout`` fails them with a ``TimeoutError``
-      (and closes the connection); the next call opens a new one. A call to a script Redis
-      does not know (restarted, ``SCRIPT FLUSH``) is run again after a ``SCRIPT LOAD`` on the
-      same connection; the calls rerun keep their order among themselves.
+      (and closes the connection); the next call opens a new one. Each connection loads a
+      script before its first call of it; a call to a script Redis forgot since
+      (``SCRIPT FLUSH``) is run again after a ``SCRIPT LOAD`` on the same connection (the
+      calls rerun keep their order among themselves).
     * **Cancellation:** a caller cancelled while waiting does not withdraw its command, which
       may already be on the wire; only its result is dropped.
     * **Durability** (``wait_replicas`` above 0): a batch with a ``durable`` call ends with a
@@ -269,6 +293,15 @@ class AutoPipeline:
         command = (merge or "EVALSHA", script.sha, len(keys), *keys, *args)
         self._mergeable += merge is not None
         self._enqueue((command, future, script, durable))
+        return future
+
+    def command(self, key: str, *args: Any) -> asyncio.Future[Any]:
+        """A plain command (``args``, its name first) in this iteration's pipeline; ``key``
+        is the key it is about (it routes the call on Redis Cluster, see
+        :meth:`~app.redisio.cluster.ClusterPipelines.command`). The reply is as Redis sends
+        it (bytes, ints, lists), with no redis-py response callback."""
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._enqueue((args, future, None, False))
         return future
 
     def _enqueue(self, call: _Call) -> None:
@@ -433,3 +466,8 @@ def _split(done: asyncio.Future[Any], futures: list[asyncio.Future[Any]], width:
             future.set_exception(error)
         else:
             future.set_result(reply[index * width : (index + 1) * width])
+
+
+def _log_failed_load(loaded: asyncio.Future[Any]) -> None:
+    if not loaded.cancelled() and loaded.exception() is not None:
+        logger.warning("could not load a script into Redis: %r", loaded.exception())

@@ -111,15 +111,27 @@ class ClusterPipelines:
     ) -> Any:
         """Run ``script`` on the master of ``keys[0]``'s slot (see the class); ``merge``: as
         :meth:`AutoPipeline.submit`'s (its group must name the slot)."""
+        return await self._routed(
+            keys[0], lambda pipeline: pipeline.submit(script, keys, args, durable, merge)
+        )
+
+    async def command(self, key: str, *args: Any) -> Any:
+        """A plain command (``args``) on the master of ``key``'s slot (as
+        :meth:`AutoPipeline.command`)."""
+        return await self._routed(key, lambda pipeline: pipeline.command(key, *args))
+
+    async def _routed(
+        self, key: str | bytes, submit: Callable[[AutoPipeline], asyncio.Future[Any]]
+    ) -> Any:
         await self._cluster.initialize()  # the first call reads the slots; then a no-op
         for attempt in range(1, _ATTEMPTS + 1):
             try:
-                pipeline = self.pipeline_for(keys[0])
+                pipeline = self.pipeline_for(key)
             except RedisClusterException as exc:  # no master known for the slot (failing over)
                 self._reload_soon()
                 raise RedisConnectionError(f"redis cluster: {exc}") from exc
             try:
-                return await pipeline.submit(script, keys, args, durable, merge)
+                return await submit(pipeline)
             except ResponseError as exc:
                 if attempt == _ATTEMPTS or not str(exc).startswith(_REROUTE):
                     raise
