@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import signal
 from collections.abc import Iterator
 
@@ -238,6 +239,27 @@ async def test_each_connection_loads_a_script_before_its_first_call(
             assert logged == sorted(logged) and len(logged) == 15
             assert "errorstat_NOSCRIPT" not in await redis.info("errorstats")
             pipeline.reconnect()  # the next round: a new connection, scripts flushed
+    finally:
+        await pipeline.close()
+        await redis.aclose()
+
+
+async def test_a_lost_wait_leaves_no_exception_unretrieved(
+    redis_server: RedisServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A durable call whose connection times out while its ``WAIT`` is pending fails its
+    caller, and nothing else: no "exception was never retrieved" in the log (one per call
+    filled a failover's log)."""
+    redis = Redis.from_url(redis_server.url, socket_timeout=0.3)
+    pipeline = AutoPipeline(redis, wait_replicas=1, wait_timeout_s=5)  # no replica: WAIT hangs
+    incr = redis.register_script(INCR_BY)
+    try:
+        for _ in range(3):
+            with pytest.raises(RedisTimeoutError):
+                await pipeline.call(incr, ["n"], [1], durable=True)
+        gc.collect()
+        await asyncio.sleep(0)
+        assert "never retrieved" not in caplog.text
     finally:
         await pipeline.close()
         await redis.aclose()

@@ -575,9 +575,12 @@ class RedisBroker:
                 # The quota bucket is in the user's slot, not the conversation's. Calls on one
                 # slot are answered in order and their callers resume in that order, so one
                 # connection's pipelined sends still reach the script in the order they came.
+                # Fails open, as every quota does (app.access.quotas): a user's sends to
+                # rooms on healthy masters must not wait on the master of the user's slot.
                 user_key = self._quota_key(user)
-                if not await self._pipeline.submit(self._take, [user_key], [rate, burst]):
-                    raise QuotaExceeded(user_key)
+                with contextlib.suppress(*REDIS_ERRORS):
+                    if not await self._pipeline.submit(self._take, [user_key], [rate, burst]):
+                        raise QuotaExceeded(user_key)
             # Messages of one loop iteration share a script run (redis_scripts.PUBLISH), on
             # Redis Cluster those of one slot.
             merge = Merge(self._keys.tag(conversation) if self._cluster else 0, 3)

@@ -320,6 +320,9 @@ class AutoPipeline:
             batch = _merged(batch, self._max_merged)
         if self._wait_replicas and any(call[3] for call in batch):
             waited: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+            # Nobody awaits it (its reply releases the held ones, see _Replies._release):
+            # a lost connection's error is retrieved here, not logged as never retrieved.
+            waited.add_done_callback(_retrieve)
             wait = (_WAIT, self._wait_replicas, self._wait_timeout_ms)
             batch.append((wait, waited, None, False))
         replies = self._replies
@@ -471,3 +474,8 @@ def _split(done: asyncio.Future[Any], futures: list[asyncio.Future[Any]], width:
 def _log_failed_load(loaded: asyncio.Future[Any]) -> None:
     if not loaded.cancelled() and loaded.exception() is not None:
         logger.warning("could not load a script into Redis: %r", loaded.exception())
+
+
+def _retrieve(future: asyncio.Future[Any]) -> None:
+    if not future.cancelled():
+        future.exception()
