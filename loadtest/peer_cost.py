@@ -198,7 +198,9 @@ class Target:
             data = {"text": TEXT}
             frame = {"id": 10**9 + n, "publish": {"channel": f"chat:{room}", "data": data}}
         else:
-            frame = {"type": "send", "room": room, "text": TEXT, "cid": n}
+            frame = {"type": "send", "room": room, "text": TEXT}
+            if self.args.cid:  # as the chat page and the SDKs send (deduplicated)
+                frame["cid"] = n
         return member.ws.send(orjson.dumps(frame).decode())
 
     async def stop(self) -> None:
@@ -298,6 +300,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--room-size", type=int, default=10)
     parser.add_argument("--rate", type=float, default=1000.0, help="messages a second in all")
     parser.add_argument("--seconds", type=float, default=10.0)
+    parser.add_argument(
+        "--no-cid", dest="cid", action="store_false",
+        help="Hubbub's sends without a client id (not deduplicated), as Centrifugo's publishes",
+    )  # fmt: skip
     parser.add_argument("--server-core", type=int, default=0)
     parser.add_argument("--redis-core", type=int, default=1)
     args = parser.parse_args(argv)

@@ -34,7 +34,7 @@ FIGURES = ("redis_us_per_message", "server_us_per_delivery", "server_us_per_join
 def _run(target: str, rooms: int, size: int, args: argparse.Namespace) -> dict[str, Any]:
     options = argparse.Namespace(
         target=target, rooms=rooms, room_size=size, rate=args.rate, seconds=args.seconds,
-        server_core=args.server_core, redis_core=args.redis_core,
+        server_core=args.server_core, redis_core=args.redis_core, cid=True,
     )  # fmt: skip
     return asyncio.run(peer_cost.measure(options))
 

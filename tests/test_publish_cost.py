@@ -185,3 +185,26 @@ async def test_messages_of_one_iteration_share_a_run_and_fail_alone(redis: Redis
     finally:
         await admin.aclose()
         await broker.stop()
+
+
+@pytest.mark.timeout(180)
+async def test_peer_cost_smoke() -> None:
+    """``python -m loadtest.peer_cost`` (``make bench-redis``'s runs) for a second per
+    target: every message delivered to every member, and the costs reported: Hubbub on
+    Redis, on its embedded broker, and Centrifugo where its anchor is on the machine."""
+    from loadtest import centrifugo
+
+    targets = ["hubbub-redis", "hubbub"] + (["centrifugo"] if centrifugo.available() else [])
+    for target in targets:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "loadtest.peer_cost", "--target", target, "--rooms", "5",
+            "--room-size", "3", "--rate", "50", "--seconds", "1", cwd=ROOT,
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        )  # fmt: skip
+        stdout, stderr = await proc.communicate()
+        assert proc.returncode == 0, f"{target}: {stderr.decode()[-2000:]}"
+        result = json.loads(stdout)
+        assert result["missing"] == 0 and result["clients"] == 15, result
+        assert result["delivered_per_s"] >= 3 * result["sent_per_s"] * 0.9, result
+        assert result["server_us_per_delivery"] > 0 and result["server_us_per_join"] > 0, result
+        assert (result["redis_us_per_message"] > 0) == (target != "hubbub"), result
