@@ -233,6 +233,7 @@ class ClusterDeployment:
         options = (
             "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
             "--cluster-node-timeout", "1000", "--repl-diskless-sync-delay", "0",
+            "--cluster-require-full-coverage", "no",  # as deployed: see docker-compose.cluster.yml
         )  # fmt: skip
         self.masters, self.replicas = masters, replicas
         self.servers = [RedisServer(extra=options) for _ in range(masters * (1 + replicas))]

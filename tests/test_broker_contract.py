@@ -7,7 +7,7 @@ recovery from history (a client that missed at most ``history_size`` messages, a
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Collection
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 
 import orjson
@@ -43,6 +43,9 @@ class Recorder:
         self.room_notices.append(room)
 
     def resubscribed(self) -> None: ...
+    def rooms_lost(self, rooms: Collection[str]) -> None: ...
+    def rooms_back(self, rooms: Collection[str]) -> None: ...
+    def notices_missed(self) -> None: ...
 
     def kick(self, user: str, reason: str, issued_at: float | None = None) -> None:
         self.kicks.append((user, reason))

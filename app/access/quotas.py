@@ -208,7 +208,8 @@ class RedisQuotas:
 
     async def release(self, user: str, conn_id: str) -> None:
         with contextlib.suppress(*_ERRORS):  # else the entry expires by itself
-            await self._redis.zrem(self._user_key("conns", user), conn_id)
+            key = self._user_key("conns", user)
+            await self._pipeline.command(key, "ZREM", key, conn_id)
 
     async def refresh(self, conns: Iterable[tuple[str, str]]) -> None:
         pairs = list(conns)

@@ -8,6 +8,7 @@ The interface is a :class:`typing.Protocol` so mypy checks each implementation s
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
@@ -35,6 +36,23 @@ class BrokerHandler(Protocol):
         """The broker's subscription ended (an error, or found deaf): live messages published
         from now on may never be delivered. Called before anything a later subscription
         delivers, and possibly more than once per outage."""
+        ...
+
+    def rooms_lost(self, rooms: Collection[str]) -> None:
+        """The subscription of these ``rooms`` only ended (Redis Cluster: their master was
+        lost); the others are delivered live as ever. Called before anything a later
+        subscription of theirs delivers."""
+        ...
+
+    def rooms_back(self, rooms: Collection[str]) -> None:
+        """These rooms are subscribed again after :meth:`rooms_lost`: messages published to
+        them from now on are delivered live."""
+        ...
+
+    def notices_missed(self) -> None:
+        """Direct messages, and notices of room changes, published for a while may never
+        have been delivered (Redis Cluster: the connection for them was lost and replaced;
+        rooms were delivered all along)."""
         ...
 
     def resubscribed(self) -> None:

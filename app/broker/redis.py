@@ -139,6 +139,13 @@ class RedisBroker:
         self._master: Any = None  # with Sentinels: the master the subscription is on
         self._master_moved = False
         self._failovers = self._not_replicated = 0
+        # Redis Cluster: the master each subscribed room's channel is on, each shard canary's
+        # master, and the rooms of lost masters being subscribed again (see _shard_lost).
+        self._room_masters: dict[str, str] = {}
+        self._canary_masters: dict[bytes, str] = {}
+        self._recovering: dict[str, set[str]] = {}
+        self._recoveries: dict[str, asyncio.Task[None]] = {}
+        self._shard_losses = 0
 
     # -- channels and keys --------------------------------------------------------------------
 
@@ -213,6 +220,10 @@ class RedisBroker:
         await self._redis.aclose()
         if self._sub_redis is not self._redis:
             await self._sub_redis.aclose()
+        if self._cluster is not None:
+            # redis-py closes the connections of nodes that left the topology (a failed
+            # master) in tasks of its own: let them finish before the loop may close.
+            await asyncio.sleep(0.1)
 
     async def _supervise(self) -> None:
         """Keep one listener running; back off (capped, jittered) between attempts."""
@@ -299,10 +310,169 @@ class RedisBroker:
                 *[self._user_channel(u) for u in self._users],
                 self._moderation_channel, self._rooms_channel, self._control_channel,
             )  # fmt: skip
-            raise await shards.lost()
+            self._room_masters = {
+                room: shards.master_of(self._room_channel(room)).name for room in self._rooms
+            }
+            self._canary_masters = {channel.encode(): name for name, channel in canaries.items()}
+            while True:
+                master, exc = await shards.lost_one()
+                if master is None:
+                    await self._replace_classic(shards, exc)
+                else:
+                    self._shard_lost(shards, master, exc)
         finally:
+            for task in self._recoveries.values():
+                task.cancel()
+            self._recoveries.clear()
             self._shards = None
             shards.close()
+
+    async def _replace_classic(self, shards: Shards, exc: Exception) -> None:
+        """Redis Cluster: the classic connection (users' and control channels) ended, its
+        master perhaps down: open it again on a master that answers, the rooms going on
+        meanwhile. Direct messages, kicks and room notices sent in between may have been
+        missed: the handler is told (``notices_missed``) and missed kicks are applied.
+        Raises (everything is subscribed again) when no master answers within the canary
+        timeout."""
+        assert self._cluster is not None
+        logger.warning("redis cluster: lost the classic pub/sub connection (%r)", exc)
+        deadline = time.monotonic() + self._settings.canary_timeout_s
+        client_for = functools.partial(node_client, self._settings, subscriber=True)
+        delay = 0.05
+        while True:
+            try:
+                await self._cluster.nodes_manager.initialize()
+                for node in self._cluster.get_primaries():
+                    try:
+                        classic = await Subscription.open(client_for(node), self._on_push)
+                        break
+                    except REDIS_ERRORS:
+                        continue
+                else:
+                    raise BrokerUnavailable("no master answers")
+            except (*REDIS_ERRORS, BrokerUnavailable):
+                if time.monotonic() > deadline:
+                    raise exc from None
+                await asyncio.sleep(random.uniform(delay / 2, delay))
+                delay = min(delay * 2, self._settings.redis_reconnect_max_s)
+                continue
+            if shards.classic is not None:
+                shards.classic.close()
+            shards.classic = classic
+            control = self._control_channel
+            future = asyncio.get_running_loop().create_future()
+            self._confirmations[control.encode()] = future
+            classic.subscribe(
+                *[self._user_channel(u) for u in self._users],
+                self._moderation_channel, self._rooms_channel, control,
+            )  # fmt: skip
+            async with asyncio.timeout(self._settings.redis_timeout_s):
+                await future  # the last: the others are confirmed too
+            self._canaries[control.encode()] = time.monotonic()
+            if self._handler is not None:
+                self._handler.notices_missed()
+            self._tasks = [task for task in self._tasks if not task.done()]
+            self._tasks.append(asyncio.create_task(self._missed_kicks(), name="redis-missed-kicks"))
+            logger.info("redis cluster: the classic pub/sub connection is back")
+            return
+
+    def _shard_lost(self, shards: Shards, master: str, exc: Exception) -> None:
+        """Redis Cluster: one master's sharded subscription ended. Its rooms fall behind
+        (the others go on live, and the worker stays ready); they are subscribed again on
+        whichever master serves their slots once the cluster says (a failover takes a
+        second or two), then catch up from history (:meth:`_recover_shard`)."""
+        rooms = [room for room, name in self._room_masters.items() if name == master]
+        for channel, name in list(self._canary_masters.items()):
+            if name == master:
+                del self._canary_masters[channel]
+                self._canaries.pop(channel, None)
+        logger.warning(
+            "redis cluster: lost the subscription on %s (%r): %d rooms catch up once it is "
+            "back or replaced", master, exc, len(rooms),
+        )  # fmt: skip
+        self._shard_losses += 1
+        if self._handler is not None and rooms:
+            self._handler.rooms_lost(rooms)
+        self._recover(shards, master, rooms)
+
+    def _recover(self, shards: Shards, master: str, rooms: list[str]) -> None:
+        """Start (or extend) the recovery of ``master``'s ``rooms``."""
+        pending = self._recovering.setdefault(master, set())
+        pending.update(rooms)
+        if master not in self._recoveries or self._recoveries[master].done():
+            self._recoveries[master] = asyncio.create_task(
+                self._recover_shard(shards, master), name=f"redis-shard-{master}"
+            )
+
+    async def _recover_shard(self, shards: Shards, master: str) -> None:
+        """Subscribe the rooms that were on ``master`` again, on the masters serving their
+        slots now (the topology read again each attempt), with capped, jittered backoff."""
+        delay = 0.1
+        assert self._cluster is not None
+        while not self._stopping:
+            await asyncio.sleep(random.uniform(delay / 2, delay))
+            delay = min(delay * 2, self._settings.redis_reconnect_max_s)
+            pending = self._recovering.setdefault(master, set())
+            pending.intersection_update(self._rooms)  # not those left meanwhile
+            rooms = sorted(pending)
+            try:
+                await self._cluster.nodes_manager.initialize()
+                by_master: dict[str, list[str]] = {}
+                nodes = {}
+                for room in rooms:
+                    node = shards.master_of(self._room_channel(room))
+                    by_master.setdefault(node.name, []).append(room)
+                    nodes[node.name] = node
+                for name, its_rooms in by_master.items():
+                    subscription = shards.by_master.get(name)
+                    if subscription is None:
+                        subscription = await self._open_shard(shards, nodes[name])
+                    await self._ssubscribe_confirmed(subscription, its_rooms, name)
+            except (*REDIS_ERRORS, BrokerUnavailable) as exc:
+                logger.info(
+                    "redis cluster: %d rooms of %s not back yet: %r", len(rooms), master, exc
+                )
+                continue
+            pending = self._recovering.get(master, set())
+            pending.difference_update(rooms)
+            if self._handler is not None and rooms:
+                self._handler.rooms_back(rooms)
+            logger.info(
+                "redis cluster: the %d rooms of %s are subscribed again", len(rooms), master
+            )
+            if not pending:  # else rooms joined meanwhile: another round for them
+                self._recovering.pop(master, None)
+                self._recoveries.pop(master, None)
+                return
+
+    async def _open_shard(self, shards: Shards, node: Any) -> Subscription:
+        """A sharded subscription on ``node`` with its canary (confirmed)."""
+        client_for = functools.partial(node_client, self._settings, subscriber=True)
+        subscription = await shards.open_master(node, client_for, self._on_push)
+        canary = shards.canary_channel(self._control_channel, node.name)
+        if canary is not None:
+            await self._ssubscribe_confirmed(subscription, [], node.name, canary)
+            self._canary_masters[canary.encode()] = node.name
+            self._canaries[canary.encode()] = time.monotonic()
+        return subscription
+
+    async def _ssubscribe_confirmed(
+        self, subscription: Subscription, rooms: list[str], master: str, *channels: str
+    ) -> None:
+        """SSUBSCRIBE ``rooms``' channels (and ``channels``) on ``subscription``; return once
+        Redis confirmed them all (``redis_timeout_s`` at most)."""
+        wanted = [*(self._room_channel(room) for room in rooms), *channels]
+        loop = asyncio.get_running_loop()
+        futures = []
+        for channel in wanted:
+            future = loop.create_future()
+            self._confirmations[channel.encode()] = future
+            futures.append(future)
+            subscription.ssubscribe(channel)
+        for room in rooms:
+            self._room_masters[room] = master
+        async with asyncio.timeout(self._settings.redis_timeout_s):
+            await asyncio.gather(*futures)
 
     def _expect_canaries(self, channels: list[str]) -> None:
         """A (re)subscription begins: ready once each canary channel is confirmed."""
@@ -372,18 +542,48 @@ class RedisBroker:
             await asyncio.sleep(interval)
             if not self._ready:
                 continue
+            for channel in list(self._canaries):  # each alone: one master down is one
+                with contextlib.suppress(*REDIS_ERRORS):
+                    sent, name = repr(time.time()), channel.decode()
+                    if self._cluster is None:
+                        await self._redis.publish(name, sent)
+                    elif channel != self._control_bytes:  # a shard's, to its master
+                        await self._pipeline.command(name, "SPUBLISH", name, sent)
+                    else:
+                        await self._publish_anywhere(name, sent)
             with contextlib.suppress(*REDIS_ERRORS):
-                for channel in list(self._canaries):
-                    sent = repr(time.time())
-                    if channel == self._control_bytes:
-                        await self._redis.publish(self._control_channel, sent)
-                    else:  # a shard's canary (Redis Cluster): routed by its slot
-                        await self._redis.spublish(channel.decode(), sent)
                 await self._follow_master()
-            silent_for = time.monotonic() - min(self._canaries.values(), default=0.0)
-            if silent_for > self._settings.canary_timeout_s and self._listener is not None:
+            now, timeout = time.monotonic(), self._settings.canary_timeout_s
+            for channel, heard in list(self._canaries.items()):
+                master = self._canary_masters.get(channel)
+                if now - heard <= timeout or master is None or self._shards is None:
+                    continue
+                # Redis Cluster: that master's subscription is deaf: it alone is replaced.
+                logger.warning(
+                    "no canary from %s for %.1f s: resubscribing it", master, now - heard
+                )
+                subscription = self._shards.by_master.get(master)
+                if subscription is not None:
+                    subscription.close()  # _listen_to_shards hears it as lost
+                self._canaries[channel] = now  # once
+            silent_for = now - self._canaries.get(self._control_bytes, now)
+            if silent_for > timeout and self._listener is not None:
                 logger.warning("no canary for %.1f s: resubscribing", silent_for)
                 self._listener.cancel()
+
+    async def _publish_anywhere(self, channel: str, payload: str) -> None:
+        """Redis Cluster: ``PUBLISH`` (which every node hears) on the first master that
+        answers: the one of ``channel``'s slot, else each shard canary's in turn (through
+        the pipelines: redis-py's cluster client, after an error, asks a node that may be
+        down before every command)."""
+        routes = [channel, *(c.decode() for c in self._canary_masters)]
+        for route in routes:
+            try:
+                await self._pipeline.command(route, "PUBLISH", channel, payload)
+                return
+            except REDIS_ERRORS:
+                if route == routes[-1]:
+                    raise
 
     async def _follow_master(self) -> None:
         """With Sentinels: when they name another master (a planned failover leaves the old
@@ -417,10 +617,18 @@ class RedisBroker:
         if not self._ready:
             return  # remembered; the next connection subscribes it
         subscription = self._subscription_for(channel, room)
-        if subscription is None:  # Redis Cluster: the slot's master is new to this worker
-            if self._listener is not None:
-                self._listener.cancel()  # every subscription again, on today's topology
+        if subscription is None:
+            # Redis Cluster: the slot's master is failing over, or new to this worker: the
+            # room is subscribed once it is there (the join is refused meanwhile; the client
+            # tries again).
+            if room and self._shards is not None:
+                master = self._shards.master_of(channel).name
+                self._recover(self._shards, master, [self._room_of_channel(channel)])
             raise BrokerUnavailable(f"no subscription serves {channel!r} yet")
+        if room and self._shards is not None:
+            self._room_masters[self._room_of_channel(channel)] = self._shards.master_of(
+                channel
+            ).name
         future = asyncio.get_running_loop().create_future()
         self._confirmations[channel.encode()] = future
         try:
@@ -447,8 +655,12 @@ class RedisBroker:
         self._rooms.add(room)
         await self._subscribe(self._room_channel(room), room=True)
 
+    def _room_of_channel(self, channel: str) -> str:
+        return _room_of(channel.encode()) if self._cluster is not None else channel
+
     async def unsubscribe_room(self, room: str) -> None:
         self._rooms.discard(room)
+        self._room_masters.pop(room, None)
         await self._unsubscribe(self._room_channel(room), room=True)
 
     async def subscribe_user(self, user: str) -> None:

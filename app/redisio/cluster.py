@@ -61,6 +61,7 @@ class ClusterPipelines:
         self._max_merged = max_merged
         self._pipelines: dict[str, tuple[Redis, AutoPipeline]] = {}
         self._refreshing: asyncio.Task[None] | None = None
+        self._initialized = False
 
     def pipeline_for(self, key: str | bytes) -> AutoPipeline:
         """The pipeline of the master serving ``key``'s slot now."""
@@ -123,7 +124,12 @@ class ClusterPipelines:
     async def _routed(
         self, key: str | bytes, submit: Callable[[AutoPipeline], asyncio.Future[Any]]
     ) -> Any:
-        await self._cluster.initialize()  # the first call reads the slots; then a no-op
+        if not self._initialized:
+            # Once: the slots and the commands' key positions. Not on every call: after a
+            # connection error redis-py initializes again in full, asking COMMAND of a
+            # node that may be the one down, which failed calls to healthy masters too.
+            await self._cluster.initialize()
+            self._initialized = True
         for attempt in range(1, _ATTEMPTS + 1):
             try:
                 pipeline = self.pipeline_for(key)

@@ -19,10 +19,12 @@ from app.redisio.subscription import PushHandler, Subscription
 class Shards:
     """The subscriptions of one topology (read when :meth:`open` is called).
 
-    Contract: :attr:`lost` resolves with the first exception that ended any of them (a
-    master lost, a slot moved: ``MOVED`` to a ``SSUBSCRIBE``); the owner then closes them all
-    and opens a new :class:`Shards` on the topology as it is then. Channels whose slot a
-    master no longer serves have no subscription here (:meth:`for_channel` returns None).
+    Contract: :meth:`lost_one` returns the first subscription ended (a master lost, a slot
+    moved: ``MOVED`` to a ``SSUBSCRIBE``) and forgets it: a master's, which its owner may
+    replace on the topology as it is then (:meth:`open_master`) while the others go on, or
+    the classic one, after which the owner closes them all and opens a new :class:`Shards`.
+    Channels whose slot is served by a master without a subscription here have none
+    (:meth:`for_channel` returns None).
     """
 
     def __init__(self, cluster: RedisCluster) -> None:
@@ -51,10 +53,33 @@ class Shards:
             raise
         return shards
 
+    def master_of(self, channel: str) -> ClusterNode:
+        """The master serving ``channel``'s slot, as the topology last read says."""
+        return self._cluster.nodes_manager.get_node_from_slot(key_slot(channel.encode()))
+
     def for_channel(self, channel: str) -> Subscription | None:
         """The sharded subscription of the master serving ``channel``'s slot."""
-        node = self._cluster.nodes_manager.get_node_from_slot(key_slot(channel.encode()))
-        return self.by_master.get(node.name)
+        return self.by_master.get(self.master_of(channel).name)
+
+    async def open_master(
+        self, node: ClusterNode, client_for: Callable[[ClusterNode], Redis], on_push: PushHandler
+    ) -> Subscription:
+        """A sharded subscription on ``node`` (a master new to these shards, or replacing one
+        lost)."""
+        old = self.by_master.pop(node.name, None)
+        if old is not None:
+            old.close()
+        subscription = await Subscription.open(client_for(node), on_push)
+        self.by_master[node.name] = subscription
+        return subscription
+
+    def canary_channel(self, base: str, master: str) -> str | None:
+        """A shard channel (``base`` and a hash tag) in one of ``master``'s slots."""
+        for n in range(100_000):
+            channel = f"{base}:{{c{n}}}"
+            if self.master_of(channel).name == master:
+                return channel
+        return None
 
     def canary_channels(self, base: str) -> dict[str, str]:
         """A shard channel per master (``base`` and a hash tag in one of its slots), to hear
@@ -68,14 +93,26 @@ class Shards:
             found.setdefault(node.name, channel)
         return found  # pragma: no cover
 
-    async def lost(self) -> Exception:
-        """The first exception that ended one of the subscriptions."""
-        subscriptions = [*self.by_master.values(), *([self.classic] if self.classic else [])]
-        done, _ = await asyncio.wait(
-            [subscription.lost for subscription in subscriptions],
-            return_when=asyncio.FIRST_COMPLETED,
-        )
-        return next(iter(done)).result()
+    async def lost_one(self) -> tuple[str | None, Exception]:
+        """The first subscription that ends from now on: (its master's name, or None for the
+        classic one; the exception that ended it). A master's is forgotten (closed)."""
+        while True:
+            watched: dict[asyncio.Future[Exception], tuple[str | None, Subscription]] = {
+                subscription.lost: (name, subscription)
+                for name, subscription in self.by_master.items()
+            }
+            if self.classic is not None:
+                watched[self.classic.lost] = (None, self.classic)
+            # Masters come and go (open_master): look again every quarter second.
+            done, _ = await asyncio.wait(watched, timeout=0.25, return_when=asyncio.FIRST_COMPLETED)
+            for future in done:
+                name, subscription = watched[future]
+                if name is not None:
+                    if self.by_master.get(name) is not subscription:
+                        continue  # replaced meanwhile (open_master closed it)
+                    del self.by_master[name]
+                    subscription.close()
+                return name, future.result()
 
     def close(self) -> None:
         for subscription in self.by_master.values():

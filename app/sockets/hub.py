@@ -26,7 +26,7 @@ import logging
 import math
 import time
 from collections import Counter
-from collections.abc import Callable, Container
+from collections.abc import Callable, Collection, Container
 from dataclasses import dataclass, field
 
 from app.broker import Broker, History
@@ -81,6 +81,8 @@ class Hub:
         self._present: Counter[tuple[str, str]] = Counter()
         self._linked = asyncio.Event()
         self._linked.set()  # clear from link_lost to resubscribed (joins check broker.ready)
+        # Rooms whose subscription alone is lost (rooms_lost): set when they are back.
+        self._rooms_down: dict[str, asyncio.Event] = {}
         self.pages = HistoryPages(history or broker, pacing.page)
         self.connections: set[Connection] = set()
         self.draining = False
@@ -149,6 +151,40 @@ class Hub:
             behind,
         )
 
+    def rooms_lost(self, rooms: Collection[str]) -> None:
+        """Those ``rooms``' subscription ended (on Redis Cluster, their master failed): their
+        members fall behind as in :meth:`link_lost`, the other rooms go on live; each waits
+        for :meth:`rooms_back` before its replay reads history."""
+        behind = 0
+        for room in rooms:
+            if room not in self._rooms_down:
+                self._rooms_down[room] = asyncio.Event()
+            state = self._rooms.get(room)
+            if state is None:
+                continue
+            for replay in state.behind.values():
+                replay.link_lost()
+            for conn in state.members:
+                replay = Replay(self, self._pacing, conn, room, state.heard, joined=True)
+                state.behind[conn] = replay
+                replay.link_lost()
+                replay.start(None)
+                behind += 1
+            state.members.clear()
+        logger.warning(
+            "broker subscription of %d rooms lost: %d connections fall behind", len(rooms), behind
+        )
+
+    def rooms_back(self, rooms: Collection[str]) -> None:
+        """Those rooms are subscribed again after :meth:`rooms_lost`: their replays fetch
+        what was missed; their records are read again (a notice may have been missed)."""
+        for room in rooms:
+            down = self._rooms_down.pop(room, None)
+            if down is not None:
+                down.set()
+                self.rooms_changed(room)
+        logger.info("broker subscription of %d rooms back", len(rooms))
+
     def resubscribed(self) -> None:
         """The broker is subscribed again: replays fetch what was missed. Direct messages have
         no history: every connection with direct messages routed here is told (``resync``
@@ -156,14 +192,23 @@ class Hub:
         if self._linked.is_set():
             return  # the first subscription: nothing was lost
         self._linked.set()
-        self.rooms_changed(None)  # notices of room changes may have been missed too
+        for down in self._rooms_down.values():  # every room is subscribed again
+            down.set()
+        self._rooms_down.clear()
+        self.notices_missed()
+        logger.info("broker subscription back: %d rooms catching up", len(self._rooms))
+
+    def notices_missed(self) -> None:
+        """Direct messages and notices of room changes sent for a while may not have come
+        (the broker's connection for them was lost): room records are read again, and every
+        connection with direct messages routed here is told (``resync`` with ``to``)."""
+        self.rooms_changed(None)
         notice = "direct messages sent while this server was disconnected may be missing"
         for user, conns in self._users.items():
             error = error_frame(ErrorCode.RESYNC, notice, {"to": user})
             self._metrics.error_sent(ErrorCode.RESYNC, len(conns))
             for conn in conns:
                 conn.offer(error)
-        logger.info("broker subscription back: %d rooms catching up", len(self._rooms))
 
     @property
     def linked(self) -> bool:
@@ -232,8 +277,11 @@ class Hub:
 
     # -- replays (the ReplayHost side) --------------------------------------------------------
 
-    async def link_up(self) -> None:
+    async def link_up(self, room: str) -> None:
         await self._linked.wait()
+        down = self._rooms_down.get(room)
+        if down is not None:
+            await down.wait()
 
     def go_live(self, replay: Replay) -> None:
         state = self._rooms.get(replay.room)

@@ -74,8 +74,8 @@ class ReplayHost(Protocol):
     @property
     def pages(self) -> HistoryPages: ...
 
-    async def link_up(self) -> None:
-        """Return once the broker is subscribed (at once when it is)."""
+    async def link_up(self, room: str) -> None:
+        """Return once the broker is subscribed, to ``room`` too (at once when it is)."""
         ...
 
     def go_live(self, replay: Replay) -> None:
@@ -228,7 +228,7 @@ class Replay:
         try:
             while True:
                 if page is None:
-                    await host.link_up()
+                    await host.link_up(self.room)
                     self._buffer = []
                     try:
                         page = await host.pages.fetch(self.room, self.cursor)
