@@ -417,6 +417,9 @@ class RedisBroker:
             rooms = sorted(pending)
             try:
                 await self._cluster.nodes_manager.initialize()
+                for node in self._cluster.get_primaries():  # every master heard, as at start
+                    if node.name not in shards.by_master:
+                        await self._open_shard(shards, node)
                 by_master: dict[str, list[str]] = {}
                 nodes = {}
                 for room in rooms:
