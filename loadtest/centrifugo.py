@@ -111,12 +111,19 @@ class Centrifugo:
                 await asyncio.sleep(0.05)
 
     async def stop(self) -> None:
-        if self.proc is not None and self.proc.returncode is None:
-            self.proc.terminate()
-            try:
-                async with asyncio.timeout(10):
-                    await self.proc.wait()
-            except TimeoutError:
-                self.proc.kill()
-                await self.proc.wait()
+        if self.proc is not None:
+            await terminate(self.proc)
         shutil.rmtree(self.dir, ignore_errors=True)
+
+
+async def terminate(proc: asyncio.subprocess.Process, grace_s: float = 10.0) -> None:
+    """SIGTERM ``proc`` (one this process started), SIGKILL it after ``grace_s``; reap it."""
+    if proc.returncode is not None:
+        return
+    proc.terminate()
+    try:
+        async with asyncio.timeout(grace_s):
+            await proc.wait()
+    except TimeoutError:
+        proc.kill()
+        await proc.wait()

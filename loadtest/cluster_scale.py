@@ -19,39 +19,14 @@ import asyncio
 import json
 import os
 import time
-from collections.abc import Collection
-from pathlib import Path
 from typing import Any
 
 from app.broker.redis import RedisBroker
 from app.settings import Settings
+from loadtest.redis_cost import Counter, cpu_s
 from tests.processes import ClusterDeployment
 
 _TICKS = os.sysconf("SC_CLK_TCK")
-
-
-class Counter:
-    """A BrokerHandler that counts room deliveries."""
-
-    def __init__(self) -> None:
-        self.delivered = 0
-
-    def deliver_room(self, room: str, message_id: int | None, payload: bytes) -> None:
-        self.delivered += 1
-
-    def deliver_user(self, user: str, message_id: int | None, payload: bytes) -> None: ...
-    def kick(self, user: str, reason: str, issued_at: float | None = None) -> None: ...
-    def link_lost(self) -> None: ...
-    def resubscribed(self) -> None: ...
-    def rooms_lost(self, rooms: Collection[str]) -> None: ...
-    def rooms_back(self, rooms: Collection[str]) -> None: ...
-    def notices_missed(self) -> None: ...
-    def room_changed(self, room: str) -> None: ...
-
-
-def _cpu_s(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / _TICKS  # utime + stime
 
 
 async def measure(args: argparse.Namespace) -> dict[str, Any]:
@@ -88,7 +63,7 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
 
         tick = 0.01
         began = time.monotonic()
-        cpu_before = [_cpu_s(pid) for pid in pids]
+        cpu_before = [cpu_s(pid) for pid in pids]
         delivered_before = counter.delivered
         n = 0
         tasks: set[asyncio.Task[None]] = set()
@@ -101,7 +76,7 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
                 n += 1
             await asyncio.sleep(tick)
         took = time.monotonic() - began
-        cpu = [(_cpu_s(pid) - before) / took for pid, before in zip(pids, cpu_before, strict=True)]
+        cpu = [(cpu_s(pid) - before) / took for pid, before in zip(pids, cpu_before, strict=True)]
         delivered = counter.delivered - delivered_before
         await asyncio.gather(*tasks, return_exceptions=True)
         return {

@@ -31,7 +31,7 @@ from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
 
 from loadtest.bench import OPEN_LIMITS, free_port
-from loadtest.centrifugo import Centrifugo
+from loadtest.centrifugo import Centrifugo, terminate
 from loadtest.redis_cost import TEXT, cpu_s, per_message
 from tests.processes import ROOT, RedisServer
 
@@ -204,14 +204,8 @@ class Target:
         return member.ws.send(orjson.dumps(frame).decode())
 
     async def stop(self) -> None:
-        if self.proc is not None and self.proc.returncode is None:
-            self.proc.terminate()
-            try:
-                async with asyncio.timeout(10):
-                    await self.proc.wait()
-            except TimeoutError:
-                self.proc.kill()
-                await self.proc.wait()
+        if self.proc is not None:
+            await terminate(self.proc)
         if self.centrifugo is not None:
             await self.centrifugo.stop()
         if self.redis is not None:

@@ -11,7 +11,6 @@ import asyncio
 import json
 import sys
 import time
-from collections.abc import AsyncIterator
 
 import pytest
 from redis.asyncio import Redis
@@ -22,16 +21,6 @@ from app.errors import BrokerUnavailable, QuotaExceeded
 from tests.helpers import make_settings, wait_until
 from tests.processes import ROOT, RedisServer
 from tests.test_broker_contract import Recorder
-
-
-@pytest.fixture
-async def redis() -> AsyncIterator[RedisServer]:
-    server = RedisServer()
-    await server.start()
-    try:
-        yield server
-    finally:
-        await server.stop()
 
 
 async def started(server: RedisServer, **settings: object) -> RedisBroker:
@@ -46,12 +35,12 @@ async def command_calls(admin: Redis) -> dict[str, int]:
     return {name.removeprefix("cmdstat_"): int(s["calls"]) for name, s in stats.items()}
 
 
-async def test_a_publish_asks_redis_only_what_it_cannot_know(redis: RedisServer) -> None:
+async def test_a_publish_asks_redis_only_what_it_cannot_know(redis_server: RedisServer) -> None:
     """40 messages with client ids in one room: no INFO (the run_id came with the
     connection), one PEXPIRE push for the room's two keys at most, one SET NX for each dedup
     marker, and the quota in two calls a message."""
-    broker = await started(redis, history_ttl_s=3600)
-    admin = Redis.from_url(redis.url)
+    broker = await started(redis_server, history_ttl_s=3600)
+    admin = Redis.from_url(redis_server.url)
     try:
         await broker.publish("r", "u", "warm-up", "c0")  # the connection is open
         await admin.config_resetstat()
@@ -67,14 +56,16 @@ async def test_a_publish_asks_redis_only_what_it_cannot_know(redis: RedisServer)
         await broker.stop()
 
 
-async def test_a_rooms_keys_live_their_ttl_after_the_last_message(redis: RedisServer) -> None:
+async def test_a_rooms_keys_live_their_ttl_after_the_last_message(
+    redis_server: RedisServer,
+) -> None:
     """Right after any publish, the room's meta and log expire no sooner than the ttl and no
     later than 9/8 of it, whether or not that publish pushed the expiry back; a log that
     appears in a live incarnation (history turned on by a deploy) gets an expiry too."""
     ttl_s = 0.8
-    without_history = await started(redis, history_ttl_s=ttl_s, history_size=0)
-    with_history = await started(redis, history_ttl_s=ttl_s)
-    admin = Redis.from_url(redis.url)
+    without_history = await started(redis_server, history_ttl_s=ttl_s, history_size=0)
+    with_history = await started(redis_server, history_ttl_s=ttl_s)
+    admin = Redis.from_url(redis_server.url)
     meta, log = "hubbub:{r:r}:meta", "hubbub:{r:r}:log"
     try:
         await without_history.publish("r", "u", "no log yet", None)
@@ -94,12 +85,12 @@ async def test_a_rooms_keys_live_their_ttl_after_the_last_message(redis: RedisSe
         await without_history.stop()
 
 
-async def test_the_message_quota_allows_its_burst_then_its_rate(redis: RedisServer) -> None:
+async def test_the_message_quota_allows_its_burst_then_its_rate(redis_server: RedisServer) -> None:
     """Burst 3 at 10 a second: three at once, the fourth refused (and refusals take
     nothing), one more once a tenth of a second has passed; the bucket's key expires when the
     bucket is full again."""
-    broker = await started(redis, user_messages_per_s=10, user_message_burst=3)
-    admin = Redis.from_url(redis.url)
+    broker = await started(redis_server, user_messages_per_s=10, user_message_burst=3)
+    admin = Redis.from_url(redis_server.url)
     try:
         for n in range(3):
             await broker.publish("r", "u", str(n), None)
@@ -161,12 +152,14 @@ async def test_redis_cost_smoke() -> None:
     assert "evalsha" in result["commands_per_message"], result
 
 
-async def test_messages_of_one_iteration_share_a_run_and_fail_alone(redis: RedisServer) -> None:
+async def test_messages_of_one_iteration_share_a_run_and_fail_alone(
+    redis_server: RedisServer,
+) -> None:
     """Three publishes made together go to Redis as one script run; the one whose room's
     log Redis refuses (a key of the wrong type) fails alone with ``broker_unavailable``, the
     two others are published."""
-    broker = await started(redis)
-    admin = Redis.from_url(redis.url)
+    broker = await started(redis_server)
+    admin = Redis.from_url(redis_server.url)
     try:
         await broker.publish("good", "u", "warm-up", None)
         await admin.set("hubbub:{r:bad}:log", "not a stream")

@@ -14,21 +14,19 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import enum
-import functools
 import logging
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Final, Literal, Protocol, cast
+from typing import TYPE_CHECKING, Final, Literal, Protocol
 
 from redis.asyncio import Redis
-from redis.asyncio.cluster import RedisCluster
 
 from app.access.buckets import TokenBuckets
 from app.broker.redis_scripts import ABSENT, NOW, TOKEN_BUCKET, sharded
 from app.redisio.autopipeline import AutoPipeline
-from app.redisio.clients import REDIS_ERRORS, command_client, node_client, preload
-from app.redisio.cluster import ClusterPipelines
+from app.redisio.clients import REDIS_ERRORS, command_client, preload
+from app.redisio.cluster import ClusterPipelines, pipelines_for
 from app.settings import Settings
 
 if TYPE_CHECKING:
@@ -152,13 +150,7 @@ class RedisQuotas:
         # Redis Cluster: a user's ban and connections share a hash tag (one slot for ADMIT),
         # the address bucket is taken apart, and calls are routed by slot.
         self._cluster = bool(settings.redis_cluster_nodes)
-        self._pipeline: AutoPipeline | ClusterPipelines
-        if self._cluster:
-            self._pipeline = ClusterPipelines(
-                cast(RedisCluster, self._redis), functools.partial(node_client, settings)
-            )
-        else:
-            self._pipeline = AutoPipeline(self._redis)
+        self._pipeline: AutoPipeline | ClusterPipelines = pipelines_for(self._redis, settings)
         self._admit = self._redis.register_script(sharded(ADMIT, self._cluster))
         self._refresh = self._redis.register_script(REFRESH)
         self._rates = _rates(settings)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import logging
 import secrets
 import time
@@ -18,7 +17,6 @@ from collections.abc import Awaitable, Callable
 from typing import Final, cast
 
 from redis.asyncio import Redis
-from redis.asyncio.cluster import RedisCluster
 
 from app.broker import Broker
 from app.broker.keys import KeyLayout
@@ -26,8 +24,8 @@ from app.errors import BrokerUnavailable
 from app.presence import RoomPresence
 from app.presence.announcer import PresenceAnnouncer
 from app.redisio.autopipeline import AutoPipeline
-from app.redisio.clients import REDIS_ERRORS, call_redis, command_client, node_client, preload
-from app.redisio.cluster import ClusterPipelines
+from app.redisio.clients import REDIS_ERRORS, call_redis, command_client, preload
+from app.redisio.cluster import ClusterPipelines, pipelines_for
 from app.settings import Settings
 
 logger = logging.getLogger(__name__)
@@ -93,13 +91,7 @@ class RedisPresence:
         self._redis: Redis = command_client(settings)
         # Joins and leaves, counts and lists go through a pipeline (a reconnect storm is
         # thousands of them a second); the upkeep, every few seconds, through redis-py.
-        self._pipeline: AutoPipeline | ClusterPipelines
-        if settings.redis_cluster_nodes:
-            self._pipeline = ClusterPipelines(
-                cast(RedisCluster, self._redis), functools.partial(node_client, settings)
-            )
-        else:
-            self._pipeline = AutoPipeline(self._redis)
+        self._pipeline: AutoPipeline | ClusterPipelines = pipelines_for(self._redis, settings)
         self._join = self._redis.register_script(JOIN)
         self._leave = self._redis.register_script(LEAVE)
         self._refresh = self._redis.register_script(REFRESH)

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, cast
 
 from redis.asyncio import Redis
 from redis.asyncio.cluster import ClusterNode, RedisCluster
@@ -22,6 +23,8 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisClusterException, RedisError, ResponseError
 
 from app.redisio.autopipeline import AutoPipeline, Merge
+from app.redisio.clients import node_client
+from app.settings import Settings
 
 logger = logging.getLogger(__name__)
 
@@ -182,3 +185,11 @@ class ClusterPipelines:
 
 def _encoded(key: str | bytes) -> bytes:
     return key.encode() if isinstance(key, str) else key
+
+
+def pipelines_for(redis: Redis, settings: Settings) -> AutoPipeline | ClusterPipelines:
+    """The pipelining of ``redis`` (a :func:`~app.redisio.clients.command_client`): one
+    :class:`AutoPipeline`, or on Redis Cluster one per master (:class:`ClusterPipelines`)."""
+    if settings.redis_cluster_nodes:
+        return ClusterPipelines(cast(RedisCluster, redis), functools.partial(node_client, settings))
+    return AutoPipeline(redis)
