@@ -246,6 +246,15 @@ class Settings(BaseSettings):
     redis_wait_timeout_s: float = Field(
         0.5, gt=0, description="How long an ack waits for `CHAT_REDIS_WAIT_REPLICAS`."
     )
+    redis_wait_policy: Literal["required", "available"] = Field(
+        "required",
+        description="When the master has fewer than `CHAT_REDIS_WAIT_REPLICAS` replicas (after "
+        "a failover the promoted replica has none until another is attached): `required` "
+        "answers every send `broker_unavailable` until it has them again (no ack that a "
+        "second failover could lose); `available` acks without waiting meanwhile, counted in "
+        "`hubbub_broker_acks_without_replicas_total`, and waits again once the master lists "
+        "enough replicas (checked every second).",
+    )
     redis_merge_max: int = Field(
         32,
         ge=1,

@@ -15,7 +15,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from app.redisio.autopipeline import SERVER_RUN_ID, AutoPipeline, Merge
+from app.redisio.autopipeline import SERVER_RUN_ID, AutoPipeline, Merge, NotReplicated
 from tests.helpers import wait_until
 from tests.processes import RedisServer
 
@@ -263,3 +263,47 @@ async def test_a_lost_wait_leaves_no_exception_unretrieved(
     finally:
         await pipeline.close()
         await redis.aclose()
+
+
+async def test_a_master_without_replicas_refuses_durable_calls_unless_available_is_chosen(
+    redis_server: RedisServer, redis: Redis
+) -> None:
+    """``WAIT 1`` on a master with no replica: with ``wait_required`` (the default) the
+    durable call fails with ``NotReplicated``; without it the call gets its reply, is
+    counted, later calls stop waiting (answered at once, counted too), and once a replica
+    is attached the pipeline waits for it again (its calls confirmed, no longer counted)."""
+    incr = redis.register_script(INCR_BY)
+    strict = AutoPipeline(redis, wait_replicas=1, wait_timeout_s=0.1)
+    try:
+        with pytest.raises(NotReplicated):
+            await strict.call(incr, ["n"], [1], durable=True)
+        assert strict.acked_without_replicas == 0
+    finally:
+        await strict.close()
+    available = AutoPipeline(redis, wait_replicas=1, wait_timeout_s=0.1, wait_required=False)
+    replica = RedisServer(extra=("--replicaof", "127.0.0.1", str(redis_server.port)))
+    try:
+        # The refused call was written all the same (on the master): n is 1.
+        assert await available.call(incr, ["n"], [1], durable=True) == 2  # after a short WAIT
+        assert available.acked_without_replicas == 1
+        began = asyncio.get_running_loop().time()
+        assert await available.call(incr, ["n"], [1], durable=True) == 3
+        assert asyncio.get_running_loop().time() - began < 0.09  # no WAIT any more
+        await wait_until(lambda: available.acked_without_replicas == 2)  # counted once answered
+        await replica.start()
+
+        async with asyncio.timeout(15):  # the next ROLE (within a second) lists the replica
+            while True:
+                counted = available.acked_without_replicas
+                await available.call(incr, ["n"], [1], durable=True)
+                await asyncio.sleep(0.05)  # its count, if any, lands after the caller resumes
+                if available.acked_without_replicas == counted:
+                    break
+        counted = available.acked_without_replicas
+        for _ in range(3):  # each confirmed by the replica now
+            await available.call(incr, ["n"], [1], durable=True)
+        await asyncio.sleep(0.05)
+        assert available.acked_without_replicas == counted
+    finally:
+        await available.close()
+        await replica.stop()

@@ -310,20 +310,33 @@ async def test_the_broker_resubscribes_every_shard_after_losing_them(
         await broker.stop()
 
 
-@pytest.mark.parametrize("victim_kind", ["a master", "the classic connection's master"])
+@pytest.mark.parametrize(
+    ("victim_kind", "wait_policy"),
+    [
+        ("a master", None),
+        ("the classic connection's master", None),
+        ("a master", "available"),
+    ],
+)
 async def test_a_masters_failure_touches_its_rooms_only(
-    cluster: ClusterDeployment, victim_kind: str
+    cluster: ClusterDeployment, victim_kind: str, wait_policy: str | None
 ) -> None:
     """A room on a healthy master goes on while another room's master is SIGKILLed: every
     send there acked at once (no ``broker_unavailable``), delivered live with no pause over
     a second, no ``resync``, the server ready throughout. The failed master's room is
     subscribed again once its replica took over: its member hears new messages live. The
     same when the master was also the one of the worker's classic pub/sub connection
-    (users' and control channels), which moves to another master."""
+    (users' and control channels), which moves to another master. With acks that wait for a
+    replica and ``CHAT_REDIS_WAIT_POLICY=available``, the same, and the failed master's room
+    is acked again (counted as without replicas) while its promoted replica has none."""
+    waits = {}
+    if wait_policy is not None:
+        waits = {"redis_wait_replicas": 1, "redis_wait_timeout_s": 0.3,
+                 "redis_wait_policy": wait_policy}  # fmt: skip
     settings = make_settings(
         redis_cluster_nodes=cluster.addresses.split(","),
         canary_interval_s=0.2, canary_timeout_s=2, redis_reconnect_max_s=0.3,
-        redis_timeout_s=1,
+        redis_timeout_s=1, **waits,
     )  # fmt: skip
     layout = KeyLayout("hubbub", settings.redis_cluster_partitions)
 
@@ -392,3 +405,5 @@ async def test_a_masters_failure_touches_its_rooms_only(
                     frame = await ada.next_frame(15, skip=("ping", "presence", "ack", "error"))
                     if frame["type"] == "message" and frame["text"] == "after":
                         break
+            if wait_policy == "available":  # the killed node is not back: no replica there
+                assert live.state.broker.stats.acked_without_replicas >= 1

@@ -114,12 +114,15 @@ class BrokerStats:
     """Health counters for the metrics: subscription losses since start (``deaf_reconnects``
     of them found by the canary, ``failovers`` moves to a new master the Sentinels named,
     not errors), publishes refused because too few replicas confirmed them
-    (``not_replicated``), the latest pub/sub round trip, and the backend's memory."""
+    (``not_replicated``) and those acked all the same while the master had too few
+    (``acked_without_replicas``, CHAT_REDIS_WAIT_POLICY=available), the latest pub/sub round
+    trip, and the backend's memory."""
 
     reconnects: int = 0
     deaf_reconnects: int = 0
     failovers: int = 0
     not_replicated: int = 0
+    acked_without_replicas: int = 0
     pubsub_lag_s: float = 0.0
     # The backend's memory, as last read (Redis INFO): used, and its maxmemory (0: none).
     memory_used_bytes: int = 0

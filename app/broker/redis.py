@@ -90,6 +90,7 @@ class RedisBroker:
                 functools.partial(node_client, settings),
                 *wait,
                 max_merged=settings.redis_merge_max,
+                wait_required=settings.redis_wait_policy == "required",
             )
         else:
             self._sub_redis = subscriber_client(settings)
@@ -98,6 +99,7 @@ class RedisBroker:
                 wait_replicas=wait[0],
                 wait_timeout_s=wait[1],
                 max_merged=settings.redis_merge_max,
+                wait_required=settings.redis_wait_policy == "required",
             )
         self._scripts = {
             name: self._redis.register_script(
@@ -188,6 +190,7 @@ class RedisBroker:
             self._deaf_reconnects,
             self._failovers,
             self._not_replicated,
+            self._pipeline.acked_without_replicas,
             self._pubsub_lag_s,
             self._memory_used,
             self._memory_max,

@@ -228,6 +228,11 @@ class Metrics:
             "Sends answered broker_unavailable because fewer than CHAT_REDIS_WAIT_REPLICAS "
             "replicas confirmed them in time (written on the master, not acked).",
         )
+        self.acks_without_replicas = counter(
+            "hubbub_broker_acks_without_replicas_total",
+            "Sends acked without waiting for CHAT_REDIS_WAIT_REPLICAS replicas, as the master "
+            "had too few (CHAT_REDIS_WAIT_POLICY=available): a failover may lose them.",
+        )
         self.pubsub_lag = gauge(
             "hubbub_broker_pubsub_lag_seconds",
             "Latest canary's trip through the broker's pub/sub, per worker.",
@@ -371,7 +376,7 @@ class Metrics:
         self.gc_pauses_since_sync: list[tuple[int, float, int]] = []
         self._broker_reconnects = 0
         self._broker_deaf = 0
-        self._broker_failovers = self._acks_not_replicated = 0
+        self._broker_failovers = self._acks_not_replicated = self._acks_without_replicas = 0
         # stored, failures, dropped, rejected: as last synced
         self._archive_counts = (0, 0, 0, 0)
         self._webhook_counts = (0, 0, 0)  # delivered, failed, given up: as last synced
@@ -462,6 +467,11 @@ class Metrics:
         if stats.not_replicated > self._acks_not_replicated:
             self.acks_not_replicated.inc(stats.not_replicated - self._acks_not_replicated)
             self._acks_not_replicated = stats.not_replicated
+        if stats.acked_without_replicas > self._acks_without_replicas:
+            self.acks_without_replicas.inc(
+                stats.acked_without_replicas - self._acks_without_replicas
+            )
+            self._acks_without_replicas = stats.acked_without_replicas
 
         if archive is not None:
             self._sync_archive(archive)

@@ -37,6 +37,9 @@ _Command = tuple[Any, ...]
 # whether its reply waits for the replicas (see AutoPipeline's ``wait_replicas``).
 _Call = tuple[_Command, "asyncio.Future[Any]", "AsyncScript | None", bool]
 _WAIT = "WAIT"
+# While a pipeline does not wait for replicas (wait_required=False and too few), how often it
+# asks the master (ROLE) whether it has enough again.
+PROBE_S = 1.0
 
 
 class _ServerRunId:
@@ -96,9 +99,15 @@ class _Replies(asyncio.Protocol):
     writer: asyncio.StreamWriter  # set once handed over (and kept: see hand_over)
     run_id = b""  # the server's (see SERVER_RUN_ID), set once handed over
 
-    def __init__(self, timeout_s: float | None, rerun: Callable[[_Call], None]) -> None:
+    def __init__(
+        self,
+        timeout_s: float | None,
+        rerun: Callable[[_Call], None],
+        short: Callable[[int], bool] = lambda held: False,
+    ) -> None:
         self._timeout_s = timeout_s
         self._rerun = rerun
+        self._short = short  # told how many replies a short WAIT holds; True: release them
         self._reader = hiredis.Reader(replyError=_reply_error)
         self._waiting: deque[tuple[_Call, float]] = deque()
         self._held: list[tuple[asyncio.Future[Any], Any]] = []  # replies waiting for a WAIT
@@ -192,6 +201,8 @@ class _Replies(asyncio.Protocol):
         short = None
         if isinstance(replicas, Exception) or replicas < wanted:
             short = NotReplicated(f"{replicas!r} of {wanted} replicas confirmed the write")
+            if not isinstance(replicas, Exception) and self._short(len(held)):
+                short = None  # acked all the same (AutoPipeline's wait_required=False)
         for future, reply in held:
             if future.done():
                 continue
@@ -240,6 +251,11 @@ class AutoPipeline:
       ``WAIT wait_replicas timeout``; the batch's durable calls get their replies only once it
       answers, or fail with :class:`NotReplicated` (their writes are done on the master, but
       fewer replicas confirmed them in time; a failover may lose them).
+      With ``wait_required=False`` a short ``WAIT`` fails nothing: its calls get their
+      replies, are counted in :attr:`acked_without_replicas`, and the pipeline stops waiting
+      (the master lacks replicas: after a failover, the promoted replica has none until one
+      is attached) until a ``ROLE``, asked every ``PROBE_S`` meanwhile, lists enough replicas
+      again; the durable calls of that time are counted too.
     * Not transactional: the scripts of a batch are atomic one by one, not together.
     * The owner calls :meth:`close`, which fails the calls still waiting.
     """
@@ -251,8 +267,12 @@ class AutoPipeline:
         wait_replicas: int = 0,
         wait_timeout_s: float = 0.5,
         max_merged: int = 32,
+        wait_required: bool = True,
     ) -> None:
         self._redis = redis
+        self._wait_required = wait_required
+        self._alone_until: float | None = None  # not waiting for replicas; next ROLE then
+        self.acked_without_replicas = 0  # durable calls answered unconfirmed (see the class)
         self._max_merged = max_merged
         self._mergeable = 0  # mergeable calls pending
         self._timeout_s: float | None = redis.connection_pool.connection_kwargs.get(
@@ -318,6 +338,8 @@ class AutoPipeline:
         if self._mergeable:
             self._mergeable = 0
             batch = _merged(batch, self._max_merged)
+        if self._wait_replicas and self._alone_until is not None:
+            batch = self._alone(batch)
         if self._wait_replicas and any(call[3] for call in batch):
             waited: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
             # Nobody awaits it (its reply releases the held ones, see _Replies._release):
@@ -337,10 +359,53 @@ class AutoPipeline:
             self._connecting = [batch]
             self._connector = asyncio.create_task(self._connect(), name="redis-autopipeline")
 
+    def _short_wait(self, held: int) -> bool:
+        """A ``WAIT`` answered short with ``held`` replies: release them unless required."""
+        if self._wait_required:
+            return False
+        self.acked_without_replicas += held
+        if self._alone_until is None:
+            logger.warning(
+                "Redis confirmed fewer than %d replicas: acks stop waiting for them until it "
+                "has enough (CHAT_REDIS_WAIT_POLICY=available)", self._wait_replicas,
+            )  # fmt: skip
+            self._alone_until = time.monotonic() + PROBE_S
+        return True
+
+    def _alone(self, batch: list[_Call]) -> list[_Call]:
+        """``batch`` without waiting for replicas (counted), and with a ``ROLE`` probe when
+        one is due."""
+        if not any(call[3] for call in batch):
+            return batch
+        for call in batch:
+            if call[3]:
+                call[1].add_done_callback(self._count_unconfirmed)
+        batch = [(command, future, script, False) for command, future, script, _ in batch]
+        if self._alone_until is not None and time.monotonic() >= self._alone_until:
+            self._alone_until = time.monotonic() + PROBE_S
+            role: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+            role.add_done_callback(self._probed)
+            batch.append((("ROLE",), role, None, False))
+        return batch
+
+    def _count_unconfirmed(self, answered: asyncio.Future[Any]) -> None:
+        if not answered.cancelled() and answered.exception() is None:
+            self.acked_without_replicas += 1
+
+    def _probed(self, role: asyncio.Future[Any]) -> None:
+        """``ROLE``'s answer: wait for replicas again once the master lists enough."""
+        if role.cancelled() or role.exception() is not None:
+            return
+        reply = role.result()
+        is_master = isinstance(reply, list) and len(reply) > 2 and reply[0] == b"master"
+        if is_master and len(reply[2]) >= self._wait_replicas and self._alone_until is not None:
+            self._alone_until = None
+            logger.warning("Redis has %d replicas again: acks wait for them", len(reply[2]))
+
     async def _connect(self) -> None:
         """Open a connection; then send the batches that waited for it, in order."""
         try:
-            replies = _Replies(self._timeout_s, self._rerun_loading)
+            replies = _Replies(self._timeout_s, self._rerun_loading, self._short_wait)
             replies.writer, info = await hand_over(self._redis, replies, ("INFO", "server"))
             found = _RUN_ID.search(info if isinstance(info, bytes) else str(info).encode())
             if found is None:  # pragma: no cover - every Redis since 2.4 says it

@@ -57,10 +57,12 @@ class ClusterPipelines:
         wait_replicas: int = 0,
         wait_timeout_s: float = 0.5,
         max_merged: int = 32,
+        wait_required: bool = True,
     ) -> None:
         self._cluster = cluster
         self._client_for = client_for
         self._wait = (wait_replicas, wait_timeout_s)
+        self._wait_required = wait_required
         self._max_merged = max_merged
         self._pipelines: dict[str, tuple[Redis, AutoPipeline]] = {}
         self._refreshing: asyncio.Task[None] | None = None
@@ -78,10 +80,16 @@ class ClusterPipelines:
                 wait_replicas=replicas,
                 wait_timeout_s=timeout_s,
                 max_merged=self._max_merged,
+                wait_required=self._wait_required,
             )
             entry = (client, pipeline)
             self._pipelines[node.name] = entry
         return entry[1]
+
+    @property
+    def acked_without_replicas(self) -> int:
+        """Over every master's pipeline (see AutoPipeline's ``wait_required``)."""
+        return sum(pipeline.acked_without_replicas for _, pipeline in self._pipelines.values())
 
     @property
     def batches(self) -> int:
