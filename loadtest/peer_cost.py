@@ -53,6 +53,7 @@ class Member:
     def __init__(self, ws: ClientConnection, centrifugo: bool) -> None:
         self.ws, self.centrifugo = ws, centrifugo
         self.received = 0
+        self.arrived = asyncio.Event()  # set at each message received (loadtest.scale's writers)
         self.next_id = 0
         self.answers: dict[int, asyncio.Future[dict[str, Any]]] = {}
         self.sending: set[asyncio.Future[None]] = set()
@@ -68,6 +69,7 @@ class Member:
                 for line in data.split(b"\n"):  # one frame may hold several
                     if b'"type":"message"' in line:
                         self.received += 1
+                        self.arrived.set()
                     elif b'"type":"ping"' in line:
                         await self.ws.send('{"type":"pong"}')
                     elif b'"type":"joined"' in line or b'"type":"error"' in line:
@@ -81,6 +83,7 @@ class Member:
                 pong.add_done_callback(self.sending.discard)
             elif b'"push"' in line:
                 self.received += 1
+                self.arrived.set()
             elif line:
                 reply = orjson.loads(line)
                 self._answer(reply.get("id", 0), reply)

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from loadtest import centrifugo
 from tests.processes import ROOT, AppProcess
 
 
@@ -258,3 +259,30 @@ async def test_cluster_scale_benchmark_runs() -> None:
     assert result["failed"] == 0 and result["published_per_s"] > 200
     assert result["delivered_per_s"] > 200
     assert all(share >= 0 for share in result["master_core_share"])
+
+
+@pytest.mark.timeout(180)
+async def test_scale_benchmark_runs(tmp_path: Path) -> None:
+    """``make bench-scale``'s script, tiny: W=1, 40 clients in rooms of 10 for 1 s, Hubbub
+    (gunicorn on Redis) and, where the anchor is on this machine, Centrifugo: every run
+    delivers, round trips and CPU shares are measured, the layout and the cores are said."""
+    report_path = tmp_path / "scale.json"
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "loadtest.scale", "--workers", "1", "--clients", "40",
+        "--warm", "0.5", "--seconds", "1", "--json", str(report_path), cwd=ROOT,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+    )  # fmt: skip
+    out, _ = await proc.communicate()
+    assert proc.returncode == 0, out.decode(errors="replace")
+    report = json.loads(report_path.read_text())
+    assert report["machine_cores"] == len(os.sched_getaffinity(0))
+    targets = {run["target"] for run in report["runs"]}
+    assert "hubbub" in targets and (targets == {"hubbub", "centrifugo"}) == centrifugo.available()
+    for run in report["runs"]:
+        assert run["workers"] == 1 and run["clients"] == 40 and run["speedup"] == 1.0
+        assert run["deliveries_per_s"] > 100, run
+        assert 0 < run["round_trip_p50_ms"] <= run["round_trip_p99_ms"], run
+        assert run["redis_core_share"] > 0 and run["server_core_share"] > 0, run
+        assert 0 < run["busiest_generator_core_share"] <= 1.5, run
+        assert run["cores"]["server"] and run["cores"]["redis"] and run["cores"]["generators"]
+    assert "| hubbub | 1 |" in out.decode()
