@@ -15,9 +15,9 @@ export UV_PROJECT_ENVIRONMENT := $(VENV)
 export UV_SYSTEM_CERTS := 1
 # Debian packages the test suite drives for real (binary or file:package); the emoji font
 # lets Chromium draw the page's reactions in its screenshots.
-DEB_TEST_DEPS := redis-server:redis-server promtool:prometheus nginx:nginx kubectl:kubernetes-client chromium:chromium pg_ctlcluster:postgresql /usr/share/fonts/truetype/noto/NotoColorEmoji.ttf:fonts-noto-color-emoji
+DEB_TEST_DEPS := node:nodejs npm:npm redis-server:redis-server promtool:prometheus nginx:nginx kubectl:kubernetes-client chromium:chromium pg_ctlcluster:postgresql /usr/share/fonts/truetype/noto/NotoColorEmoji.ttf:fonts-noto-color-emoji
 
-.PHONY: help install run test bench bench-core bench-redis bench-scale bench-100k chaos attack k8s-check lint typecheck check deb-deps docs-config dashboard clean
+.PHONY: help install run test bench bench-core bench-redis bench-scale bench-100k chaos attack k8s-check lint typecheck check deb-deps node-deps docs-config dashboard clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -45,7 +45,19 @@ run: $(STAMP)  ## serve the chat on http://127.0.0.1:8000 (memory broker, SQLite
 	CHAT_AUTH_MODE=$${CHAT_AUTH_MODE:-guest} CHAT_DATABASE_URL=$${CHAT_DATABASE_URL:-sqlite:///data/hubbub.db} \
 	  $(VENV)/bin/python -m app
 
-test: $(STAMP) deb-deps  ## install everything the tests need, then run the whole suite
+# Node projects the tests build or run (the TypeScript SDK, the AsyncAPI checker): each
+# installed from its package-lock.json, again only when the lock changed.
+NODE_PROJECTS := clients/js scripts/asyncapi
+
+node-deps: deb-deps  ## npm ci in each Node project that has a package-lock.json
+	@for dir in $(NODE_PROJECTS); do \
+	  if [ -f $$dir/package-lock.json ] && ! [ $$dir/node_modules/.installed -nt $$dir/package-lock.json ]; then \
+	    echo "npm ci in $$dir"; \
+	    (cd $$dir && npm ci --no-audit --no-fund --loglevel=error >/dev/null) && touch $$dir/node_modules/.installed || exit 1; \
+	  fi; \
+	done
+
+test: $(STAMP) deb-deps node-deps  ## install everything the tests need, then run the whole suite
 	$(VENV)/bin/python -m pytest
 
 bench: $(STAMP) deb-deps  ## every load-test scenario vs the baseline (~14 min); rewrites docs/benchmarks.md
@@ -87,8 +99,9 @@ lint: $(STAMP)  ## ruff format check + ruff lint
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/ruff check .
 
-typecheck: $(STAMP)  ## mypy --strict
+typecheck: $(STAMP) node-deps  ## mypy --strict, and tsc --strict on the TypeScript SDK
 	$(VENV)/bin/mypy
+	cd clients/js && npm run --silent typecheck
 
 check: lint typecheck test  ## everything CI runs
 

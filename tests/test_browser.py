@@ -134,7 +134,7 @@ async def test_two_people_chat_with_presence_and_typing(
         await bob.page.locator("#composer-input").press_sequentially("typ")
         await expect(ada.page.locator("#typing")).to_have_text("bob is typing…")
         # A refused frame is shown to the user, and the page goes on.
-        await ada.page.evaluate("hubbub.client._send({type: 'leave', room: 'nowhere'})")
+        await ada.page.evaluate("hubbub.client.leave('nowhere')")
         await expect(ada.page.locator("#alerts .alert")).to_contain_text("not_joined")
         # Joining another room from the keyboard, and leaving it.
         await ada.page.locator("#join-input").fill("side")
@@ -715,9 +715,9 @@ async def test_namesakes_are_told_apart_invited_by_picking_and_join_only_with_co
 
             # A flood of invitations (20 in a second) stacks, and joins nothing.
             await alice.page.evaluate(
-                """by => { for (let n = 0; n < 20; n++) hubbub.client._handle({
-                    type: "invited", room: `flood${n}`, private: true, title: "", topic: "",
-                    role: "member", by}); }""",
+                """by => { for (let n = 0; n < 20; n++) hubbub.client.dispatchEvent(
+                    new CustomEvent("invited", {detail: {type: "invited", room: `flood${n}`,
+                    private: true, title: "", topic: "", role: "member", by}})); }""",
                 fake,
             )
             await expect(card).to_have_count(3)

@@ -743,7 +743,7 @@ async def test_ingress_routes_only_what_clients_use() -> None:
     routed += [f"/static/{f.name}" for f in (ROOT / "app/static").iterdir()]
     static = (ROOT / "app/static/index.html").read_text()
     assert set(re.findall(r'(?:href|src)="(/[^"]*)"', static)) <= set(routed)
-    client = (ROOT / "app/static/hubbub.js").read_text()
+    client = (ROOT / "clients/js/src/client.ts").read_text()  # the page's hubbub.js's source
     assert "/ws`" in client and "`/rooms/${encodeURIComponent(room)}/messages`" in client
     for path in routed:
         backend = _ingress_backend(ingress, path)

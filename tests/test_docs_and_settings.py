@@ -92,10 +92,10 @@ def test_server_refuses_to_start_with_bad_setting() -> None:
 
 
 def test_js_client_reconnects_exactly_when_the_close_code_table_says() -> None:
-    """hubbub.js must not reconnect after the codes the server marks as terminal, and must
-    after every other one."""
-    source = (ROOT / "app" / "static" / "hubbub.js").read_text()
-    match = re.search(r"TERMINAL_CLOSE_CODES = new Set\(\[([\d, ]+)\]\)", source)
+    """The JavaScript SDK (and the page's bundle of it) must not reconnect after the codes the
+    server marks as terminal, and must after every other one."""
+    source = (ROOT / "clients" / "js" / "src" / "frames.ts").read_text()
+    match = re.search(r"TERMINAL_CLOSE_CODES\b[^=]*= new Set\(\[([\d, ]+)\]\)", source)
     assert match
     terminal = {int(code) for code in match.group(1).split(",")}
     assert terminal == {code for code in CloseCode if not code.should_reconnect}

@@ -121,7 +121,8 @@ async def test_make_run_serves_the_chat_page(served: str) -> None:
     assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
     assert '<script type="module" src="/static/chat.js">' in page.text
     assert "script-src 'self'" in page.headers["content-security-policy"]
-    assert script.status_code == 200 and "export class HubbubClient" in script.text
+    assert script.status_code == 200 and "javascript" in script.headers["content-type"]
+    assert script.text.startswith("// hubbub-client ") and "as HubbubClient" in script.text
 
 
 def test_collector_is_tuned_and_watched_while_serving() -> None:

@@ -1,0 +1,749 @@
+/**
+ * The Hubbub client: one WebSocket, kept open (reconnects with jittered backoff), rooms
+ * rejoined with `since`, every room message delivered once and in order, sends retried safely
+ * (same `cid`) and answered as promises.
+ *
+ * @module
+ */
+
+import {
+  TERMINAL_CLOSE_CODES,
+  type AckFrame, type AuthFrame, type AuthenticatedFrame, type Cid, type ClientFrame,
+  type Conversation, type DeletedFrame, type EditedFrame, type ErrorFrame, type HelloFrame,
+  type HistoryFrame, type InboxFrame, type InvitedFrame, type JoinedFrame, type LeftFrame,
+  type MemberFrame, type MessageEventFrame, type MessageFrame, type PresenceFrame,
+  type ReactionFrame, type ReceiptFrame, type ReceiptsFrame, type RoomFrame, type RoomName,
+  type RoomsFrame, type ServerFrame, type TypingNoticeFrame, type UserId,
+} from "./frames.js";
+
+/** Where the connection stands. `idle`: before `connect()`; `closed`: for good (after
+ * `close()` or a terminal close code); `reconnecting`: waiting `delayMs` before the next try. */
+export type ConnectionState = "idle" | "connecting" | "open" | "reconnecting" | "closed";
+
+export interface StateChange {
+  state: ConnectionState;
+  /** `reconnecting`: how long until the next try. */
+  delayMs?: number;
+  /** The close code and reason that ended the last connection. */
+  code?: number;
+  reason?: string;
+}
+
+/** Messages may be missing: in `room` (reload it, e.g. with `roomHistory`), or in the direct
+ * messages with `to` (the newest page was delivered; older ones with `directHistory`). */
+export interface Discontinuity { room?: RoomName; to?: UserId }
+
+/** An error the client itself reports: its `getToken` failed, or a send got no ack in
+ * `ackTimeoutMs` (`cid`: the send's; it is no longer retried). */
+export interface ClientError {
+  type?: undefined; code: "token_unavailable" | "ack_timeout"; message: string; cid?: Cid;
+}
+
+/** The events of a client and what each carries (`on(type, detail => …)`, or
+ * `addEventListener(type, event => event.detail)`). */
+export interface HubbubEventMap {
+  state: StateChange;
+  hello: HelloFrame;
+  joined: JoinedFrame;
+  left: LeftFrame;
+  /** A room message: at most once per id, in id order per room. */
+  message: MessageFrame;
+  /** A direct message: at most once per id; those missed while away are fetched. */
+  direct: MessageFrame;
+  edited: EditedFrame;
+  deleted: DeletedFrame;
+  reaction: ReactionFrame;
+  receipt: ReceiptFrame;
+  receipts: ReceiptsFrame;
+  room: RoomFrame;
+  rooms: RoomsFrame;
+  member: MemberFrame;
+  invited: InvitedFrame;
+  inbox: InboxFrame;
+  /** The discontinuity event: a join answered `recovered: false`, or a `resync`. */
+  resync: Discontinuity;
+  presence: PresenceFrame;
+  typing: TypingNoticeFrame;
+  ack: AckFrame;
+  error: ErrorFrame | ClientError;
+  authenticated: AuthenticatedFrame;
+}
+
+/** What an acknowledged send resolves to. */
+export interface Ack {
+  cid: Cid;
+  /** The message's id (the first one's, for a duplicate). */
+  id: number;
+  /** The server had it already (a retry): not delivered again. */
+  duplicate: boolean;
+}
+
+/** A send the server refused (`code`: see docs/protocol.md, "Error codes"). */
+export class HubbubError extends Error {
+  readonly code: string;
+  readonly frame: ErrorFrame | undefined;
+
+  constructor(code: string, message: string, frame?: ErrorFrame) {
+    super(`${code}: ${message}`);
+    this.name = "HubbubError";
+    this.code = code;
+    this.frame = frame;
+  }
+}
+
+/** No ack within `ackTimeoutMs` of an open connection: the send is no longer retried (it
+ * may still have been published: send it again with the same `cid` to be sure). */
+export class AckTimeoutError extends Error {
+  readonly cid: Cid;
+
+  constructor(cid: Cid) {
+    super(`no ack for ${String(cid)}`);
+    this.name = "AckTimeoutError";
+    this.cid = cid;
+  }
+}
+
+/** The WebSocket the client needs (the browser's, or e.g. the `ws` package's in Node). */
+export interface WebSocketLike {
+  readonly readyState: number;
+  onopen: ((event: unknown) => void) | null;
+  onmessage: ((event: { data: unknown }) => void) | null;
+  onclose: ((event: { code: number; reason: string }) => void) | null;
+  onerror: ((event: unknown) => void) | null;
+  send(data: string): void;
+  close(code?: number, reason?: string): void;
+}
+export type WebSocketConstructor = new (url: string) => WebSocketLike;
+
+export interface ClientOptions {
+  /** `ws[s]://HOST/ws`; defaults to the page's host in a browser. */
+  url?: string;
+  /** `guest` servers: the display name (`names` servers: the user). */
+  name?: string;
+  /** `guest` servers: the key that makes this client the same guest on every connection
+   * (none: the server makes one, in `guestKey` after `hello`: keep it). */
+  guestKey?: string;
+  /** `jwt` servers: a fresh token, asked at every (re)connect and on the server's `refresh`.
+   * Sent in the first frame, never in the URL. */
+  getToken?: () => Promise<string>;
+  /** Backoff: the first retry within `baseDelayMs`, doubling up to `maxDelayMs` (full jitter). */
+  baseDelayMs?: number;
+  maxDelayMs?: number;
+  /** How long a send waits for its ack on an open connection before it is given up. */
+  ackTimeoutMs?: number;
+  /** A connection up this long resets the backoff. */
+  stableAfterMs?: number;
+  /** Slack on top of the server's heartbeat (its hello's limits) before the link is dead. */
+  heartbeatSlackMs?: number;
+  /** The WebSocket class (Node before 22: `import WebSocket from "ws"`). */
+  WebSocket?: WebSocketConstructor;
+}
+
+interface PendingSend {
+  frame: ClientFrame & { cid: Cid };
+  resolve: (ack: Ack) => void;
+  reject: (error: Error) => void;
+  timer: ReturnType<typeof setTimeout> | undefined;
+}
+
+interface Waiter { resolve: (frame: HistoryFrame) => void; reject: (error: Error) => void }
+
+// Error codes after which a refused join is sent again (the server did not join the room).
+const RETRY_JOIN_CODES = new Set(["broker_unavailable", "rate_limited"]);
+const OPEN = 1;
+
+/** The message frame `message` as event `event` leaves it: a new object, as history pages
+ * show messages. */
+export function applyEvent(message: MessageFrame, event: MessageEventFrame): MessageFrame {
+  const next: MessageFrame = { ...message };
+  if (event.type === "edited") {
+    next.text = event.text;
+    next.edited = event.ts;
+  } else if (event.type === "deleted") {
+    next.text = "";
+    next.deleted = true;
+    delete next.reactions;
+    delete next.reply_to;
+  } else {
+    const reactions = { ...(next.reactions ?? {}) };
+    const users = (reactions[event.emoji] ?? []).filter((user) => user !== event.user);
+    if (event.on) users.push(event.user);
+    if (users.length) reactions[event.emoji] = users;
+    else delete reactions[event.emoji];
+    if (Object.keys(reactions).length) next.reactions = reactions;
+    else delete next.reactions;
+  }
+  return next;
+}
+
+/** The display name of a user id: a guest's id is its name plus "-" and 16 hex digits. */
+export function displayName(user: UserId): string {
+  return user.replace(/-[0-9a-f]{16}$/, "");
+}
+
+/** A random delay in [0, min(max, base·2^attempt)] (full jitter), at least 100 ms. */
+export function backoffDelay(attempt: number, baseMs: number, maxMs: number): number {
+  const cap = Math.min(maxMs, baseMs * 2 ** attempt);
+  return Math.max(100, Math.round(Math.random() * cap));
+}
+
+function newCid(): string {
+  const crypto = globalThis.crypto;
+  return crypto?.randomUUID ? crypto.randomUUID() : `${Date.now()}-${Math.random()}`;
+}
+
+function defaultUrl(): string {
+  const location = (globalThis as { location?: { protocol: string; host: string } }).location;
+  if (!location) throw new Error("HubbubClient: give `url` (no page to take it from)");
+  return `${location.protocol === "https:" ? "wss:" : "ws:"}//${location.host}/ws`;
+}
+
+/**
+ * A chat connection. Nothing happens before `connect()`. Events: see {@link HubbubEventMap}.
+ */
+export class HubbubClient extends EventTarget {
+  readonly url: string;
+  name: string | undefined;
+  guestKey: string | undefined;
+  getToken: (() => Promise<string>) | undefined;
+  readonly baseDelayMs: number;
+  readonly maxDelayMs: number;
+  readonly ackTimeoutMs: number;
+  state: ConnectionState = "idle";
+  hello: HelloFrame | null = null;
+  /** Rooms this client wants to be in (kept across reconnects). */
+  readonly rooms = new Set<RoomName>();
+  /** Newest message id seen per room (the `since` of the next join). */
+  readonly lastId = new Map<RoomName, number>();
+  /** Newest direct message id seen per other user. */
+  readonly lastDirect = new Map<UserId, number>();
+
+  private readonly stableAfterMs: number;
+  private readonly heartbeatSlackMs: number;
+  private readonly WebSocketClass: WebSocketConstructor;
+  private ws: WebSocketLike | null = null;
+  private attempt = 0;
+  private retryTimer: ReturnType<typeof setTimeout> | undefined;
+  private watchdog: ReturnType<typeof setTimeout> | undefined;
+  private stableTimer: ReturnType<typeof setTimeout> | undefined;
+  private readonly pending = new Map<Cid, PendingSend>();
+  private readonly seenDirect = new Set<number>();
+  private readonly answers = new Map<string, Waiter[]>();
+  private stopped = false;
+  private readonly onOnline = (): void => {
+    // The browser is back online: try now rather than at the end of the backoff.
+    if (this.state === "reconnecting" && !this.ws) this.open();
+  };
+
+  constructor(options: ClientOptions = {}) {
+    super();
+    this.url = options.url ?? defaultUrl();
+    this.name = options.name;
+    this.guestKey = options.guestKey;
+    this.getToken = options.getToken;
+    this.baseDelayMs = options.baseDelayMs ?? 500;
+    this.maxDelayMs = options.maxDelayMs ?? 15_000;
+    this.ackTimeoutMs = options.ackTimeoutMs ?? 10_000;
+    this.stableAfterMs = options.stableAfterMs ?? 10_000;
+    this.heartbeatSlackMs = options.heartbeatSlackMs ?? 5_000;
+    const WebSocketClass =
+      options.WebSocket ?? (globalThis as { WebSocket?: WebSocketConstructor }).WebSocket;
+    if (!WebSocketClass) throw new Error("HubbubClient: no WebSocket here: pass `WebSocket`");
+    this.WebSocketClass = WebSocketClass;
+  }
+
+  /** Listen to `type`; returns the function that stops listening. */
+  on<K extends keyof HubbubEventMap>(type: K, listener: (detail: HubbubEventMap[K]) => void): () => void {
+    const wrapped = (event: Event): void => listener((event as CustomEvent<HubbubEventMap[K]>).detail);
+    this.addEventListener(type, wrapped);
+    return () => this.removeEventListener(type, wrapped);
+  }
+
+  /** Open the connection, and keep it open until `close()`. */
+  connect(): void {
+    this.stopped = false;
+    (globalThis as { addEventListener?: typeof addEventListener }).addEventListener?.(
+      "online", this.onOnline,
+    );
+    this.open();
+  }
+
+  /** Close for good: no reconnect; the sends not acked yet fail. */
+  close(): void {
+    this.stopped = true;
+    clearTimeout(this.retryTimer);
+    this.clearTimers();
+    (globalThis as { removeEventListener?: typeof removeEventListener }).removeEventListener?.(
+      "online", this.onOnline,
+    );
+    const ws = this.ws;
+    this.ws = null;
+    ws?.close(1000, "bye");
+    this.failAnswers(new Error("closed"));
+    for (const [cid, pending] of this.pending) {
+      clearTimeout(pending.timer);
+      pending.reject(new HubbubError("closed", `the client was closed before ${String(cid)} was acked`));
+    }
+    this.pending.clear();
+    this.setState("closed", { code: 1000, reason: "closed by the client" });
+  }
+
+  /** Join `room` (and rejoin it after every reconnect, from the newest message seen). */
+  join(room: RoomName): void {
+    this.rooms.add(room);
+    this.joinFrame(room);
+  }
+
+  leave(room: RoomName): void {
+    this.rooms.delete(room);
+    this.lastId.delete(room);
+    this.write({ type: "leave", room });
+  }
+
+  /** Publish `text` to `room`. Resolves with its ack; rejects with a {@link HubbubError} if
+   * refused, an {@link AckTimeoutError} without an ack in time. Resent (same `cid`) after a
+   * reconnect until acked; `cid`: retry an earlier send. */
+  send(room: RoomName, text: string, options: { replyTo?: number; cid?: Cid } = {}): Promise<Ack> {
+    const frame: ClientFrame & { cid: Cid } = { type: "send", room, text, cid: options.cid ?? newCid() };
+    if (options.replyTo !== undefined) frame.reply_to = options.replyTo;
+    return this.sendAcked(frame);
+  }
+
+  /** A direct message to every connection of `user` (as `send`). */
+  sendTo(user: UserId, text: string, options: { replyTo?: number; cid?: Cid } = {}): Promise<Ack> {
+    const frame: ClientFrame & { cid: Cid } = { type: "send", to: user, text, cid: options.cid ?? newCid() };
+    if (options.replyTo !== undefined) frame.reply_to = options.replyTo;
+    return this.sendAcked(frame);
+  }
+
+  /** Replace the text of your message `id` (acked and retried like a send). */
+  edit(conversation: Conversation, id: number, text: string): Promise<Ack> {
+    return this.sendAcked({ type: "edit", ...target(conversation), id, text, cid: newCid() });
+  }
+
+  /** Delete message `id` (yours; anyone's for a moderator). */
+  deleteMessage(conversation: Conversation, id: number): Promise<Ack> {
+    return this.sendAcked({ type: "delete", ...target(conversation), id, cid: newCid() });
+  }
+
+  /** Toggle your reaction `emoji` on message `id`. */
+  react(conversation: Conversation, id: number, emoji: string): Promise<Ack> {
+    return this.sendAcked({ type: "react", ...target(conversation), id, emoji, cid: newCid() });
+  }
+
+  /** Create `room` with you as its owner (`private`: members only). Answered by `room`. */
+  createRoom(room: RoomName, options: { private?: boolean; title?: string; topic?: string } = {}): void {
+    this.write({
+      type: "create", room, private: options.private ?? false, title: options.title ?? "",
+      topic: options.topic ?? "",
+    });
+  }
+
+  /** Change `room`'s title and/or topic (its owner or an admin). Answered by `room`. */
+  describeRoom(room: RoomName, options: { title?: string; topic?: string }): void {
+    this.write({ type: "describe", room, ...options });
+  }
+
+  /** Make `user` a member of `room`. Answered by `room`. */
+  invite(room: RoomName, user: UserId, role: "member" | "admin" = "member"): void {
+    this.write({ type: "invite", room, user, role });
+  }
+
+  /** Take `user` out of `room`'s members (yourself: leave it for good). */
+  removeMember(room: RoomName, user: UserId): void {
+    this.write({ type: "remove", room, user });
+  }
+
+  /** Ask for the rooms you are a member of (answered by `rooms`). */
+  listRooms(): void {
+    this.write({ type: "rooms" });
+  }
+
+  /** Tell the room you are typing (at most every few seconds). */
+  typing(room: RoomName): void {
+    this.write({ type: "typing", room });
+  }
+
+  /** Everything up to message `id` is read (servers with a store). */
+  markRead(conversation: Conversation, id: number): void {
+    this.write({ type: "read", ...target(conversation), id });
+  }
+
+  /** Ask for the inbox again (it also comes by itself after every `hello`). */
+  refreshInbox(): void {
+    this.write({ type: "inbox" });
+  }
+
+  /** A page of `room`'s history over HTTP (`GET /rooms/{room}/messages`), oldest first. */
+  async history(room: RoomName, options: { before?: number; limit?: number } = {}): Promise<MessageFrame[]> {
+    const http = new URL(this.url.replace(/^ws/, "http"));
+    http.pathname = `/rooms/${encodeURIComponent(room)}/messages`;
+    http.search = "";
+    http.searchParams.set("limit", String(options.limit ?? 50));
+    if (options.before !== undefined) http.searchParams.set("before", String(options.before));
+    // A jwt server wants the socket's token here too (and honours its rooms claim).
+    const headers: Record<string, string> = this.getToken
+      ? { Authorization: `Bearer ${await this.getToken()}` } : {};
+    const response = await fetch(http, { headers });
+    if (!response.ok) throw new Error(`history of ${room}: HTTP ${response.status}`);
+    const { messages } = (await response.json()) as { messages: MessageFrame[] };
+    if (options.before === undefined) this.advance(room, messages);
+    return messages;
+  }
+
+  /** A page of `room`'s history over the socket (any identity mode; private rooms' members
+   * only), oldest first. Without `before`, moves this client's position forward. */
+  async roomHistory(room: RoomName, options: { before?: number; limit?: number } = {}): Promise<MessageFrame[]> {
+    const frame: ClientFrame = { type: "history", room, limit: options.limit ?? 50 };
+    if (options.before !== undefined) frame.before = options.before;
+    const { messages } = await this.ask(`history:${room}`, frame);
+    if (options.before === undefined) this.advance(room, messages);
+    return messages;
+  }
+
+  /** A page of direct messages with `user`: the newest `limit` before `before` (the newest of
+   * all without it), or the oldest after `after`. */
+  directHistory(user: UserId, options: { before?: number; after?: number; limit?: number } = {}): Promise<HistoryFrame> {
+    const frame: ClientFrame = { type: "history", with: user, limit: options.limit ?? 50 };
+    if (options.before !== undefined) frame.before = options.before;
+    if (options.after !== undefined) frame.after = options.after;
+    return this.ask(`history:@${user}`, frame);
+  }
+
+  // -- internals ------------------------------------------------------------------------
+
+  private advance(room: RoomName, messages: MessageFrame[]): void {
+    const newest = messages[messages.length - 1];
+    if (newest && this.rooms.has(room) && newest.id > (this.lastId.get(room) ?? 0)) {
+      this.lastId.set(room, newest.id);
+    }
+  }
+
+  private sendAcked(frame: ClientFrame & { cid: Cid }): Promise<Ack> {
+    const promise = new Promise<Ack>((resolve, reject) => {
+      this.pending.set(frame.cid, { frame, resolve, reject, timer: undefined });
+    });
+    // Handled here too: a caller that does not await (the page) leaves no unhandled
+    // rejection; one that does still gets it.
+    promise.catch(() => undefined);
+    this.writePending(frame.cid);
+    return promise;
+  }
+
+  /** Write a pending send if the connection is open, and time its ack from now. */
+  private writePending(cid: Cid): void {
+    const pending = this.pending.get(cid);
+    if (!pending || !this.write(pending.frame)) return;
+    clearTimeout(pending.timer);
+    pending.timer = setTimeout(() => {
+      if (this.pending.get(cid) !== pending) return;
+      this.pending.delete(cid);
+      pending.reject(new AckTimeoutError(cid));
+      this.emit("error", { code: "ack_timeout", message: `no ack for ${String(cid)}`, cid });
+    }, this.ackTimeoutMs);
+  }
+
+  private settle(cid: Cid, outcome: Ack | Error): void {
+    const pending = this.pending.get(cid);
+    if (!pending) return;
+    this.pending.delete(cid);
+    clearTimeout(pending.timer);
+    if (outcome instanceof Error) pending.reject(outcome);
+    else pending.resolve(outcome);
+  }
+
+  private ask(key: string, frame: ClientFrame): Promise<HistoryFrame> {
+    return new Promise((resolve, reject) => {
+      if (this.state !== "open") {
+        reject(new Error("not connected"));
+        return;
+      }
+      const waiting = this.answers.get(key) ?? [];
+      waiting.push({ resolve, reject });
+      this.answers.set(key, waiting);
+      this.write(frame);
+    });
+  }
+
+  private answer(key: string, value: HistoryFrame | Error): boolean {
+    const waiting = this.answers.get(key);
+    const next = waiting?.shift();
+    if (!waiting || !next) return false;
+    if (!waiting.length) this.answers.delete(key);
+    if (value instanceof Error) next.reject(value);
+    else next.resolve(value);
+    return true;
+  }
+
+  private failAnswers(error: Error): void {
+    for (const waiting of this.answers.values()) {
+      for (const { reject } of waiting) reject(error);
+    }
+    this.answers.clear();
+  }
+
+  /** After a reconnect: fetch the direct messages that came while this client was away. */
+  private async catchUpDirect(user: UserId): Promise<void> {
+    let after = this.lastDirect.get(user);
+    for (;;) {
+      const page = await this.directHistory(user, after === undefined ? { limit: 100 } : { after, limit: 100 });
+      if (page.recovered === false) {
+        // Some cannot be vouched for: deliver the newest page, and say older ones may miss.
+        const newest = await this.directHistory(user, { limit: 100 });
+        for (const frame of newest.messages) this.deliverDirect(frame);
+        this.emit("resync", { to: user });
+        return;
+      }
+      for (const frame of page.messages) this.deliverDirect(frame);
+      const last = page.messages[page.messages.length - 1];
+      if (!page.more || !last) return;
+      after = last.id;
+    }
+  }
+
+  private deliverDirect(frame: MessageFrame | MessageEventFrame): void {
+    if (this.seenDirect.has(frame.id)) return;
+    this.seenDirect.add(frame.id);
+    if (this.seenDirect.size > 1000) {
+      const oldest = this.seenDirect.values().next().value;
+      if (oldest !== undefined) this.seenDirect.delete(oldest);
+    }
+    const peer = frame.user === this.hello?.user ? frame.to : frame.user;
+    if (peer !== undefined && frame.id > (this.lastDirect.get(peer) ?? 0)) this.lastDirect.set(peer, frame.id);
+    if (frame.type === "message") this.emit("direct", frame);
+    else this.emitEvent(frame);
+  }
+
+  private emitEvent(frame: MessageFrame | MessageEventFrame): void {
+    switch (frame.type) {
+      case "message": this.emit("message", frame); break;
+      case "edited": this.emit("edited", frame); break;
+      case "deleted": this.emit("deleted", frame); break;
+      case "reaction": this.emit("reaction", frame); break;
+    }
+  }
+
+  private open(): void {
+    clearTimeout(this.retryTimer);
+    this.setState(this.attempt === 0 ? "connecting" : "reconnecting");
+    const url = new URL(this.url);
+    // Who we are goes in the first frame, never in the URL (URLs end up in logs).
+    url.searchParams.set("auth", "frame");
+    const ws = new this.WebSocketClass(url.toString());
+    this.ws = ws;
+    ws.onopen = () => {
+      void this.authenticate(ws);
+    };
+    ws.onmessage = (event) => {
+      if (ws !== this.ws) return;
+      this.armWatchdog();
+      for (const line of String(event.data).split("\n")) {
+        if (line) this.handle(JSON.parse(line) as ServerFrame);
+      }
+    };
+    ws.onclose = (event) => {
+      if (ws === this.ws) this.closed(event.code, event.reason);
+    };
+    // A failed connection is followed by its close event, which decides what comes next. (In
+    // Node, the `ws` package throws an `error` nobody listens to.)
+    ws.onerror = () => undefined;
+  }
+
+  private async authenticate(ws: WebSocketLike): Promise<void> {
+    const frame: AuthFrame = { type: "auth" };
+    if (this.getToken) {
+      try {
+        frame.token = await this.getToken();
+      } catch (error) {
+        this.emit("error", { code: "token_unavailable", message: String(error) });
+        ws.close();
+        return;
+      }
+    } else {
+      if (this.name) frame.name = this.name;
+      if (this.guestKey) frame.guest = this.guestKey;
+    }
+    if (ws === this.ws && ws.readyState === OPEN) ws.send(JSON.stringify(frame));
+  }
+
+  private closed(code: number, reason: string): void {
+    this.ws = null;
+    this.clearTimers();
+    this.failAnswers(new Error("disconnected"));
+    for (const pending of this.pending.values()) clearTimeout(pending.timer); // resent later
+    if (this.stopped) return;
+    if (TERMINAL_CLOSE_CODES.has(code)) {
+      this.stopped = true;
+      for (const [cid] of this.pending) this.settle(cid, new HubbubError("closed", `closed with ${code}`));
+      this.setState("closed", { code, reason: reason || "closed by the server" });
+      return;
+    }
+    // Full jitter, so that the clients of a restarted server do not all come back at once.
+    const delayMs = backoffDelay(this.attempt, this.baseDelayMs, this.maxDelayMs);
+    this.attempt += 1;
+    this.setState("reconnecting", { delayMs, code, reason });
+    this.retryTimer = setTimeout(() => this.open(), delayMs);
+  }
+
+  private handle(frame: ServerFrame): void {
+    switch (frame.type) {
+      case "hello":
+        this.hello = frame;
+        if (frame.guest) this.guestKey = frame.guest; // made for us: reconnect as the same guest
+        this.setState("open");
+        this.stableTimer = setTimeout(() => { this.attempt = 0; }, this.stableAfterMs);
+        this.armWatchdog();
+        this.emit("hello", frame);
+        for (const room of this.rooms) this.joinFrame(room);
+        for (const cid of this.pending.keys()) this.writePending(cid);
+        for (const user of this.lastDirect.keys()) {
+          this.catchUpDirect(user).catch(() => undefined); // a later reconnect tries again
+        }
+        break;
+      case "ping":
+        this.write({ type: "pong" });
+        break;
+      case "refresh":
+        if (this.getToken) {
+          this.getToken().then(
+            (token) => this.write({ type: "auth", token }),
+            (error: unknown) => this.emit("error", { code: "token_unavailable", message: String(error) }),
+          );
+        }
+        break;
+      case "message":
+      case "edited":
+      case "deleted":
+      case "reaction":
+        // Messages and the events on them share one id sequence per conversation.
+        if (frame.room !== undefined) {
+          if (frame.id <= (this.lastId.get(frame.room) ?? 0)) return; // already delivered
+          this.lastId.set(frame.room, frame.id);
+          this.emitEvent(frame);
+        } else {
+          this.deliverDirect(frame);
+        }
+        break;
+      case "history":
+        this.answer(`history:${frame.room ?? `@${frame.with ?? ""}`}`, frame);
+        break;
+      case "inbox":
+        for (const entry of frame.conversations) {
+          if (entry.with !== undefined && !this.lastDirect.has(entry.with)) {
+            this.lastDirect.set(entry.with, entry.last ? entry.last.id : entry.read);
+          }
+        }
+        this.emit("inbox", frame);
+        break;
+      case "joined":
+        if (typeof frame.last === "number" && !this.lastId.has(frame.room)) {
+          this.lastId.set(frame.room, frame.last);
+        }
+        this.emit("joined", frame);
+        if (frame.recovered === false) this.emit("resync", { room: frame.room });
+        break;
+      case "ack":
+        this.settle(frame.cid, { cid: frame.cid, id: frame.id, duplicate: frame.duplicate === true });
+        this.emit("ack", frame);
+        break;
+      case "error":
+        this.handleError(frame);
+        break;
+      case "left":
+        if (frame.reason === "removed") {
+          // Out of a private room's members: do not rejoin it on the next reconnect.
+          this.rooms.delete(frame.room);
+          this.lastId.delete(frame.room);
+        }
+        this.emit("left", frame);
+        break;
+      case "room": this.emit("room", frame); break;
+      case "rooms": this.emit("rooms", frame); break;
+      case "member": this.emit("member", frame); break;
+      case "invited": this.emit("invited", frame); break;
+      case "presence": this.emit("presence", frame); break;
+      case "typing": this.emit("typing", frame); break;
+      case "receipt": this.emit("receipt", frame); break;
+      case "receipts": this.emit("receipts", frame); break;
+      case "authenticated": this.emit("authenticated", frame); break;
+      default:
+        break; // pong, and the frame types of newer servers
+    }
+  }
+
+  private handleError(frame: ErrorFrame): void {
+    if (frame.code === "resync" && frame.room) {
+      this.joinFrame(frame.room); // the server lost track of the room: rejoin from our position
+      return;
+    }
+    if (frame.code === "resync" && frame.to) {
+      for (const user of this.lastDirect.keys()) {
+        this.catchUpDirect(user).catch(() => this.emit("resync", { to: user }));
+      }
+      return;
+    }
+    if (frame.ref === "history") {
+      const key = `history:${frame.room ?? `@${frame.with ?? ""}`}`;
+      if (this.answer(key, new HubbubError(frame.code, frame.message, frame))) return;
+    }
+    const room = frame.room;
+    if (frame.ref === "join" && room && RETRY_JOIN_CODES.has(frame.code)) {
+      // The join did not happen: try again later, or the room stays silent.
+      setTimeout(() => { if (this.rooms.has(room)) this.joinFrame(room); }, 1000);
+    }
+    const cid = frame.cid;
+    if (cid !== undefined && frame.code === "broker_unavailable") {
+      setTimeout(() => this.writePending(cid), 1000); // not published: the same cid again
+    } else if (cid !== undefined) {
+      this.settle(cid, new HubbubError(frame.code, frame.message, frame)); // refused for good
+    }
+    this.emit("error", frame);
+  }
+
+  private joinFrame(room: RoomName): void {
+    const since = this.lastId.get(room);
+    this.write(since === undefined ? { type: "join", room } : { type: "join", room, since });
+  }
+
+  /** Write `frame` if the connection is open; whether it was. */
+  private write(frame: ClientFrame): boolean {
+    const ws = this.ws;
+    if (!ws || ws.readyState !== OPEN || this.state !== "open") return false;
+    ws.send(JSON.stringify(frame));
+    return true;
+  }
+
+  private armWatchdog(): void {
+    // The server pings every heartbeat_interval_s: silence for longer means the link is dead
+    // even if the socket has not noticed (no FIN on a lost network).
+    clearTimeout(this.watchdog);
+    const limits = this.hello?.limits;
+    if (!limits) return;
+    const ms = (limits.heartbeat_interval_s + limits.heartbeat_timeout_s) * 1000 + this.heartbeatSlackMs;
+    this.watchdog = setTimeout(() => {
+      const ws = this.ws;
+      if (!ws) return;
+      this.ws = null;
+      ws.close(4000, "no heartbeat");
+      this.closed(4000, "no heartbeat from the server");
+    }, ms);
+  }
+
+  private clearTimers(): void {
+    clearTimeout(this.watchdog);
+    clearTimeout(this.stableTimer);
+  }
+
+  private setState(state: ConnectionState, extra: Omit<StateChange, "state"> = {}): void {
+    this.state = state;
+    this.emit("state", { state, ...extra });
+  }
+
+  private emit<K extends keyof HubbubEventMap>(type: K, detail: HubbubEventMap[K]): void {
+    this.dispatchEvent(new CustomEvent(type, { detail }));
+  }
+}
+
+function target(conversation: Conversation): { room: RoomName } | { with: UserId } {
+  return typeof conversation === "string" ? { room: conversation } : { with: conversation.with };
+}

@@ -1,0 +1,152 @@
+/**
+ * The wire protocol's frames, typed (docs/protocol.md; docs/asyncapi.yaml describes the same).
+ * A server text frame holds one JSON object, or several separated by "\n".
+ *
+ * @module
+ */
+
+/** A room's name: `^[A-Za-z0-9][A-Za-z0-9_.:\-]{0,63}$`. */
+export type RoomName = string;
+/** A user's id (a guest's is its name, "-" and 16 hex digits). */
+export type UserId = string;
+/** A client message id: identifies a send for retries (dedup); ≤ 64 characters or an integer. */
+export type Cid = string | number;
+/** A conversation: a room, or the direct messages with a user. */
+export type Conversation = RoomName | { with: UserId };
+
+/** Error codes of `error` frames: the connection stays open after each. */
+export const ERROR_CODES = [
+  "bad_json", "bad_frame", "unknown_type", "binary_unsupported", "text_too_long",
+  "not_joined", "too_many_rooms", "too_many_members", "rate_limited", "broker_unavailable",
+  "resync", "forbidden", "store_unavailable", "no_store", "not_found", "exists",
+] as const;
+export type ErrorCode = (typeof ERROR_CODES)[number];
+
+/** Close codes after which reconnecting would fail again the same way: the client stays
+ * closed (every other code: reconnect with jittered backoff). */
+export const TERMINAL_CLOSE_CODES: ReadonlySet<number> = new Set([1000, 1007, 1008, 1009, 4001, 4003]);
+
+// -- client → server ------------------------------------------------------------------------
+
+export interface JoinFrame { type: "join"; room: RoomName; since?: number }
+export interface LeaveFrame { type: "leave"; room: RoomName }
+export interface SendFrame {
+  type: "send"; room?: RoomName; to?: UserId; text: string; cid?: Cid; reply_to?: number;
+}
+export interface EditFrame {
+  type: "edit"; room?: RoomName; with?: UserId; id: number; text: string; cid?: Cid;
+}
+export interface DeleteFrame { type: "delete"; room?: RoomName; with?: UserId; id: number; cid?: Cid }
+export interface ReactFrame {
+  type: "react"; room?: RoomName; with?: UserId; id: number; emoji: string; cid?: Cid;
+}
+export interface TypingFrame { type: "typing"; room: RoomName }
+export interface AuthFrame { type: "auth"; token?: string; name?: string; guest?: string }
+export interface HistoryRequestFrame {
+  type: "history"; room?: RoomName; with?: UserId; before?: number; after?: number; limit?: number;
+}
+export interface ReadFrame { type: "read"; room?: RoomName; with?: UserId; id: number; receipt?: boolean }
+export interface InboxRequestFrame { type: "inbox" }
+export interface CreateFrame {
+  type: "create"; room: RoomName; private?: boolean; title?: string; topic?: string;
+}
+export interface DescribeFrame { type: "describe"; room: RoomName; title?: string; topic?: string }
+export interface InviteFrame { type: "invite"; room: RoomName; user: UserId; role?: "member" | "admin" }
+export interface RemoveFrame { type: "remove"; room: RoomName; user: UserId }
+export interface RoomsRequestFrame { type: "rooms" }
+export interface PingFrame { type: "ping" }
+export interface PongFrame { type: "pong" }
+
+/** Every frame a client may send. */
+export type ClientFrame =
+  | JoinFrame | LeaveFrame | SendFrame | EditFrame | DeleteFrame | ReactFrame | TypingFrame
+  | AuthFrame | HistoryRequestFrame | ReadFrame | InboxRequestFrame | CreateFrame
+  | DescribeFrame | InviteFrame | RemoveFrame | RoomsRequestFrame | PingFrame | PongFrame;
+
+// -- server → client ------------------------------------------------------------------------
+
+export interface Limits {
+  heartbeat_interval_s: number;
+  heartbeat_timeout_s: number;
+  max_frame_bytes: number;
+  max_text_chars: number;
+  max_rooms: number;
+  rate_limit_frames_per_s: number;
+  rate_limit_burst: number;
+  [more: string]: unknown;
+}
+export interface HelloFrame {
+  type: "hello"; user: UserId; conn: string; node: string; limits: Limits;
+  /** A new guest's key: keep it to be the same guest on the next connection. */
+  guest?: string;
+  /** jwt mode: when the token expires (epoch seconds). */
+  exp?: number;
+}
+export interface JoinedFrame {
+  type: "joined"; room: RoomName; count: number; users?: UserId[];
+  /** Only for a join with `since`: false means messages may be missing (reload). */
+  recovered?: boolean;
+  /** Only for a join without `since`: where this client's position starts. */
+  last?: number;
+}
+export interface LeftFrame { type: "left"; room: RoomName; reason?: "removed" | string }
+/** A message of a room (`room`) or a direct message (`to`). */
+export interface MessageFrame {
+  type: "message"; room?: RoomName; to?: UserId; id: number; user: UserId; text: string;
+  ts: number; reply_to?: number; cid?: Cid;
+  /** In history pages: the message as its events left it. */
+  edited?: number; deleted?: boolean; reactions?: Record<string, UserId[]>;
+}
+interface EventBase { room?: RoomName; to?: UserId; id: number; target: number; user: UserId; ts: number }
+export interface EditedFrame extends EventBase { type: "edited"; text: string }
+export interface DeletedFrame extends EventBase { type: "deleted" }
+export interface ReactionFrame extends EventBase { type: "reaction"; emoji: string; on: boolean }
+/** An event on a message (its `target`). */
+export type MessageEventFrame = EditedFrame | DeletedFrame | ReactionFrame;
+export interface PresenceFrame {
+  type: "presence"; room: RoomName; event?: "join" | "leave"; user?: UserId; count: number;
+}
+export interface TypingNoticeFrame { type: "typing"; room: RoomName; user: UserId }
+export interface ReceiptFrame { type: "receipt"; room?: RoomName; to?: UserId; user: UserId; id: number }
+export interface ReceiptsFrame { type: "receipts"; room: RoomName; read: Record<UserId, number> }
+export interface AckFrame { type: "ack"; cid: Cid; id: number; duplicate?: boolean }
+export interface ErrorFrame {
+  type: "error"; code: ErrorCode; message: string; ref?: string; room?: RoomName;
+  with?: UserId; to?: UserId; cid?: Cid; id?: number;
+}
+export interface RefreshFrame { type: "refresh"; exp: number }
+export interface AuthenticatedFrame { type: "authenticated"; user: UserId; exp?: number }
+export interface HistoryFrame {
+  type: "history"; room?: RoomName; with?: UserId; more: boolean; messages: MessageFrame[];
+  recovered?: boolean;
+}
+/** A room in the inbox (its newest message and unread count when the server gives them). */
+export interface RoomInboxEntry {
+  room: RoomName; with?: undefined; last?: MessageFrame | null; unread?: number; read?: number;
+}
+/** A direct conversation in the inbox: its newest message, unread count and read positions. */
+export interface DirectInboxEntry {
+  with: UserId; room?: undefined; last: MessageFrame | null; unread: number; read: number;
+  peer_read: number;
+}
+export type InboxEntry = RoomInboxEntry | DirectInboxEntry;
+export interface InboxFrame { type: "inbox"; conversations: InboxEntry[] }
+export type Role = "owner" | "admin" | "member";
+export interface RoomRecord {
+  room: RoomName; private: boolean; title: string; topic: string; role?: Role;
+  members?: Record<UserId, Role>;
+}
+export interface RoomFrame extends RoomRecord { type: "room" }
+export interface RoomsFrame { type: "rooms"; rooms: RoomRecord[] }
+export interface MemberFrame {
+  type: "member"; room: RoomName; event: "added" | "removed"; user: UserId; role: Role | null;
+  by: UserId | null;
+}
+export interface InvitedFrame extends RoomRecord { type: "invited"; by: UserId | null }
+
+/** Every frame a server sends (a newer server may send more types: ignore unknown ones). */
+export type ServerFrame =
+  | HelloFrame | JoinedFrame | LeftFrame | MessageFrame | EditedFrame | DeletedFrame
+  | ReactionFrame | PresenceFrame | TypingNoticeFrame | ReceiptFrame | ReceiptsFrame | AckFrame
+  | ErrorFrame | RefreshFrame | AuthenticatedFrame | HistoryFrame | InboxFrame | RoomFrame
+  | RoomsFrame | MemberFrame | InvitedFrame | PingFrame | PongFrame;

@@ -1,0 +1,227 @@
+// The SDK against a real Hubbub server (HUBBUB_URL: `names` identities, a store), started by
+// tests/test_sdk_js.py; and its link-health logic against a server that goes silent.
+// Run: HUBBUB_URL=ws://127.0.0.1:8000/ws node --test test/
+import assert from "node:assert/strict";
+import { once } from "node:events";
+import { test } from "node:test";
+import WebSocket, { WebSocketServer } from "ws";
+// HUBBUB_SDK: the build under test (tests/test_sdk_js.py builds one of its own).
+const { AckTimeoutError, HubbubClient, HubbubError, applyEvent } = await import(
+  process.env.HUBBUB_SDK ?? "../dist/index.js"
+);
+
+const URL_ = process.env.HUBBUB_URL;
+const unique = (prefix) => `${prefix}${Math.random().toString(36).slice(2, 8)}`;
+
+/** Resolves with the first `type` event's detail that `match` accepts (5 s at most). */
+function next(client, type, match = () => true, ms = 5000) {
+  return new Promise((resolve, reject) => {
+    const timer = setTimeout(() => { stop(); reject(new Error(`no ${type} in ${ms} ms`)); }, ms);
+    const stop = client.on(type, (detail) => {
+      if (!match(detail)) return;
+      clearTimeout(timer);
+      stop();
+      resolve(detail);
+    });
+  });
+}
+
+async function connected(name, options = {}) {
+  const client = new HubbubClient({ url: URL_, name, WebSocket, ...options });
+  const states = [];
+  client.on("state", ({ state }) => states.push(state));
+  const hello = next(client, "hello");
+  client.connect();
+  await hello;
+  return { client, states };
+}
+
+async function joined(client, room) {
+  const answer = next(client, "joined", (frame) => frame.room === room);
+  client.join(room);
+  return answer;
+}
+
+test("connects, says hello, and goes idle → connecting → open → closed", { skip: !URL_ }, async () => {
+  const { client, states } = await connected(unique("ada"));
+  assert.equal(client.state, "open");
+  assert.match(client.hello.user, /^ada/);
+  assert.ok(client.hello.limits.heartbeat_interval_s > 0);
+  client.close();
+  assert.deepEqual(states, ["connecting", "open", "closed"]);
+});
+
+test("a send resolves with its ack; the other member gets the message once; a retry with the same cid is a duplicate", { skip: !URL_ }, async () => {
+  const room = unique("room");
+  const { client: ada } = await connected(unique("ada"));
+  const { client: bob } = await connected(unique("bob"));
+  try {
+    await joined(ada, room);
+    await joined(bob, room);
+    const received = [];
+    bob.on("message", (frame) => received.push(frame));
+    const ack = await ada.send(room, "hello bob", { cid: "c-1" });
+    assert.equal(ack.cid, "c-1");
+    assert.equal(ack.duplicate, false);
+    assert.ok(Number.isInteger(ack.id));
+    const again = await ada.send(room, "hello bob", { cid: "c-1" });
+    assert.deepEqual(again, { cid: "c-1", id: ack.id, duplicate: true });
+    const second = next(bob, "message", (frame) => frame.text === "second");
+    await ada.send(room, "second");
+    await second;
+    assert.deepEqual(received.map((frame) => frame.text), ["hello bob", "second"]);
+    assert.equal(received[0].id, ack.id);
+    assert.equal(received[0].user, ada.hello.user);
+  } finally {
+    ada.close();
+    bob.close();
+  }
+});
+
+test("a refused send rejects with the server's code, and a send to a room not joined too", { skip: !URL_ }, async () => {
+  const room = unique("room");
+  const { client } = await connected(unique("ada"));
+  try {
+    await joined(client, room);
+    const tooLong = "x".repeat(client.hello.limits.max_text_chars + 1);
+    await assert.rejects(client.send(room, tooLong), (error) => {
+      assert.ok(error instanceof HubbubError);
+      assert.equal(error.code, "text_too_long");
+      return true;
+    });
+    await assert.rejects(client.send(unique("elsewhere"), "hi"), (error) => error.code === "not_joined");
+  } finally {
+    client.close();
+  }
+});
+
+test("history, direct messages, edits, reactions and typing", { skip: !URL_ }, async () => {
+  const room = unique("room");
+  const { client: ada } = await connected(unique("ada"));
+  const { client: bob } = await connected(unique("bob"));
+  try {
+    await joined(ada, room);
+    await joined(bob, room);
+    const { id } = await ada.send(room, "original");
+    const page = await bob.roomHistory(room);
+    assert.deepEqual(page.map((frame) => frame.text), ["original"]);
+
+    const edited = next(bob, "edited", (frame) => frame.target === id);
+    await ada.edit(room, id, "changed");
+    const reaction = next(bob, "reaction", (frame) => frame.target === id);
+    await bob.react(room, id, "👍");
+    const edit = await edited;
+    const react = await reaction;
+    const shown = applyEvent(applyEvent(page[0], edit), react);
+    assert.equal(shown.text, "changed");
+    assert.deepEqual(shown.reactions, { "👍": [bob.hello.user] });
+
+    const typing = next(bob, "typing", (frame) => frame.user === ada.hello.user);
+    ada.typing(room);
+    assert.equal((await typing).room, room);
+
+    const direct = next(bob, "direct", (frame) => frame.text === "psst");
+    await ada.sendTo(bob.hello.user, "psst");
+    const dm = await direct;
+    assert.equal(dm.user, ada.hello.user);
+    const dms = await bob.directHistory(ada.hello.user);
+    assert.deepEqual(dms.messages.map((frame) => frame.text), ["psst"]);
+  } finally {
+    ada.close();
+    bob.close();
+  }
+});
+
+test("a terminal close code (1008: an invalid name) leaves the client closed, not reconnecting", { skip: !URL_ }, async () => {
+  const client = new HubbubClient({ url: URL_, name: "not a valid name!", WebSocket, baseDelayMs: 50 });
+  const states = [];
+  client.on("state", (change) => states.push(change));
+  const closed = next(client, "state", ({ state }) => state === "closed");
+  client.connect();
+  const change = await closed;
+  assert.equal(change.code, 1008);
+  await new Promise((resolve) => setTimeout(resolve, 300)); // time for a wrong reconnect
+  assert.deepEqual(states.map(({ state }) => state), ["connecting", "closed"]);
+  assert.equal(client.state, "closed");
+});
+
+test("close() rejects the sends still waiting for their ack", { skip: !URL_ }, async () => {
+  const { client } = await connected(unique("ada"));
+  const room = unique("room");
+  await joined(client, room);
+  const sending = client.send(room, "in flight");
+  client.close();
+  await assert.rejects(sending, (error) => error instanceof HubbubError && error.code === "closed");
+});
+
+// -- link health, against a server that says hello and then nothing ----------------------------
+
+async function silentServer(limits) {
+  const server = new WebSocketServer({ host: "127.0.0.1", port: 0 });
+  await once(server, "listening");
+  const sockets = [];
+  const received = []; // every frame the clients sent, parsed
+  server.on("connection", (socket) => {
+    sockets.push(socket);
+    socket.on("message", (data) => received.push(JSON.parse(String(data))));
+    socket.once("message", () => {
+      socket.send(JSON.stringify({ type: "hello", user: "ada", conn: String(sockets.length), node: "n", limits }));
+    });
+  });
+  const url = `ws://127.0.0.1:${server.address().port}/ws`;
+  return { url, sockets, received, close: () => new Promise((resolve) => { for (const s of sockets) s.terminate(); server.close(resolve); }) };
+}
+
+const QUICK = { heartbeat_interval_s: 0.2, heartbeat_timeout_s: 0.1, max_frame_bytes: 65536, max_text_chars: 4000, max_rooms: 10, rate_limit_frames_per_s: 10, rate_limit_burst: 10 };
+
+test("no ping within the heartbeat's deadline: the link is dead, the client reconnects", async () => {
+  const server = await silentServer(QUICK);
+  const client = new HubbubClient({ url: server.url, name: "ada", WebSocket, heartbeatSlackMs: 100, baseDelayMs: 50 });
+  try {
+    const reconnecting = next(client, "state", ({ state }) => state === "reconnecting");
+    client.connect();
+    const change = await reconnecting; // 0.2 + 0.1 + 0.1 s of silence
+    assert.equal(change.code, 4000);
+    await next(client, "hello"); // and it is back
+    assert.equal(server.sockets.length, 2);
+  } finally {
+    client.close();
+    await server.close();
+  }
+});
+
+test("a send without an ack in ackTimeoutMs rejects (AckTimeoutError) and says so", async () => {
+  const server = await silentServer({ ...QUICK, heartbeat_interval_s: 30 });
+  const client = new HubbubClient({ url: server.url, name: "ada", WebSocket, ackTimeoutMs: 200 });
+  try {
+    const hello = next(client, "hello");
+    client.connect();
+    await hello;
+    const said = next(client, "error", (error) => error.code === "ack_timeout");
+    await assert.rejects(client.send("lobby", "into the void", { cid: "v1" }), AckTimeoutError);
+    assert.equal((await said).cid, "v1");
+  } finally {
+    client.close();
+    await server.close();
+  }
+});
+
+test("sends made while disconnected wait and go out once connected", async () => {
+  const server = await silentServer({ ...QUICK, heartbeat_interval_s: 30 });
+  const received = server.received;
+  const client = new HubbubClient({ url: server.url, name: "ada", WebSocket, ackTimeoutMs: 5000 });
+  try {
+    const queued = client.send("lobby", "written offline", { cid: "q1" });
+    queued.catch(() => undefined);
+    const hello = next(client, "hello");
+    client.connect();
+    await hello;
+    for (let waited = 0; !received.some((frame) => frame.type === "send") && waited < 5000; waited += 20) {
+      await new Promise((resolve) => setTimeout(resolve, 20));
+    }
+    assert.deepEqual(received.find((frame) => frame.type === "send"), { type: "send", room: "lobby", text: "written offline", cid: "q1" });
+  } finally {
+    client.close();
+    await server.close();
+  }
+});
