@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -20,6 +21,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import yaml
 
 from tests.helpers import make_settings, run_server
 from tests.processes import ROOT, AppProcess, RedisServer
@@ -200,3 +202,25 @@ async def test_the_readme_front_end_example_works_as_written(built: Path, tmp_pa
         finally:
             proc.kill()
             await proc.wait()
+
+
+def test_the_sdks_frame_types_are_the_asyncapi_descriptions() -> None:
+    """Every client and server frame type docs/asyncapi.yaml describes is typed in the SDK
+    (``ClientFrame`` / ``ServerFrame`` in ``src/frames.ts``), and the SDK types none it does
+    not: a frame added to the protocol and not to the SDK fails here."""
+    document = yaml.safe_load((ROOT / "docs" / "asyncapi.yaml").read_text())
+    schemas = document["components"]["schemas"]
+    described: dict[str, set[str]] = {"client": set(), "server": set()}
+    for name, message in document["components"]["messages"].items():
+        schema = message["payload"]
+        if "$ref" in schema:
+            schema = schemas[schema["$ref"].rsplit("/", 1)[1]]
+        side = "client" if name.startswith("client") else "server"
+        described[side].add(schema["properties"]["type"]["const"])
+    source = (SDK / "src" / "frames.ts").read_text()
+    client_part, server_part = source.split("// -- server → client", 1)
+    typed = {
+        "client": set(re.findall(r'type: "(\w+)"', client_part)),
+        "server": set(re.findall(r'type: "(\w+)"', server_part)) | {"ping", "pong"},
+    }
+    assert typed == described
