@@ -112,7 +112,7 @@ def _python_command() -> list[str]:
     return [sys.executable, str(ROOT / "clients" / "python" / "conformance" / "driver.py")]
 
 
-DRIVERS: dict[str, Callable[[], list[str]]] = {"js": _js_command}
+DRIVERS: dict[str, Callable[[], list[str]]] = {"js": _js_command, "python": _python_command}
 
 
 @pytest.fixture(params=sorted(DRIVERS))

@@ -1,0 +1,406 @@
+"""The wire protocol's frames, typed (docs/protocol.md in the Hubbub repository).
+
+Every frame is one JSON object with a string ``type``; a server text frame holds one object,
+or several separated by ``"\\n"``. These are the shapes as they travel: the client turns the
+server's frames into the event classes of :mod:`hubbub_client.events` before handing them on.
+Keys that are Python keywords (``with``) make some of them use the functional syntax.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Final, Literal, NotRequired, TypedDict
+
+RoomName = str
+"""A room's name: ``^[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}$``."""
+UserId = str
+"""A user's id (a guest's is its name, ``-`` and 16 hex digits)."""
+Cid = str | int
+"""A client message id: identifies a send for retries (dedup); at most 64 characters, or an
+integer."""
+
+ERROR_CODES: Final = (
+    "bad_json", "bad_frame", "unknown_type", "binary_unsupported", "text_too_long",
+    "not_joined", "too_many_rooms", "too_many_members", "rate_limited", "broker_unavailable",
+    "resync", "forbidden", "store_unavailable", "no_store", "not_found", "exists",
+)  # fmt: skip
+"""The codes of ``error`` frames: the connection stays open after each."""
+
+TERMINAL_CLOSE_CODES: Final = frozenset({1000, 1007, 1008, 1009, 4001, 4003})
+"""Close codes after which reconnecting would fail again the same way: the client stays
+closed. After every other code it reconnects with jittered backoff."""
+
+RETRY_JOIN_CODES: Final = frozenset({"broker_unavailable", "rate_limited"})
+"""Error codes after which a refused join did not happen and is sent again later."""
+
+Role = Literal["owner", "admin", "member"]
+
+# -- client -> server ---------------------------------------------------------------------
+
+
+class JoinFrame(TypedDict):
+    type: Literal["join"]
+    room: RoomName
+    since: NotRequired[int]
+
+
+class LeaveFrame(TypedDict):
+    type: Literal["leave"]
+    room: RoomName
+
+
+class SendFrame(TypedDict):
+    type: Literal["send"]
+    room: NotRequired[RoomName]
+    to: NotRequired[UserId]
+    text: str
+    cid: Cid
+    reply_to: NotRequired[int]
+
+
+EditFrame = TypedDict(
+    "EditFrame",
+    {
+        "type": Literal["edit"],
+        "room": NotRequired[RoomName],
+        "with": NotRequired[UserId],
+        "id": int,
+        "text": str,
+        "cid": Cid,
+    },
+)
+DeleteFrame = TypedDict(
+    "DeleteFrame",
+    {
+        "type": Literal["delete"],
+        "room": NotRequired[RoomName],
+        "with": NotRequired[UserId],
+        "id": int,
+        "cid": Cid,
+    },
+)
+ReactFrame = TypedDict(
+    "ReactFrame",
+    {
+        "type": Literal["react"],
+        "room": NotRequired[RoomName],
+        "with": NotRequired[UserId],
+        "id": int,
+        "emoji": str,
+        "cid": Cid,
+    },
+)
+
+
+class TypingFrame(TypedDict):
+    type: Literal["typing"]
+    room: RoomName
+
+
+class AuthFrame(TypedDict):
+    type: Literal["auth"]
+    token: NotRequired[str]
+    name: NotRequired[str]
+    guest: NotRequired[str]
+
+
+HistoryRequestFrame = TypedDict(
+    "HistoryRequestFrame",
+    {
+        "type": Literal["history"],
+        "room": NotRequired[RoomName],
+        "with": NotRequired[UserId],
+        "before": NotRequired[int],
+        "after": NotRequired[int],
+        "limit": int,
+    },
+)
+ReadFrame = TypedDict(
+    "ReadFrame",
+    {
+        "type": Literal["read"],
+        "room": NotRequired[RoomName],
+        "with": NotRequired[UserId],
+        "id": int,
+        "receipt": NotRequired[bool],
+    },
+)
+
+
+class InboxRequestFrame(TypedDict):
+    type: Literal["inbox"]
+
+
+class CreateFrame(TypedDict):
+    type: Literal["create"]
+    room: RoomName
+    private: bool
+    title: str
+    topic: str
+
+
+class DescribeFrame(TypedDict):
+    type: Literal["describe"]
+    room: RoomName
+    title: NotRequired[str]
+    topic: NotRequired[str]
+
+
+class InviteFrame(TypedDict):
+    type: Literal["invite"]
+    room: RoomName
+    user: UserId
+    role: Literal["member", "admin"]
+
+
+class RemoveFrame(TypedDict):
+    type: Literal["remove"]
+    room: RoomName
+    user: UserId
+
+
+class RoomsRequestFrame(TypedDict):
+    type: Literal["rooms"]
+
+
+class PingFrame(TypedDict):
+    type: Literal["ping"]
+
+
+class PongFrame(TypedDict):
+    type: Literal["pong"]
+
+
+AckedFrame = SendFrame | EditFrame | DeleteFrame | ReactFrame
+"""The frames with a ``cid`` that the server acknowledges (and the client resends until it
+does)."""
+
+ClientFrame = (
+    JoinFrame | LeaveFrame | SendFrame | EditFrame | DeleteFrame | ReactFrame | TypingFrame
+    | AuthFrame | HistoryRequestFrame | ReadFrame | InboxRequestFrame | CreateFrame
+    | DescribeFrame | InviteFrame | RemoveFrame | RoomsRequestFrame | PingFrame | PongFrame
+)  # fmt: skip
+"""Every frame a client may send."""
+
+# -- server -> client ---------------------------------------------------------------------
+
+
+class Limits(TypedDict):
+    """The limits a ``hello`` announces (newer servers may add more)."""
+
+    heartbeat_interval_s: float
+    heartbeat_timeout_s: float
+    max_frame_bytes: int
+    max_text_chars: int
+    max_rooms: int
+    rate_limit_frames_per_s: float
+    rate_limit_burst: int
+
+
+class HelloFrame(TypedDict):
+    type: Literal["hello"]
+    user: UserId
+    conn: str
+    node: str
+    limits: Limits
+    guest: NotRequired[str]
+    exp: NotRequired[int]
+
+
+class JoinedFrame(TypedDict):
+    type: Literal["joined"]
+    room: RoomName
+    count: int
+    users: NotRequired[list[UserId]]
+    recovered: NotRequired[bool]
+    last: NotRequired[int]
+
+
+class LeftFrame(TypedDict):
+    type: Literal["left"]
+    room: RoomName
+    reason: NotRequired[str]
+
+
+class MessageFrame(TypedDict):
+    """A room message (``room``) or a direct message (``to``); in history pages, as its
+    events left it (``edited``, ``deleted``, ``reactions``)."""
+
+    type: Literal["message"]
+    room: NotRequired[RoomName]
+    to: NotRequired[UserId]
+    id: int
+    user: UserId
+    text: str
+    ts: int
+    reply_to: NotRequired[int]
+    edited: NotRequired[int]
+    deleted: NotRequired[bool]
+    reactions: NotRequired[dict[str, list[UserId]]]
+
+
+class EditedFrame(TypedDict):
+    type: Literal["edited"]
+    room: NotRequired[RoomName]
+    to: NotRequired[UserId]
+    id: int
+    target: int
+    user: UserId
+    text: str
+    ts: int
+
+
+class DeletedFrame(TypedDict):
+    type: Literal["deleted"]
+    room: NotRequired[RoomName]
+    to: NotRequired[UserId]
+    id: int
+    target: int
+    user: UserId
+    ts: int
+
+
+class ReactionFrame(TypedDict):
+    type: Literal["reaction"]
+    room: NotRequired[RoomName]
+    to: NotRequired[UserId]
+    id: int
+    target: int
+    user: UserId
+    emoji: str
+    on: bool
+    ts: int
+
+
+class PresenceFrame(TypedDict):
+    type: Literal["presence"]
+    room: RoomName
+    count: int
+    event: NotRequired[Literal["join", "leave"]]
+    user: NotRequired[UserId]
+
+
+class TypingNoticeFrame(TypedDict):
+    type: Literal["typing"]
+    room: RoomName
+    user: UserId
+
+
+class ReceiptFrame(TypedDict):
+    type: Literal["receipt"]
+    room: NotRequired[RoomName]
+    to: NotRequired[UserId]
+    user: UserId
+    id: int
+
+
+class ReceiptsFrame(TypedDict):
+    type: Literal["receipts"]
+    room: RoomName
+    read: dict[UserId, int]
+
+
+class AckFrame(TypedDict):
+    type: Literal["ack"]
+    cid: Cid
+    id: int
+    duplicate: NotRequired[bool]
+
+
+ErrorFrame = TypedDict(
+    "ErrorFrame",
+    {
+        "type": Literal["error"],
+        "code": str,
+        "message": str,
+        "ref": NotRequired[str],
+        "room": NotRequired[RoomName],
+        "with": NotRequired[UserId],
+        "to": NotRequired[UserId],
+        "cid": NotRequired[Cid],
+        "id": NotRequired[int],
+    },
+)
+
+
+class RefreshFrame(TypedDict):
+    type: Literal["refresh"]
+    exp: int
+
+
+class AuthenticatedFrame(TypedDict):
+    type: Literal["authenticated"]
+    user: UserId
+    exp: NotRequired[int | None]
+
+
+HistoryFrame = TypedDict(
+    "HistoryFrame",
+    {
+        "type": Literal["history"],
+        "room": NotRequired[RoomName],
+        "with": NotRequired[UserId],
+        "more": bool,
+        "messages": list[MessageFrame],
+        "recovered": NotRequired[bool],
+    },
+)
+InboxEntryFrame = TypedDict(
+    "InboxEntryFrame",
+    {
+        "room": NotRequired[RoomName],
+        "with": NotRequired[UserId],
+        "last": NotRequired[MessageFrame | None],
+        "unread": NotRequired[int],
+        "read": NotRequired[int],
+        "peer_read": NotRequired[int],
+    },
+)
+
+
+class InboxFrame(TypedDict):
+    type: Literal["inbox"]
+    conversations: list[InboxEntryFrame]
+
+
+class RoomRecordFrame(TypedDict):
+    room: RoomName
+    private: bool
+    title: str
+    topic: str
+    role: NotRequired[Role | None]
+    members: NotRequired[dict[UserId, Role]]
+
+
+class RoomFrame(RoomRecordFrame):
+    type: Literal["room"]
+
+
+class RoomsFrame(TypedDict):
+    type: Literal["rooms"]
+    rooms: list[RoomRecordFrame]
+
+
+class MemberFrame(TypedDict):
+    type: Literal["member"]
+    room: RoomName
+    event: Literal["added", "removed"]
+    user: UserId
+    role: Role | None
+    by: UserId | None
+
+
+class InvitedFrame(RoomRecordFrame):
+    type: Literal["invited"]
+    by: UserId | None
+
+
+ServerFrame = (
+    HelloFrame | JoinedFrame | LeftFrame | MessageFrame | EditedFrame | DeletedFrame
+    | ReactionFrame | PresenceFrame | TypingNoticeFrame | ReceiptFrame | ReceiptsFrame
+    | AckFrame | ErrorFrame | RefreshFrame | AuthenticatedFrame | HistoryFrame | InboxFrame
+    | RoomFrame | RoomsFrame | MemberFrame | InvitedFrame | PingFrame | PongFrame
+)  # fmt: skip
+"""Every frame a server sends (a newer server may send more types: they are ignored)."""
+
+AnyFrame = dict[str, Any]
+"""A frame as parsed, before its type is known."""

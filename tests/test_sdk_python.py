@@ -1,0 +1,688 @@
+"""The Python client SDK (clients/python, ``hubbub_client``) against real servers: in-process
+uvicorn servers, and separate server processes on one Redis that are killed, restarted,
+stopped (SIGSTOP) and resumed. Nothing is mocked: every frame crosses a real socket."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import sys
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+import httpx2 as httpx
+import jwt
+import pytest
+from hubbub_client import (
+    DM,
+    ERROR_CODES,
+    TERMINAL_CLOSE_CODES,
+    Ack,
+    AckTimeoutError,
+    ClientClosedError,
+    DirectMessage,
+    Edited,
+    Event,
+    Hello,
+    HubbubClient,
+    HubbubError,
+    Invited,
+    Joined,
+    Message,
+    Presence,
+    Reaction,
+    Receipt,
+    Resync,
+    StateChange,
+    Typing,
+    apply_event,
+    backoff_delay,
+)
+
+from app.errors import CloseCode, ErrorCode
+from app.sockets.connection import Connection
+from tests.helpers import (
+    ChatClient,
+    LiveServer,
+    make_settings,
+    run_server,
+    send_until_acked,
+    wait_until,
+)
+from tests.processes import ROOT, AppProcess, RedisServer
+
+E = TypeVar("E", bound=Event)
+SECRET = "a-test-secret-that-is-long-enough-for-hs256"
+ECHO_BOT = ROOT / "clients" / "python" / "examples" / "echo_bot.py"
+
+
+def sdk(url: str, name: str | None = None, **options: Any) -> HubbubClient:
+    """A client that retries fast (tests wait for reconnects)."""
+    defaults: dict[str, Any] = {"base_delay_s": 0.05, "max_delay_s": 0.5, "open_timeout_s": 3.0}
+    return HubbubClient(url, name=name, **(defaults | options))
+
+
+def ws_url(port: int) -> str:
+    return f"ws://127.0.0.1:{port}/ws"
+
+
+class Seen:
+    """Every event a client emits, in order, recorded by a callback (the dispatcher task)."""
+
+    def __init__(self, client: HubbubClient) -> None:
+        self.events: list[Event] = []
+        client.on(Event, self.events.append)
+
+    def of(self, kind: type[E]) -> list[E]:
+        return [event for event in self.events if isinstance(event, kind)]
+
+    def texts(self, room: str) -> list[str]:
+        return [m.text for m in self.of(Message) if m.room == room]
+
+    def presence(self, user: str, event: str) -> bool:
+        """Whether a presence announcement of ``user``'s ``event`` came."""
+        return any(p.user == user and p.event == event for p in self.of(Presence))
+
+    def states(self) -> list[tuple[str, int | None]]:
+        return [(change.state, change.code) for change in self.of(StateChange)]
+
+
+def connection_of(live: LiveServer, user: str) -> Connection:
+    return next(conn for conn in live.state.hub.connections if conn.user == user)
+
+
+def close_connections_of(live: LiveServer, user: str, code: CloseCode) -> None:
+    """The server closes ``user``'s sockets with ``code`` (1012: as a drain does)."""
+    for conn in list(live.state.hub.connections):
+        if conn.user == user:
+            conn.close(code, "draining: reconnect")
+
+
+@contextlib.asynccontextmanager
+async def processes(*apps: AppProcess) -> AsyncIterator[None]:
+    try:
+        for app in apps:
+            await app.start()
+        yield
+    finally:
+        for app in apps:
+            if app.proc is not None and app.proc.returncode is None:
+                with contextlib.suppress(ProcessLookupError):
+                    app.signal(signal.SIGCONT)
+            await app.stop()
+
+
+@pytest.mark.timeout(10)
+def test_the_sdk_knows_the_servers_close_and_error_codes() -> None:
+    """The codes after which the client stays closed are those the server marks terminal
+    (app/errors.py); the error codes it names are the server's."""
+    assert {code for code in CloseCode if not code.should_reconnect} == TERMINAL_CLOSE_CODES
+    assert set(ERROR_CODES) == {code.value for code in ErrorCode}
+
+
+@pytest.mark.timeout(10)
+def test_backoff_is_full_jitter_under_a_growing_cap() -> None:
+    """Each delay is random in [0.1 s, min(max, base * 2**attempt)]: spread, not fixed."""
+    for attempt in range(12):
+        cap = min(15.0, 0.5 * 2**attempt)
+        delays = [backoff_delay(attempt, 0.5, 15.0) for _ in range(200)]
+        assert all(0.1 <= d <= max(cap, 0.1) for d in delays)
+        assert max(delays) - min(delays) > cap / 4  # jittered over the whole range
+    assert backoff_delay(10_000, 0.5, 15.0) <= 15.0
+
+
+@pytest.mark.timeout(60)
+async def test_connect_join_send_and_receive() -> None:
+    """connecting → open with the server's hello; a join answered by ``joined``; a send
+    resolved with its ack; the message reaches the other client (and the sender) once."""
+    async with run_server(make_settings()) as live:
+        ada, bob = sdk(live.ws_url(), "ada"), sdk(live.ws_url(), "bob")
+        seen_ada, seen_bob = Seen(ada), Seen(bob)
+        assert ada.state == "idle"
+        async with ada, bob:
+            assert isinstance(ada.hello, Hello) and ada.user == "ada" and bob.user == "bob"
+            assert ada.hello.limits["heartbeat_interval_s"] == 25.0
+            joined = await ada.join("lobby")
+            assert isinstance(joined, Joined) and joined.room == "lobby" and joined.last is not None
+            await bob.join("lobby")
+            ack = await ada.send("lobby", "hello bob")
+            assert isinstance(ack, Ack) and not ack.duplicate and ack.id > joined.last
+            await wait_until(lambda: seen_bob.texts("lobby") == ["hello bob"])
+            await wait_until(lambda: seen_ada.texts("lobby") == ["hello bob"])
+            message = seen_bob.of(Message)[0]
+            assert (message.id, message.user, message.room) == (ack.id, "ada", "lobby")
+            assert ada.last_id["lobby"] == ack.id
+            # A reply names the message it answers.
+            reply = await bob.send("lobby", "hi ada", reply_to=ack.id)
+            await wait_until(lambda: len(seen_ada.of(Message)) == 2)
+            assert seen_ada.of(Message)[1].reply_to == ack.id
+            assert seen_ada.of(Message)[1].id == reply.id
+        assert seen_ada.states() == [("connecting", None), ("open", None), ("closed", 1000)]
+
+
+@pytest.mark.timeout(60)
+async def test_a_refused_send_raises_its_code_and_a_retry_keeps_the_cid() -> None:
+    """A text too long: the send's future raises HubbubError("text_too_long") carrying the
+    send's cid; the composer retries with that cid (acked once, then as a duplicate of the
+    same id, and delivered once). A send to a room not joined: ``not_joined``."""
+    async with run_server(make_settings(max_text_chars=10)) as live:
+        ada, bob = sdk(live.ws_url(), "ada"), sdk(live.ws_url(), "bob")
+        seen_bob = Seen(bob)
+        async with ada, bob:
+            await ada.join("r")
+            await bob.join("r")
+            refused = ada.send("r", "x" * 11)
+            with pytest.raises(HubbubError) as caught:
+                await refused
+            assert caught.value.code == "text_too_long"
+            assert caught.value.cid == refused.cid
+            first = await ada.send("r", "fixed", cid=refused.cid)
+            again = await ada.send("r", "fixed", cid=refused.cid)
+            assert (first.cid, first.duplicate) == (refused.cid, False)
+            assert (again.id, again.duplicate) == (first.id, True)
+            with pytest.raises(HubbubError) as outside:
+                await ada.send("elsewhere", "hi")
+            assert outside.value.code == "not_joined"
+            last = await ada.send("r", "last")
+            await wait_until(lambda: seen_bob.texts("r")[-1:] == ["last"])
+            assert seen_bob.texts("r") == ["fixed", "last"]
+            assert [m.id for m in seen_bob.of(Message)] == [first.id, last.id]
+
+
+@pytest.mark.timeout(60)
+async def test_a_replay_of_what_was_delivered_is_not_delivered_again() -> None:
+    """A join with ``since`` of a room the connection is in replays from ``since`` again
+    (what a join racing live messages gets): the client hands on no id twice. The join frame
+    is written by hand, with the position of the first join."""
+    async with run_server(make_settings()) as live:
+        ada, bob = sdk(live.ws_url(), "ada"), sdk(live.ws_url(), "bob")
+        seen = Seen(ada)
+        async with ada, bob:
+            first = await ada.join("x")
+            await bob.join("x")
+            for text in ("a", "b", "c"):
+                await bob.send("x", text)
+            await wait_until(lambda: seen.texts("x") == ["a", "b", "c"])
+            assert first.last is not None
+            assert ada._write({"type": "join", "room": "x", "since": first.last})
+            await wait_until(lambda: len(seen.of(Joined)) == 2)
+            assert seen.of(Joined)[1].recovered is True
+            await bob.send("x", "d")
+            await wait_until(lambda: seen.texts("x")[-1:] == ["d"])
+            assert seen.texts("x") == ["a", "b", "c", "d"]
+
+
+@pytest.mark.timeout(60)
+async def test_history_pages_and_a_refused_history() -> None:
+    async with run_server(make_settings()) as live:
+        async with sdk(live.ws_url(), "ada") as ada:
+            await ada.join("h")
+            acks = [await ada.send("h", f"m{k}") for k in range(7)]
+            page = await ada.history("h", limit=3)
+            assert [m.text for m in page] == ["m4", "m5", "m6"]
+            assert [m.id for m in page] == [a.id for a in acks[4:]]
+            older = await ada.history("h", before=page[0].id, limit=10)
+            assert [m.text for m in older] == ["m0", "m1", "m2", "m3"]
+            # Several requests in flight are paired with their answers in order.
+            pages = await asyncio.gather(
+                ada.history("h", limit=1), ada.history("h", limit=2), ada.history("h", limit=3)
+            )
+            assert [[m.text for m in p] for p in pages] == [["m6"], ["m5", "m6"], page_texts(page)]
+            with pytest.raises(HubbubError) as caught:
+                await ada.history("nobody-uses-this-room")
+            assert caught.value.code == "not_found"
+
+
+def page_texts(page: list[Message]) -> list[str]:
+    return [m.text for m in page]
+
+
+@pytest.mark.timeout(60)
+async def test_direct_messages_live_and_in_history() -> None:
+    async with run_server(make_settings()) as live:
+        ada, bob = sdk(live.ws_url(), "ada"), sdk(live.ws_url(), "bob")
+        seen_ada, seen_bob = Seen(ada), Seen(bob)
+        async with ada, bob:
+            ack = await ada.send_to("bob", "psst")
+            await wait_until(lambda: len(seen_bob.of(DirectMessage)) == 1)
+            got = seen_bob.of(DirectMessage)[0]
+            assert (got.id, got.user, got.to, got.peer, got.text) == (
+                ack.id, "ada", "bob", "ada", "psst"
+            )  # fmt: skip
+            assert got.conversation == DM("ada")
+            # The sender's own copy: the peer is the other user.
+            await wait_until(lambda: len(seen_ada.of(DirectMessage)) == 1)
+            assert seen_ada.of(DirectMessage)[0].peer == "bob"
+            answer = await bob.send_to("ada", "yes?", reply_to=ack.id)
+            page = await ada.direct_history("bob")
+            assert [(m.text, m.id) for m in page.messages] == [
+                ("psst", ack.id),
+                ("yes?", answer.id),
+            ]
+            assert page.messages[1].reply_to == ack.id and page.more is False
+            assert ada.last_direct["bob"] == answer.id
+            assert bob.last_direct["ada"] == answer.id
+
+
+@pytest.mark.timeout(60)
+async def test_edits_reactions_and_deletions_arrive_as_events() -> None:
+    async with run_server(make_settings()) as live:
+        ada, bob = sdk(live.ws_url(), "ada"), sdk(live.ws_url(), "bob")
+        seen_bob = Seen(bob)
+        async with ada, bob:
+            await ada.join("ev")
+            await bob.join("ev")
+            sent = await ada.send("ev", "helo")
+            edit = await ada.edit("ev", sent.id, "hello")
+            reaction = await bob.react("ev", sent.id, "👍")
+            with pytest.raises(HubbubError) as caught:
+                await bob.edit("ev", sent.id, "mine now")
+            assert caught.value.code == "forbidden"
+            await wait_until(lambda: len(seen_bob.of(Reaction)) == 1)
+            edited, reacted = seen_bob.of(Edited)[0], seen_bob.of(Reaction)[0]
+            assert (edited.id, edited.target, edited.text, edited.user) == (
+                edit.id, sent.id, "hello", "ada"
+            )  # fmt: skip
+            assert (reacted.id, reacted.emoji, reacted.on, reacted.user) == (
+                reaction.id, "👍", True, "bob"
+            )  # fmt: skip
+            message = apply_event(apply_event(seen_bob.of(Message)[0], edited), reacted)
+            assert (message.text, dict(message.reactions)) == ("hello", {"👍": ("bob",)})
+            # The history page shows the message as its events left it.
+            (stored,) = await bob.history("ev")
+            assert (stored.text, stored.edited, dict(stored.reactions)) == (
+                "hello", edited.ts, {"👍": ("bob",)}
+            )  # fmt: skip
+            # Events and messages share one sequence: the position is the newest event.
+            assert bob.last_id["ev"] == reaction.id
+            await ada.delete("ev", sent.id)
+            await wait_until(lambda: [e.kind for e in seen_bob.events][-1:] == ["deleted"])
+
+
+@pytest.mark.timeout(60)
+async def test_typing_and_presence() -> None:
+    async with run_server(make_settings()) as live:
+        ada, bob = sdk(live.ws_url(), "ada"), sdk(live.ws_url(), "bob")
+        seen_ada = Seen(ada)
+        async with ada:
+            await ada.join("p")
+            async with bob:
+                joined = await bob.join("p")
+                assert joined.count == 2 and set(joined.users or ()) == {"ada", "bob"}
+                await wait_until(
+                    lambda: any(
+                        p.user == "bob" and p.event == "join" for p in seen_ada.of(Presence)
+                    )
+                )
+                assert bob.typing("p") is True
+                await wait_until(lambda: [(t.room, t.user) for t in seen_ada.of(Typing)] == [
+                    ("p", "bob")
+                ])  # fmt: skip
+            await wait_until(lambda: seen_ada.presence("bob", "leave"))
+            assert seen_ada.of(Presence)[-1].count == 1
+
+
+@pytest.mark.timeout(60)
+async def test_rooms_with_members_and_the_inbox(tmp_path: Path) -> None:
+    """With a store: a private room created, bob invited (and told), listed among his rooms,
+    joined; a second create is refused (``exists``); the inbox counts a direct message."""
+    settings = make_settings(database_url=f"sqlite:///{tmp_path}/data/chat.db")
+    async with run_server(settings) as live:
+        ada, bob = sdk(live.ws_url(), "ada"), sdk(live.ws_url(), "bob")
+        seen_ada, seen_bob = Seen(ada), Seen(bob)
+        async with ada, bob:
+            room = await ada.create_room("team", private=True, title="The team")
+            assert (room.room, room.private, room.title, room.role) == (
+                "team", True, "The team", "owner"
+            )  # fmt: skip
+            with pytest.raises(HubbubError) as caught:
+                await ada.create_room("team")
+            assert caught.value.code == "exists"
+            with pytest.raises(HubbubError) as outsider:
+                await bob.join("team")
+            assert outsider.value.code == "not_found"
+            assert "team" not in bob.rooms  # refused for good: not rejoined
+            invited = await ada.invite("team", "bob")
+            assert dict(invited.members or {}) == {"ada": "owner", "bob": "member"}
+            await wait_until(lambda: [i.room for i in seen_bob.of(Invited)] == ["team"])
+            assert [r.room for r in await bob.list_rooms()] == ["team"]
+            await bob.join("team")
+            described = await ada.describe("team", topic="plans")
+            assert (described.title, described.topic) == ("The team", "plans")
+            sent = await ada.send_to("bob", "unread")
+            async with asyncio.timeout(10):  # the inbox follows the archive, a bit behind
+                while True:
+                    inbox = await bob.inbox()
+                    entry = next((e for e in inbox.conversations if e.peer == "ada"), None)
+                    if entry is not None and entry.last is not None:
+                        break
+                    await asyncio.sleep(0.05)
+            assert entry.last is not None
+            assert entry.unread == 1 and entry.last.id == sent.id
+            assert bob.read(DM("ada"), sent.id) is True
+            await wait_until(lambda: [(r.user, r.id) for r in seen_ada.of(Receipt)] == [
+                ("bob", sent.id)
+            ])  # fmt: skip
+
+
+@pytest.mark.timeout(60)
+async def test_a_drain_close_reconnects_and_recovers_rooms_and_direct_messages() -> None:
+    """The server closes ada's socket with 1012 (as a drain does): her client goes
+    reconnecting (with the code), reconnects by itself, rejoins with ``since`` and fetches
+    the direct messages sent meanwhile; every message reaches her once, in order."""
+    async with run_server(make_settings()) as live:
+        ada, bob = sdk(live.ws_url(), "ada", base_delay_s=0.5), sdk(live.ws_url(), "bob")
+        seen = Seen(ada)
+        async with ada, bob:
+            await ada.join("d")
+            await bob.join("d")
+            await bob.send("d", "first")
+            await bob.send_to("ada", "dm1")
+            await wait_until(lambda: seen.texts("d") == ["first"] and bool(seen.of(DirectMessage)))
+            close_connections_of(live, "ada", CloseCode.SERVICE_RESTART)
+            await wait_until(lambda: ("reconnecting", 1012) in seen.states())
+            await bob.send("d", "second")
+            await bob.send_to("ada", "dm2")
+            await wait_until(lambda: seen.states()[-1] == ("open", None))
+            await wait_until(lambda: seen.texts("d") == ["first", "second"])
+            await wait_until(lambda: [m.text for m in seen.of(DirectMessage)] == ["dm1", "dm2"])
+            rejoined = seen.of(Joined)[-1]
+            assert rejoined.recovered is True  # a join with since
+            assert len(seen.of(Hello)) == 2
+            change = next(c for c in seen.of(StateChange) if c.code == 1012)
+            assert change.delay_s is not None and 0 < change.delay_s <= 0.5
+            assert not seen.of(Resync)
+
+
+@pytest.mark.timeout(120)
+async def test_a_server_restart_loses_and_repeats_nothing(redis_server: RedisServer) -> None:
+    """Two server processes on one Redis; ada's (A) is SIGKILLed while bob, on B, keeps
+    sending, and restarted on its port. Ada's client reconnects by itself and rejoins with
+    ``since``: the missed messages arrive once, in order. Her sends made while down are sent
+    after the reconnect: one already published by her other connection (the same cid, its ack
+    lost to her client) is deduplicated, the other published once. A room that missed more
+    than the server replays (CHAT_RECOVERY_MAX_MESSAGES) gets a Resync, and is reloaded."""
+    env = {"CHAT_REDIS_URL": redis_server.url, "CHAT_RECOVERY_MAX_MESSAGES": "5"}
+    a, b = AppProcess(env), AppProcess(env)
+    restarted = AppProcess(env, port=a.port)
+    async with processes(a, b):
+        ada = sdk(ws_url(a.port), "ada")
+        seen = Seen(ada)
+        async with ada, ChatClient.connect(b.ws_url("bob")) as bob:
+            await ada.join("rec")
+            await ada.join("lost")
+            await bob.join("rec")
+            await bob.join("lost")
+            acks: dict[str, int] = {}
+            await send_until_acked(bob, "rec", "before", acks)
+            await wait_until(lambda: seen.texts("rec") == ["before"])
+            await a.stop()  # SIGKILL: no close frame, the socket is just gone
+            await wait_until(lambda: ada.state == "reconnecting")
+            for k in range(3):
+                await send_until_acked(bob, "rec", f"m{k}", acks)
+            for k in range(6):
+                await send_until_acked(bob, "lost", f"l{k}", acks)
+            async with ChatClient.connect(b.ws_url("ada")) as other:
+                await other.join("rec")
+                await send_until_acked(other, "rec", "dup", acks)  # cid "dup"
+            resent = ada.send("rec", "dup", cid="dup")
+            fresh = ada.send("rec", "fresh")
+            try:
+                await restarted.start()
+                async with asyncio.timeout(30):  # written once reconnected
+                    dup_ack, fresh_ack = await resent, await fresh
+                assert (dup_ack.id, dup_ack.duplicate) == (acks["dup"], True)
+                assert not fresh_ack.duplicate
+                expected = ["before", "m0", "m1", "m2", "dup", "fresh"]
+                await wait_until(lambda: seen.texts("rec") == expected, 15)
+                ids = [m.id for m in seen.of(Message) if m.room == "rec"]
+                assert ids == sorted(ids) and len(set(ids)) == len(ids)
+                assert ids[-1] == fresh_ack.id
+                await wait_until(lambda: any(r.room == "lost" for r in seen.of(Resync)))
+                assert [j.recovered for j in seen.of(Joined) if j.room == "rec"][-1] is True
+                assert seen.texts("lost") == []
+                reloaded = await ada.history("lost")
+                assert [m.text for m in reloaded] == [f"l{k}" for k in range(6)]
+                assert ada.last_id["lost"] == acks["l5"]
+                assert ("reconnecting", 1006) in seen.states()
+                assert seen.states()[-1] == ("open", None)
+            finally:
+                await restarted.stop()
+
+
+@pytest.mark.timeout(90)
+async def test_a_silent_server_is_noticed_by_the_ping_deadline(redis_server: RedisServer) -> None:
+    """The server pings every second (0.5 s to answer); it is SIGSTOPped: alive, socket
+    open, silent. A send meanwhile times out (AckTimeoutError, a TimeoutError); the client
+    gives the link up within heartbeat_interval_s + heartbeat_timeout_s + slack of the
+    server's last frame (close code 4000), and reconnects once the server is resumed."""
+    env = {
+        "CHAT_REDIS_URL": redis_server.url,
+        "CHAT_HEARTBEAT_INTERVAL_S": "1",
+        "CHAT_HEARTBEAT_TIMEOUT_S": "0.5",
+    }
+    app = AppProcess(env)
+    async with processes(app):
+        ada = sdk(ws_url(app.port), "ada", heartbeat_slack_s=0.5, ack_timeout_s=0.5)
+        seen = Seen(ada)
+        async with ada:
+            await ada.join("quiet")
+            first_hello = ada.hello
+            app.signal(signal.SIGSTOP)
+            stopped_at = time.monotonic()
+            with pytest.raises(AckTimeoutError) as caught:
+                await ada.send("quiet", "anyone?")
+            assert isinstance(caught.value, TimeoutError)
+            await wait_until(lambda: ("reconnecting", 4000) in seen.states(), 10)
+            silent_for = time.monotonic() - stopped_at
+            assert silent_for < 1 + 0.5 + 0.5 + 1, silent_for  # + a loaded machine's margin
+            app.signal(signal.SIGCONT)
+            await wait_until(lambda: seen.states()[-1] == ("open", None), 20)
+            assert ada.hello is not first_hello
+            rejoined = await ada.send("quiet", "back")
+            assert not rejoined.duplicate
+
+
+@pytest.mark.timeout(60)
+async def test_the_server_keeps_a_client_that_answers_pings() -> None:
+    """With pings every 0.2 s (0.1 s to answer) the client stays on one connection: it
+    answers each ping (the server would close it with 4009 otherwise)."""
+    async with run_server(make_settings(heartbeat_interval_s=0.2, heartbeat_timeout_s=0.1)) as live:
+        ada = sdk(live.ws_url(), "ada")
+        seen = Seen(ada)
+        async with ada:
+            conn = connection_of(live, "ada")
+            greeted = conn.last_seen
+            loop = asyncio.get_running_loop()
+            # Pongs are all the client sends: the server hears from it again and again.
+            await wait_until(lambda: conn.last_seen > greeted + 1.0, 5)
+            assert loop.time() - conn.last_seen < 0.5
+            assert not conn.closing and seen.states() == [("connecting", None), ("open", None)]
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("how", ["bad-token", "kicked"])
+async def test_a_terminal_close_code_leaves_the_client_closed(how: str) -> None:
+    """A bad token (4001) or a kick (4003): the client goes closed with the code and does
+    not reconnect (its run loop is over; get_token was not asked again); what waits for an
+    answer fails with ClientClosedError."""
+    admin = "an-admin-token-that-is-long-enough-0123456789"
+    if how == "bad-token":
+        settings = make_settings(auth_mode="jwt", jwt_secret=SECRET)
+    else:
+        settings = make_settings(admin_token=admin)
+    async with run_server(settings) as live:
+        calls: list[float] = []
+
+        def bad_token() -> str:
+            calls.append(time.monotonic())
+            return "not-a-jwt"
+
+        if how == "bad-token":
+            client = sdk(live.ws_url(), get_token=bad_token)
+        else:
+            client = sdk(live.ws_url(), "troll")
+        seen = Seen(client)
+        client.connect()
+        if how == "kicked":
+            await client.wait_open()
+            async with httpx.AsyncClient() as http:
+                kicked = await http.post(
+                    f"{live.http_url}/admin/users/troll/kick",
+                    headers={"Authorization": f"Bearer {admin}"},
+                )
+            assert kicked.status_code == 202
+        code = CloseCode.AUTH_FAILED if how == "bad-token" else CloseCode.FORBIDDEN
+        async with asyncio.timeout(10):
+            assert await client.wait_for_state("closed") == "closed"
+        await wait_until(lambda: ("closed", code) in seen.states())
+        assert client._run_task is not None and client._run_task.done()
+        assert ("reconnecting", code) not in seen.states()
+        if how == "bad-token":
+            assert len(calls) == 1
+        with pytest.raises(ClientClosedError):
+            await client.wait_open()
+        with pytest.raises(ClientClosedError):
+            await client.send("r", "too late")  # never written: fails at once
+        await client.close()
+
+
+@pytest.mark.timeout(60)
+async def test_a_guest_keeps_the_key_the_server_made_across_reconnects() -> None:
+    """``guest`` mode: without a key the server makes one (in ``hello``); the client keeps it
+    and, after a reconnect, is the same user."""
+    async with run_server(make_settings(auth_mode="guest")) as live:
+        ada = sdk(live.ws_url(), "ada")
+        seen = Seen(ada)
+        async with ada:
+            user, key = ada.user, ada.guest_key
+            assert key is not None and user is not None and user.startswith("ada-")
+            close_connections_of(live, user, CloseCode.SERVICE_RESTART)
+            await wait_until(lambda: len(seen.of(Hello)) == 2)
+            assert (ada.user, ada.guest_key) == (user, key)
+            assert seen.of(Hello)[1].guest is None  # a known guest: no new key
+
+
+@pytest.mark.timeout(60)
+async def test_jwt_tokens_at_every_connect_and_on_refresh() -> None:
+    """``get_token`` (a coroutine function here) gives the token of each connection, in
+    the first frame: the URL carries only ``auth=frame``; a ``refresh`` from the server is
+    answered with a new token (``authenticated``), and a reconnect asks for another."""
+    settings = make_settings(auth_mode="jwt", jwt_secret=SECRET, token_refresh_before_s=59.0)
+    async with run_server(settings) as live:
+        tokens: list[str] = []
+
+        async def get_token() -> str:
+            token = jwt.encode(
+                {"sub": "ada", "exp": int(time.time()) + 60, "n": len(tokens)}, SECRET, "HS256"
+            )
+            tokens.append(token)
+            return token
+
+        ada = sdk(f"{live.ws_url()}?auth=frame", get_token=get_token)
+        seen = Seen(ada)
+        async with ada:
+            assert ada.user == "ada"
+            await wait_until(lambda: [e.kind for e in seen.events].count("authenticated") == 1)
+            assert len(tokens) == 2
+            close_connections_of(live, "ada", CloseCode.SERVICE_RESTART)
+            await wait_until(lambda: len(seen.of(Hello)) == 2)
+            assert len(tokens) >= 3
+
+
+@pytest.mark.timeout(60)
+async def test_a_raising_or_slow_callback_does_not_hold_up_the_connection(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """One callback raises on every message, another blocks on the first one: the raise is
+    logged, the connection keeps reading (an events() stream gets every message) and
+    answering pings (the server, pinging every 0.2 s, keeps hearing from it), and once
+    unblocked the slow callback gets every message, in order."""
+    caplog.set_level(logging.ERROR, logger="hubbub_client")
+    settings = make_settings(heartbeat_interval_s=0.2, heartbeat_timeout_s=0.1)
+    async with run_server(settings) as live:
+        ada, bob = sdk(live.ws_url(), "ada"), sdk(live.ws_url(), "bob")
+        release = asyncio.Event()
+        slow_got: list[str] = []
+
+        def broken(message: Message) -> None:
+            raise RuntimeError(f"callback bug on {message.text}")
+
+        async def slow(message: Message) -> None:
+            slow_got.append(message.text)
+            await release.wait()
+
+        ada.on(Message, broken)
+        ada.on("message", slow)
+        async with ada, bob, ada.events(Message) as stream:
+            await ada.join("cb")
+            await bob.join("cb")
+            await bob.send("cb", "one")
+            await wait_until(lambda: slow_got == ["one"])
+            conn = connection_of(live, "ada")
+            blocked_at = conn.last_seen
+            await bob.send("cb", "two")
+            await bob.send("cb", "three")
+            async with asyncio.timeout(5):
+                assert [(await anext(stream)).text for _ in range(3)] == ["one", "two", "three"]
+            await wait_until(lambda: conn.last_seen > blocked_at + 1.0, 5)
+            assert ada.state == "open" and not conn.closing
+            release.set()
+            await wait_until(lambda: slow_got == ["one", "two", "three"])
+            raised = [r for r in caplog.records if "callback" in r.getMessage()]
+            await wait_until(lambda: len([r for r in caplog.records if r.exc_info]) == 3)
+            assert raised
+
+
+@pytest.mark.timeout(60)
+async def test_the_echo_bot_answers(tmp_path: Path) -> None:
+    """The sample bot, run as its README says, answers ``!echo hi`` with ``hi`` (a reply),
+    and nothing else."""
+    async with run_server(make_settings()) as live:
+        ada = sdk(live.ws_url(), "ada")
+        seen = Seen(ada)
+        with (tmp_path / "bot.log").open("w") as log:
+            async with ada:
+                await ada.join("lobby")
+                bot = await asyncio.create_subprocess_exec(
+                    sys.executable, str(ECHO_BOT), "--url", live.ws_url(), "--name", "bot",
+                    "--room", "lobby", stdout=log, stderr=log,
+                )  # fmt: skip
+                try:
+                    await wait_until(
+                        lambda: any(
+                            p.user == "bot" and p.event == "join" for p in seen.of(Presence)
+                        ),
+                        20,
+                    )
+                    await ada.send("lobby", "hello")
+                    command = await ada.send("lobby", "!echo hi")
+                    await wait_until(lambda: any(m.user == "bot" for m in seen.of(Message)), 10)
+                    answers = [m for m in seen.of(Message) if m.user == "bot"]
+                    assert [(m.text, m.reply_to) for m in answers] == [("hi", command.id)]
+                finally:
+                    bot.terminate()
+                    await bot.wait()
+
+
+async def test_the_readme_python_example_works_as_written(tmp_path: Path) -> None:
+    """README's "Use it from Python" example, run as it is against a live server: it prints
+    the send's ack."""
+    readme = (ROOT / "README.md").read_text()
+    example = readme.split("## Use it from Python", 1)[1].split("```python\n", 1)[1]
+    example = example.split("```", 1)[0]
+    async with run_server(make_settings()) as live:
+        script = tmp_path / "example.py"
+        script.write_text(example.replace("ws://127.0.0.1:8000/ws", live.ws_url()))
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, str(script), stdout=asyncio.subprocess.PIPE
+        )
+        async with asyncio.timeout(30):
+            out, _ = await proc.communicate()
+    assert proc.returncode == 0
+    printed = out.decode()
+    assert printed.startswith("Ack(cid=") and "duplicate=False" in printed, printed
