@@ -69,6 +69,17 @@ export interface HubbubEventMap {
   authenticated: AuthenticatedFrame;
 }
 
+/** The event a client dispatches: `detail` carries what happened, as a `CustomEvent`'s does
+ * (built on `Event`, which every supported runtime has: Node 18 has no global CustomEvent). */
+export class HubbubEvent<T> extends Event {
+  readonly detail: T;
+
+  constructor(type: string, detail: T) {
+    super(type);
+    this.detail = detail;
+  }
+}
+
 /** What an acknowledged send resolves to. */
 export interface Ack {
   cid: Cid;
@@ -129,7 +140,8 @@ export interface ClientOptions {
   /** Backoff: the first retry within `baseDelayMs`, doubling up to `maxDelayMs` (full jitter). */
   baseDelayMs?: number;
   maxDelayMs?: number;
-  /** How long a send waits for its ack on an open connection before it is given up. */
+  /** How long a send waits for its ack on an open connection before it is given up (and a
+   * request, such as `roomHistory`, for its answer). */
   ackTimeoutMs?: number;
   /** A connection up this long resets the backoff. */
   stableAfterMs?: number;
@@ -254,7 +266,7 @@ export class HubbubClient extends EventTarget {
 
   /** Listen to `type`; returns the function that stops listening. */
   on<K extends keyof HubbubEventMap>(type: K, listener: (detail: HubbubEventMap[K]) => void): () => void {
-    const wrapped = (event: Event): void => listener((event as CustomEvent<HubbubEventMap[K]>).detail);
+    const wrapped = (event: Event): void => listener((event as HubbubEvent<HubbubEventMap[K]>).detail);
     this.addEventListener(type, wrapped);
     return () => this.removeEventListener(type, wrapped);
   }
@@ -458,8 +470,15 @@ export class HubbubClient extends EventTarget {
         reject(new Error("not connected"));
         return;
       }
+      // No answer within ackTimeoutMs: the caller gets an AckTimeoutError. The waiter keeps
+      // its place, so that a late answer is taken (and dropped) by it, not by the next asker.
+      const timer = setTimeout(() => reject(new AckTimeoutError(key)), this.ackTimeoutMs);
+      const waiter: Waiter = {
+        resolve: (answer) => { clearTimeout(timer); resolve(answer); },
+        reject: (error) => { clearTimeout(timer); reject(error); },
+      };
       const waiting = this.answers.get(key) ?? [];
-      waiting.push({ resolve, reject });
+      waiting.push(waiter);
       this.answers.set(key, waiting);
       this.write(frame);
     });
@@ -740,7 +759,7 @@ export class HubbubClient extends EventTarget {
   }
 
   private emit<K extends keyof HubbubEventMap>(type: K, detail: HubbubEventMap[K]): void {
-    this.dispatchEvent(new CustomEvent(type, { detail }));
+    this.dispatchEvent(new HubbubEvent(type, detail));
   }
 }
 

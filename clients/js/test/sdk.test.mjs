@@ -42,7 +42,7 @@ async function joined(client, room) {
   return answer;
 }
 
-test("connects, says hello, and goes idle → connecting → open → closed", { skip: !URL_ }, async () => {
+test("connects, says hello, and goes idle → connecting → open → closed", { skip: !URL_, timeout: 20_000 }, async () => {
   const { client, states } = await connected(unique("ada"));
   assert.equal(client.state, "open");
   assert.match(client.hello.user, /^ada/);
@@ -51,7 +51,7 @@ test("connects, says hello, and goes idle → connecting → open → closed", {
   assert.deepEqual(states, ["connecting", "open", "closed"]);
 });
 
-test("a send resolves with its ack; the other member gets the message once; a retry with the same cid is a duplicate", { skip: !URL_ }, async () => {
+test("a send resolves with its ack; the other member gets the message once; a retry with the same cid is a duplicate", { skip: !URL_, timeout: 20_000 }, async () => {
   const room = unique("room");
   const { client: ada } = await connected(unique("ada"));
   const { client: bob } = await connected(unique("bob"));
@@ -78,7 +78,7 @@ test("a send resolves with its ack; the other member gets the message once; a re
   }
 });
 
-test("a refused send rejects with the server's code, and a send to a room not joined too", { skip: !URL_ }, async () => {
+test("a refused send rejects with the server's code, and a send to a room not joined too", { skip: !URL_, timeout: 20_000 }, async () => {
   const room = unique("room");
   const { client } = await connected(unique("ada"));
   try {
@@ -95,7 +95,7 @@ test("a refused send rejects with the server's code, and a send to a room not jo
   }
 });
 
-test("history, direct messages, edits, reactions and typing", { skip: !URL_ }, async () => {
+test("history, direct messages, edits, reactions and typing", { skip: !URL_, timeout: 20_000 }, async () => {
   const room = unique("room");
   const { client: ada } = await connected(unique("ada"));
   const { client: bob } = await connected(unique("bob"));
@@ -132,7 +132,7 @@ test("history, direct messages, edits, reactions and typing", { skip: !URL_ }, a
   }
 });
 
-test("a terminal close code (1008: an invalid name) leaves the client closed, not reconnecting", { skip: !URL_ }, async () => {
+test("a terminal close code (1008: an invalid name) leaves the client closed, not reconnecting", { skip: !URL_, timeout: 20_000 }, async () => {
   const client = new HubbubClient({ url: URL_, name: "not a valid name!", WebSocket, baseDelayMs: 50 });
   const states = [];
   client.on("state", (change) => states.push(change));
@@ -145,7 +145,7 @@ test("a terminal close code (1008: an invalid name) leaves the client closed, no
   assert.equal(client.state, "closed");
 });
 
-test("close() rejects the sends still waiting for their ack", { skip: !URL_ }, async () => {
+test("close() rejects the sends still waiting for their ack", { skip: !URL_, timeout: 20_000 }, async () => {
   const { client } = await connected(unique("ada"));
   const room = unique("room");
   await joined(client, room);
@@ -174,7 +174,7 @@ async function silentServer(limits) {
 
 const QUICK = { heartbeat_interval_s: 0.2, heartbeat_timeout_s: 0.1, max_frame_bytes: 65536, max_text_chars: 4000, max_rooms: 10, rate_limit_frames_per_s: 10, rate_limit_burst: 10 };
 
-test("no ping within the heartbeat's deadline: the link is dead, the client reconnects", async () => {
+test("no ping within the heartbeat's deadline: the link is dead, the client reconnects", { timeout: 20_000 }, async () => {
   const server = await silentServer(QUICK);
   const client = new HubbubClient({ url: server.url, name: "ada", WebSocket, heartbeatSlackMs: 100, baseDelayMs: 50 });
   try {
@@ -190,7 +190,7 @@ test("no ping within the heartbeat's deadline: the link is dead, the client reco
   }
 });
 
-test("a send without an ack in ackTimeoutMs rejects (AckTimeoutError) and says so", async () => {
+test("a send without an ack in ackTimeoutMs rejects (AckTimeoutError) and says so", { timeout: 20_000 }, async () => {
   const server = await silentServer({ ...QUICK, heartbeat_interval_s: 30 });
   const client = new HubbubClient({ url: server.url, name: "ada", WebSocket, ackTimeoutMs: 200 });
   try {
@@ -206,7 +206,7 @@ test("a send without an ack in ackTimeoutMs rejects (AckTimeoutError) and says s
   }
 });
 
-test("sends made while disconnected wait and go out once connected", async () => {
+test("sends made while disconnected wait and go out once connected", { timeout: 20_000 }, async () => {
   const server = await silentServer({ ...QUICK, heartbeat_interval_s: 30 });
   const received = server.received;
   const client = new HubbubClient({ url: server.url, name: "ada", WebSocket, ackTimeoutMs: 5000 });
