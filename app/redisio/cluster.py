@@ -20,7 +20,7 @@ from redis.asyncio.cluster import ClusterNode, RedisCluster
 from redis.commands.core import AsyncScript
 from redis.crc import key_slot
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import RedisClusterException, RedisError, ResponseError
+from redis.exceptions import MovedError, RedisClusterException, RedisError, ResponseError
 
 from app.redisio.autopipeline import AutoPipeline, Merge
 from app.redisio.clients import node_client
@@ -152,8 +152,15 @@ class ClusterPipelines:
             except ResponseError as exc:
                 if attempt == _ATTEMPTS or not str(exc).startswith(_REROUTE):
                     raise
-                logger.info("redis cluster: %s; reloading the slots", str(exc)[:60])
-                await self.reload()
+                reply = str(exc)
+                logger.info("redis cluster: %s; reloading the slots", reply[:60])
+                if reply.startswith("MOVED "):
+                    # The node that answered knows the slot's owner: go there now. A full
+                    # reload may ask a node that has not heard of the move yet (gossip).
+                    await self._cluster.nodes_manager.move_slot(MovedError(reply[6:]))
+                    self._reload_soon()
+                else:
+                    await self.reload()
             except (RedisConnectionError, OSError):
                 self._reload_soon()
                 raise
