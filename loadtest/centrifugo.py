@@ -95,25 +95,32 @@ class Centrifugo:
             str(binary()), "-c", str(self.dir / "config.json"),
             env=env, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
         )  # fmt: skip
-        async with asyncio.timeout(20):
-            while True:
-                if self.proc.returncode is not None:
-                    raise RuntimeError(f"centrifugo exited {self.proc.returncode}")
-                try:
-                    reader, writer = await asyncio.open_connection("127.0.0.1", self.port)
-                    writer.write(b"GET /health HTTP/1.0\r\n\r\n")
-                    status = await reader.readline()
-                    writer.close()
-                    if b" 200 " in status:
-                        return
-                except OSError:
-                    pass
-                await asyncio.sleep(0.05)
+        await wait_healthy(self.proc, self.port, "/health", "centrifugo", 20)
 
     async def stop(self) -> None:
         if self.proc is not None:
             await terminate(self.proc)
         shutil.rmtree(self.dir, ignore_errors=True)
+
+
+async def wait_healthy(
+    proc: asyncio.subprocess.Process, port: int, path: str, name: str, timeout_s: float
+) -> None:
+    """Wait until ``GET path`` on ``port`` answers 200; fail if ``proc`` exits first."""
+    async with asyncio.timeout(timeout_s):
+        while True:
+            if proc.returncode is not None:
+                raise RuntimeError(f"{name} exited {proc.returncode}")
+            try:
+                reader, writer = await asyncio.open_connection("127.0.0.1", port)
+                writer.write(f"GET {path} HTTP/1.0\r\n\r\n".encode())
+                status = await reader.readline()
+                writer.close()
+                if b" 200 " in status:
+                    return
+            except OSError:
+                pass
+            await asyncio.sleep(0.05)
 
 
 async def terminate(proc: asyncio.subprocess.Process, grace_s: float = 10.0) -> None:

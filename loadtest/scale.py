@@ -37,7 +37,7 @@ from typing import Any
 import orjson
 
 from loadtest.bench import OPEN_LIMITS, free_port
-from loadtest.centrifugo import Centrifugo, available, terminate
+from loadtest.centrifugo import Centrifugo, available, terminate, wait_healthy
 from loadtest.peer_cost import Member, tree_cpu_s
 from loadtest.redis_cost import TEXT, cpu_s
 from tests.processes import ROOT, RedisServer
@@ -174,20 +174,7 @@ async def _start_server(
         "--bind", f"127.0.0.1:{port}", "--workers", str(workers),
         cwd=ROOT, env=env, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
     )  # fmt: skip
-    async with asyncio.timeout(60):
-        while True:
-            if proc.returncode is not None:
-                raise RuntimeError("gunicorn exited")
-            try:
-                reader, writer = await asyncio.open_connection("127.0.0.1", port)
-                writer.write(b"GET /readyz HTTP/1.0\r\n\r\n")
-                status = await reader.readline()
-                writer.close()
-                if b" 200 " in status:
-                    break
-            except OSError:
-                pass
-            await asyncio.sleep(0.1)
+    await wait_healthy(proc, port, "/readyz", "gunicorn", 60)
     # Every worker forked: gunicorn's children, as /proc lists them.
     children = Path(f"/proc/{proc.pid}/task/{proc.pid}/children")
     async with asyncio.timeout(60):
