@@ -23,7 +23,7 @@ from typing import Any
 import jwt
 import pytest
 
-from tests.helpers import make_settings, run_server
+from tests.helpers import ChatClient, make_settings, run_server
 from tests.processes import ROOT, AppProcess, RedisServer
 
 pytestmark = pytest.mark.timeout(120)
@@ -368,3 +368,31 @@ async def test_a_terminal_close_leaves_the_client_closed(driver: Driver) -> None
         assert refused.value.code == "close_1008"
         states = [(s["state"], s.get("code")) for s in driver.seen("x", "state")]
         assert states == [("connecting", None), ("closed", 1008)]
+
+
+async def test_a_slow_consumer_is_cut_off_and_comes_back_whole(driver: Driver) -> None:
+    """The SDK's process stops reading (SIGSTOP) while 6 MB arrive for it: the server closes
+    it with 4008 (slow consumer) rather than queue without bound; resumed, the SDK reconnects
+    by itself, rejoins with ``since`` and delivers every message once and in order."""
+    settings = make_settings(
+        outbox_max_bytes=65_536, history_size=5_000, recovery_max_messages=5_000
+    )
+    texts = [f"{n:05d}" + "x" * 2_000 for n in range(3_000)]
+    async with run_server(settings) as live:
+        await driver.call("connect", "ada", url=live.ws_url(), name="ada",
+                          options={"baseDelayMs": 100, "base_delay_s": 0.1})  # fmt: skip
+        await driver.call("join", "ada", room="flood")
+        async with ChatClient.connect(live.ws_url("bob")) as bob:
+            await bob.join("flood")
+            os.kill(driver.proc.pid, signal.SIGSTOP)
+            try:
+                for text in texts:  # each after the last came back: bob is no slow reader
+                    await bob.say("flood", text)
+                    await bob.messages_until(text)
+            finally:
+                os.kill(driver.proc.pid, signal.SIGCONT)
+        await driver.event("ada", "state", lambda s: s.get("code") == 4008, timeout=30)
+        last = texts[-1]
+        await driver.event("ada", "message", lambda m: m["text"] == last, timeout=60)
+        assert [m["text"] for m in driver.seen("ada", "message")] == texts
+        assert not driver.seen("ada", "resync")
