@@ -396,3 +396,35 @@ async def test_a_slow_consumer_is_cut_off_and_comes_back_whole(driver: Driver) -
         await driver.event("ada", "message", lambda m: m["text"] == last, timeout=60)
         assert [m["text"] for m in driver.seen("ada", "message")] == texts
         assert not driver.seen("ada", "resync")
+
+
+async def test_a_redis_that_lost_everything_is_a_resync(driver: Driver) -> None:
+    """Redis restarts empty under the server: the server tells the SDK its room may have a gap
+    (``resync``); the SDK rejoins, is answered ``recovered: false`` and says so (its
+    discontinuity event); sends are acked again once Redis is back."""
+    redis = RedisServer()
+    await redis.start()
+    env = {"CHAT_REDIS_URL": redis.url, "CHAT_REDIS_RECONNECT_MAX_S": "0.3",
+           "CHAT_CANARY_INTERVAL_S": "0.3", "CHAT_CANARY_TIMEOUT_S": "1"}  # fmt: skip
+    app = AppProcess(env)
+    await app.start()
+    try:
+        await driver.call("connect", "ada", url=f"ws://127.0.0.1:{app.port}/ws", name="ada")
+        await driver.call("join", "ada", room="wiped")
+        await driver.call("send", "ada", room="wiped", text="before")
+        await redis.kill()
+        await redis.start()
+        gap = await driver.event("ada", "resync", timeout=30)
+        assert gap["room"] == "wiped"
+        async with asyncio.timeout(30):  # broker_unavailable until the server is back on it
+            while True:
+                try:
+                    await driver.call("send", "ada", room="wiped", text="after", cid="a1")
+                    break
+                except DriverError as refused:
+                    assert refused.code in ("broker_unavailable", "AckTimeoutError")
+                    await asyncio.sleep(0.2)
+        await driver.event("ada", "message", lambda m: m["text"] == "after")
+    finally:
+        await app.stop()
+        await redis.stop()
