@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from loadtest import centrifugo
+from tests.helpers import make_settings, run_server
 from tests.processes import ROOT, AppProcess
 
 
@@ -286,3 +287,22 @@ async def test_scale_benchmark_runs(tmp_path: Path) -> None:
         assert 0 < run["busiest_generator_core_share"] <= 1.5, run
         assert run["cores"]["server"] and run["cores"]["redis"] and run["cores"]["generators"]
     assert "| hubbub | 1 |" in out.decode()
+
+
+@pytest.mark.timeout(120)
+async def test_the_sdk_soak_runs_and_keeps_the_sdks_promises() -> None:
+    """``python -m loadtest.sdk_soak`` (40 Python SDK clients in 4 rooms, 100 sends a second
+    for 2 s) against a live server: every send acked, delivered to every member once and in
+    order."""
+    async with run_server(make_settings()) as live:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "loadtest.sdk_soak", "--url", live.ws_url(), "--clients", "40",
+            "--rooms", "4", "--rate", "100", "--seconds", "2", cwd=ROOT,
+            stdout=asyncio.subprocess.PIPE,
+        )  # fmt: skip
+        out, _ = await proc.communicate()
+    result = json.loads(out.decode().splitlines()[-1])
+    assert proc.returncode == 0, result
+    assert result["acked"] == result["sent"] >= 150 and not result["refused"], result
+    assert result["delivered"] == result["acked"] * 10, result  # rooms of 10
+    assert result["missing"] == result["duplicates"] == result["out_of_order"] == 0, result
