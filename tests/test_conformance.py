@@ -213,6 +213,27 @@ async def test_error_codes_reject_the_call_that_caused_them(driver: Driver, tmp_
         assert refused.value.code == "too_many_rooms"
 
 
+async def test_limits_and_a_server_without_a_store_reject_with_their_codes(
+    driver: Driver,
+) -> None:
+    """On a server without a store, ``create`` rejects with ``no_store``; past the user's
+    message rate a send rejects with ``rate_limited`` (not retried: the app decides); a
+    ``leave`` is answered (``left``)."""
+    settings = make_settings(user_messages_per_s=0.1, user_message_burst=1)
+    async with run_server(settings) as live:
+        await driver.call("connect", "ada", url=live.ws_url(), name="ada")
+        with pytest.raises(DriverError) as refused:
+            await driver.call("create_room", "ada", room="team")
+        assert refused.value.code == "no_store"
+        await driver.call("join", "ada", room="lobby")
+        await driver.call("send", "ada", room="lobby", text="one")
+        with pytest.raises(DriverError) as refused:
+            await driver.call("send", "ada", room="lobby", text="two")
+        assert refused.value.code == "rate_limited"
+        await driver.call("leave", "ada", room="lobby")
+        assert (await driver.event("ada", "left", lambda f: f["room"] == "lobby"))["room"]
+
+
 async def test_direct_messages_edits_reactions_typing_presence(
     driver: Driver, tmp_path: Path
 ) -> None:
