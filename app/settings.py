@@ -248,12 +248,12 @@ class Settings(BaseSettings):
     )
     redis_wait_policy: Literal["required", "available"] = Field(
         "required",
-        description="When the master has fewer than `CHAT_REDIS_WAIT_REPLICAS` replicas (after "
-        "a failover the promoted replica has none until another is attached): `required` "
-        "answers every send `broker_unavailable` until it has them again (no ack that a "
-        "second failover could lose); `available` acks without waiting meanwhile, counted in "
-        "`hubbub_broker_acks_without_replicas_total`, and waits again once the master lists "
-        "enough replicas (checked every second).",
+        description="When fewer than `CHAT_REDIS_WAIT_REPLICAS` replicas confirm in time (a "
+        "replica down or lagging; after a failover the promoted replica has none until "
+        "another is attached): `required` answers those sends `broker_unavailable` (no ack "
+        "that a failover could lose); `available` acks them all the same and stops waiting, "
+        "counted in `hubbub_broker_acks_without_replicas_total`, until the master lists "
+        "enough replicas again (`ROLE`, asked every second).",
     )
     redis_merge_max: int = Field(
         32,
