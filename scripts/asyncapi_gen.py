@@ -344,6 +344,15 @@ _EVENT_FIELDS: Final[Schema] = {
     "ts": ref("Timestamp"),
 }
 _EVENT_REQUIRED: Final = ("id", "target", "user", "ts")
+# A room's record, as the room and invited frames carry it.
+_RECORD_FIELDS: Final[Schema] = {
+    "room": ROOM,
+    "private": {"type": "boolean"},
+    "title": {"type": "string"},
+    "topic": {"type": "string"},
+    "role": ref("Role"),
+}
+_RECORD_REQUIRED: Final = ("room", "private", "title", "topic")
 
 SERVER_FRAMES: Final[dict[str, ServerEntry]] = {
     "hello": ServerEntry(
@@ -429,15 +438,8 @@ SERVER_FRAMES: Final[dict[str, ServerEntry]] = {
         "(yours) and `members` only when you are a member.",
         frame(
             "room",
-            {
-                "room": ROOM,
-                "private": {"type": "boolean"},
-                "title": {"type": "string"},
-                "topic": {"type": "string"},
-                "role": ref("Role"),
-                "members": {"type": "object", "additionalProperties": ref("Role")},
-            },
-            ("room", "private", "title", "topic"),
+            {**_RECORD_FIELDS, "members": {"type": "object", "additionalProperties": ref("Role")}},
+            _RECORD_REQUIRED,
         ),
     ),
     "rooms": ServerEntry(
@@ -465,15 +467,8 @@ SERVER_FRAMES: Final[dict[str, ServerEntry]] = {
         "To every connection of the user added.",
         frame(
             "invited",
-            {
-                "room": ROOM,
-                "private": {"type": "boolean"},
-                "title": {"type": "string"},
-                "topic": {"type": "string"},
-                "role": ref("Role"),
-                "by": {"anyOf": [USER, {"type": "null"}]},
-            },
-            ("room", "private", "title", "topic", "role", "by"),
+            {**_RECORD_FIELDS, "by": {"anyOf": [USER, {"type": "null"}]}},
+            (*_RECORD_REQUIRED, "role", "by"),
         ),
     ),
     "message": ServerEntry(
