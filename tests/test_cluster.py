@@ -20,7 +20,7 @@ from redis.exceptions import RedisError
 from app.broker.keys import KeyLayout
 from app.broker.redis import RedisBroker
 from app.errors import BrokerUnavailable
-from app.redisio.clients import node_client
+from app.redisio.clients import close_client, cluster_client, node_client
 from app.redisio.cluster import ClusterPipelines
 from app.settings import SettingsError, load_settings
 from tests.helpers import (
@@ -117,7 +117,7 @@ async def test_calls_go_to_the_master_of_their_slot(cluster: ClusterDeployment) 
                 assert await node.get(key) == b"3"
     finally:
         await pipelines.close()
-        await client.aclose()
+        await close_client(client)
 
 
 async def test_a_moved_slot_is_followed(cluster: ClusterDeployment) -> None:
@@ -145,7 +145,7 @@ async def test_a_moved_slot_is_followed(cluster: ClusterDeployment) -> None:
             assert await node.get(key) == b"1"
     finally:
         await pipelines.close()
-        await client.aclose()
+        await close_client(client)
 
 
 async def test_a_sigkilled_master_is_replaced_by_its_replica(cluster: ClusterDeployment) -> None:
@@ -173,7 +173,27 @@ async def test_a_sigkilled_master_is_replaced_by_its_replica(cluster: ClusterDep
         assert new is not old
     finally:
         await pipelines.close()
-        await client.aclose()
+        await close_client(client)
+
+
+async def test_a_cluster_client_closes_after_a_masters_failure(
+    cluster: ClusterDeployment,
+) -> None:
+    """A command failed on a SIGKILLed master (redis-py then only marks the client for
+    initializing again, and its own ``aclose`` closes nothing in that state):
+    ``close_client`` leaves no connection open, on any node."""
+    client = cluster_client(make_settings(redis_cluster_nodes=cluster.addresses.split(",")))
+    keys = _keys(30)
+    for key in keys:  # a connection to every master
+        await client.set(key, "1")
+    await (await cluster.master_of(key_slot(keys[0].encode()))).kill()
+    with pytest.raises(RedisError):
+        await client.get(keys[0])
+    assert client._initialize  # the state in which RedisCluster.aclose() closes nothing
+    await close_client(client)
+    manager = client.nodes_manager
+    nodes = [*manager.nodes_cache.values(), *manager.startup_nodes.values()]  # seeds: others
+    assert [c for node in nodes for c in node._connections if c.is_connected] == []
 
 
 async def test_gunicorn_on_the_cluster_survives_a_sigkilled_master(

@@ -25,7 +25,7 @@ from redis.asyncio import Redis
 from app.access.buckets import TokenBuckets
 from app.broker.redis_scripts import ABSENT, NOW, TOKEN_BUCKET, sharded
 from app.redisio.autopipeline import AutoPipeline
-from app.redisio.clients import REDIS_ERRORS, command_client, preload
+from app.redisio.clients import REDIS_ERRORS, close_client, command_client, preload
 from app.redisio.cluster import ClusterPipelines, pipelines_for
 from app.settings import Settings
 
@@ -254,7 +254,7 @@ class RedisQuotas:
 
     async def close(self) -> None:
         await self._pipeline.close()
-        await self._redis.aclose()
+        await close_client(self._redis)
 
 
 # -- one process --------------------------------------------------------------------------

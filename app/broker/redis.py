@@ -48,6 +48,7 @@ from app.redisio.autopipeline import SERVER_RUN_ID, AutoPipeline, Merge, NotRepl
 from app.redisio.clients import (
     REDIS_ERRORS,
     call_redis,
+    close_client,
     command_client,
     node_client,
     subscriber_client,
@@ -220,13 +221,9 @@ class RedisBroker:
         if pending:
             logger.warning("redis broker: %d tasks did not stop in time", len(pending))
         await self._pipeline.close()
-        await self._redis.aclose()
+        await close_client(self._redis)
         if self._sub_redis is not self._redis:
-            await self._sub_redis.aclose()
-        if self._cluster is not None:
-            # redis-py closes the connections of nodes that left the topology (a failed
-            # master) in tasks of its own: let them finish before the loop may close.
-            await asyncio.sleep(0.1)
+            await close_client(self._sub_redis)
 
     async def _supervise(self) -> None:
         """Keep one listener running; back off (capped, jittered) between attempts."""
@@ -324,9 +321,15 @@ class RedisBroker:
                 else:
                     self._shard_lost(shards, master, exc)
         finally:
-            for task in self._recoveries.values():
-                task.cancel()
+            recoveries = list(self._recoveries.values())
             self._recoveries.clear()
+            for task in recoveries:
+                task.cancel()
+            if recoveries:  # so that none opens a connection after the shards are closed
+                done, _ = await asyncio.wait(recoveries, timeout=self._settings.redis_timeout_s)
+                for task in done:
+                    if not task.cancelled():
+                        task.exception()  # logged by the recovery (or moot on stopping)
             self._shards = None
             shards.close()
 

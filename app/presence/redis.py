@@ -24,7 +24,13 @@ from app.errors import BrokerUnavailable
 from app.presence import RoomPresence
 from app.presence.announcer import PresenceAnnouncer
 from app.redisio.autopipeline import AutoPipeline
-from app.redisio.clients import REDIS_ERRORS, call_redis, command_client, preload
+from app.redisio.clients import (
+    REDIS_ERRORS,
+    call_redis,
+    close_client,
+    command_client,
+    preload,
+)
 from app.redisio.cluster import ClusterPipelines, pipelines_for
 from app.settings import Settings
 
@@ -123,7 +129,7 @@ class RedisPresence:
         except (*REDIS_ERRORS, BrokerUnavailable) as exc:  # the entries expire by themselves
             logger.warning("could not withdraw presence on stop: %r", exc)
         await self._pipeline.close()
-        await self._redis.aclose()
+        await close_client(self._redis)
 
     def _keys(self, room: str, user: str) -> list[str]:
         return [

@@ -88,6 +88,37 @@ def cluster_client(settings: Settings) -> RedisCluster:
     )
 
 
+async def close_client(redis: Redis | RedisCluster) -> None:
+    """Close every connection ``redis`` holds (a :func:`command_client` or a
+    :func:`node_client`); what was closing in the background is done when this returns.
+
+    A ``RedisCluster``'s own ``aclose()`` closes nothing once a command failed on a lost
+    connection (a master down): redis-py then only marks the client for initializing again
+    (redis/redis-py#3846), and every node's connections stayed open. Here each node it knows
+    is disconnected whatever that state, and the disconnections redis-py started in tasks
+    of its own (nodes that left the topology) are awaited."""
+    await redis.aclose()
+    if not isinstance(redis, RedisCluster):
+        return
+    manager = redis.nodes_manager
+    # By identity: a seed node and the node of the same address in the topology are two
+    # objects (equal, by name), each with connections of its own.
+    nodes = list(
+        {
+            id(node): node
+            for node in [*manager.nodes_cache.values(), *manager.startup_nodes.values()]
+        }.values()
+    )
+    await asyncio.gather(*(node.disconnect() for node in nodes), return_exceptions=True)
+    background = [
+        task
+        for owner in (manager, *nodes)
+        for task in getattr(owner, "_background_tasks", ())  # redis-py's own, see above
+    ]
+    if background:
+        await asyncio.wait(background, timeout=1)
+
+
 def node_client(settings: Settings, node: ClusterNode, subscriber: bool = False) -> Redis:
     """A client of one cluster node, for a hot path that takes a connection over (a node's
     pipeline; with ``subscriber``, a pub/sub connection: no socket timeout)."""

@@ -48,15 +48,16 @@ async def hand_over(
     """
     pool = redis.connection_pool
     connection = pool.make_connection()  # type: ignore[no-untyped-call]
-    await connection.connect()
     answer = None
-    if first is not None:
-        try:
+    try:
+        # Cancelled during its handshake (HELLO, AUTH), redis-py leaves the socket open.
+        await connection.connect()
+        if first is not None:
             await connection.send_command(*first)
             answer = await connection.read_response()
-        except BaseException:
-            await connection.disconnect()
-            raise
+    except BaseException:
+        await connection.disconnect()
+        raise
     writer: asyncio.StreamWriter | None = connection._writer
     if writer is None:  # pragma: no cover - redis-py sets it on connect
         raise ConnectionError("redis-py did not open a stream")

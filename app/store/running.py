@@ -13,6 +13,7 @@ time.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -70,11 +71,11 @@ class RunningStore:
             self._stats = lambda: archiver.stats
             self._tasks.append(asyncio.create_task(archiver.run(), name="archiver"))
         else:
-            from app.redisio.clients import command_client
+            from app.redisio.clients import close_client, command_client
             from app.store.stream_archiver import StreamArchiver
 
             redis = command_client(settings)
-            self._close_redis = redis.aclose
+            self._close_redis = functools.partial(close_client, redis)
             streamer = StreamArchiver(redis, self.messages, settings)
             self._stats = lambda: streamer.stats
             self._tasks.append(asyncio.create_task(streamer.run(), name="archiver"))

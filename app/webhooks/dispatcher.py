@@ -34,7 +34,7 @@ import orjson
 from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 
-from app.redisio.clients import REDIS_ERRORS
+from app.redisio.clients import REDIS_ERRORS, close_client
 from app.settings import Settings
 from app.webhooks.queue import WebhookQueue
 from app.webhooks.signing import HEADER, signature
@@ -86,7 +86,7 @@ class WebhookDispatcher:
                 task.cancel()
             await asyncio.gather(*self._in_flight.values(), return_exceptions=True)
             await self._http.aclose()
-            await self._redis.aclose()  # made for it (app.webhooks.wiring)
+            await close_client(self._redis)  # made for it (app.webhooks.wiring)
 
     async def _read(self) -> None:
         group_made = False
