@@ -45,9 +45,10 @@ run: $(STAMP)  ## serve the chat on http://127.0.0.1:8000 (memory broker, SQLite
 	CHAT_AUTH_MODE=$${CHAT_AUTH_MODE:-guest} CHAT_DATABASE_URL=$${CHAT_DATABASE_URL:-sqlite:///data/hubbub.db} \
 	  $(VENV)/bin/python -m app
 
-# Node projects the tests build or run (the TypeScript SDK, the AsyncAPI checker): each
-# installed from its package-lock.json, again only when the lock changed.
-NODE_PROJECTS := clients/js scripts/asyncapi
+# Node projects the tests build or run (the TypeScript SDK, the AsyncAPI checker, axe-core for
+# the page's accessibility audit): each installed from its package-lock.json, again only when
+# the lock changed.
+NODE_PROJECTS := clients/js scripts/asyncapi tests/a11y
 
 node-deps: deb-deps  ## npm ci in each Node project that has a package-lock.json
 	@for dir in $(NODE_PROJECTS); do \

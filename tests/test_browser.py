@@ -355,10 +355,11 @@ async def test_stored_history_loads_on_scroll_and_direct_messages_wait_for_who_w
                 await asyncio.sleep(0.05)
 
         # Bob's browser was in two rooms: "side" (where two messages wait for him) and the
-        # lobby, which the page opens.
+        # lobby, which he was reading: the page opens it.
         context = await browser.new_context(viewport={"width": 1200, "height": 800})
         await context.add_init_script(
-            "localStorage.setItem('hubbub.rooms', JSON.stringify(['side', 'lobby']))"
+            "localStorage.setItem('hubbub.rooms', JSON.stringify(['side', 'lobby']));"
+            "localStorage.setItem('hubbub.active', 'lobby')"  # the one being read
         )
         bob = ChatPage(await context.new_page())
         await bob.page.goto(f"{live.http_url}/?name=bob")
@@ -379,7 +380,11 @@ async def test_stored_history_loads_on_scroll_and_direct_messages_wait_for_who_w
             # count): "side" was shown only while the page started.
             side = bob.page.locator('#rooms li[data-room="side"]')
             await expect(side.locator(".unread")).to_have_text("2")
-            # The lobby, shown for a second, is read up to its newest message.
+            # The lobby is read up to the newest message that was on screen for a second:
+            # back at the bottom, its newest.
+            await bob.page.evaluate(
+                "(list => { list.scrollTop = list.scrollHeight })(document.getElementById('messages'))"
+            )
             async with asyncio.timeout(10):
                 while ("lobby", 0) not in [
                     (e.conversation, e.unread)
@@ -524,9 +529,10 @@ async def test_two_people_reply_edit_react_delete_and_see_who_read(
                 ada.page.locator("#messages .message").first.locator(".reaction")
             ).to_have_attribute("aria-pressed", "true")
 
-            # Each page marks what it shows read; the other sees it under the newest message.
+            # Each page marks what it shows read; the other sees it under the newest message
+            # they read that is not their own.
             await expect(
-                ada.page.locator("#messages .message").nth(1).locator(".seen")
+                ada.page.locator("#messages .message").first.locator(".seen")
             ).to_have_text("Seen by bob", timeout=UI_TIMEOUT_MS)
             await expect(
                 bob.page.locator("#messages .message").nth(1).locator(".seen")
@@ -600,8 +606,9 @@ async def test_a_private_room_is_created_and_someone_invited_from_the_page(
                 await cy.page.locator("#join-input").press("Enter")
                 # The room answer: to an outsider a private room does not exist (not_found).
                 await expect(cy.page.locator("#alerts .alert")).to_contain_text(
-                    "not_found: room 'plans' not found"
+                    "You cannot join plans: room 'plans' not found"
                 )
+                await expect(cy.page.locator("#rooms li[data-room=plans]")).to_have_count(0)
             finally:
                 await cy.close()
         finally:

@@ -114,13 +114,19 @@ def test_the_api_docs_build_without_warnings(built: Path) -> None:
 
 
 async def test_the_node_suite_passes_against_a_real_server(built: Path, tmp_path: Path) -> None:
-    """``node --test`` (``clients/js/test/``) against a server with a store."""
+    """``node --test`` (``clients/js/test/``) against a server with a store; with it, the tests
+    of the chat page's message formatting (``app/static/format.js``)."""
     settings = make_settings(database_url=f"sqlite:///{tmp_path}/chat.db")
     async with run_server(settings) as live:
         sdk = str(built / "dist/index.js")
+        # format.test.mjs imports the page's app/static/format.js (not in the copy).
+        fmt = str(ROOT / "app" / "static" / "format.js")
         proc = await asyncio.create_subprocess_exec(
             "node", "--test", "test/", cwd=built,
-            env={**os.environ, "HUBBUB_URL": live.ws_url(), "HUBBUB_SDK": sdk},
+            env={
+                **os.environ, "HUBBUB_URL": live.ws_url(), "HUBBUB_SDK": sdk,
+                "HUBBUB_FORMAT": fmt,
+            },
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
         )  # fmt: skip
         out, _ = await proc.communicate()

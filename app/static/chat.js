@@ -6,11 +6,14 @@
 // apart) with an avatar coloured from the id; the invite box invites only a person picked, and
 // an invitation waits for Join or Decline.
 import { HubbubClient, applyEvent, displayName } from "./hubbub.js";
+import { render as renderText } from "./format.js";
 
 // A display name (what guest servers take; other modes take it too).
 const NAME = /^[A-Za-z0-9][A-Za-z0-9_.]{0,14}$/;
 const ROOM = /^[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}$/;
 const USER = /^[A-Za-z0-9][A-Za-z0-9_.-]{0,31}$/;
+const NAME_HINT = "Use 1 to 15 letters, digits, _ or . (starting with a letter or digit)";
+const ROOM_HINT = "A room name is 1 to 64 letters, digits, _ . : or - (starting with a letter or digit)";
 const TYPING_EVERY_MS = 3000;
 const TYPING_SHOWN_MS = 4000;
 const PAGE = 50; // messages per history page
@@ -22,12 +25,24 @@ const SUFFIX_DIGITS = 4; // shown of an id's hash; more while two known people s
 const INVITATIONS_SHOWN = 3; // the rest are counted
 const INVITE_OPTIONS_SHOWN = 8;
 const DECLINE_EVERY_MS = 100; // "Decline all" stays under the connection's frame rate
+const GROUP_WITHIN_MS = 5 * 60_000; // a message this soon after its author's last is grouped
+const MAX_TEXT_CHARS = 8000; // until hello says (its limits.max_text_chars)
+const MORE_EMOJI = ["👍", "👎", "❤️", "😂", "🎉", "👀", "🙏", "🔥", "✅", "❌", "😮", "😢", "😡", "🤔", "👏",
+  "🙌", "💯", "🚀", "☕", "🍕", "😀", "😅", "😍", "😎", "🤝", "👋", "💡", "⚠️", "📌", "🐛"];
+// Close codes in words (the status line says why, never a bare number).
+const CLOSE_REASONS = {
+  1000: "closed", 1001: "the server is going away", 1006: "the connection dropped",
+  1008: "refused by the server's policy", 1009: "a message was too big", 1011: "a server error",
+  1012: "the server is restarting", 1013: "the server is busy", 4001: "your sign-in expired",
+  4003: "you were disconnected by the service",
+};
 const $ = (id) => document.getElementById(id);
 
 /** conversation ("lobby", or "@user" for direct messages) -> {kind: "room"|"dm", peer?,
  * messages: Map<id, frame> (as they are now: events applied), count, users: Set|null, unread,
  * typing: Map<user, timer>, read: Map<user, id> (others' read positions), complete: no older
- * history, loading} */
+ * history, loading, pending: Map<cid, {text, failed?}> (sends not acked yet: written while
+ * offline, they go out on reconnect), firstUnread: id|null (where "New messages" is)} */
 const rooms = new Map();
 let active = null;
 /** What the composer does with its text: a new message, `{reply: id}`, or `{edit: id}`. */
@@ -35,15 +50,15 @@ let composing = {};
 let client = null;
 let lastTyping = 0;
 let hasStore = false; // the server sent an inbox: read positions are kept
+/** conversation -> the text being written there (kept in localStorage: a reload keeps it). */
+const drafts = new Map(Object.entries(JSON.parse(localStorage.getItem("hubbub.drafts") || "{}")));
+let countdown = null; // the reconnect countdown's interval
 /** display name -> Set of the user ids the page has seen with it (presence, members, authors,
  * readers, DM peers, the inbox, invitations): the people it knows, and who to warn about. */
 const people = new Map();
 let namesRefresh = false; // a refresh of every shown name is scheduled
 /** room -> its `invited` frame, oldest first: invitations waiting for Join or Decline. */
 const invitations = new Map();
-/** The person picked in the invite box's list: {user, label}. */
-let invitePick = null;
-let inviteOption = -1; // the list's highlighted option (arrow keys)
 
 function conversationOf(frame) {
   if (frame.room !== undefined) return frame.room;
@@ -53,7 +68,13 @@ function conversationOf(frame) {
 
 function newConversation(kind, peer) {
   return { kind, peer, messages: new Map(), count: 0, users: kind === "room" ? new Set() : null,
-           unread: 0, typing: new Map(), read: new Map(), complete: false, loading: false };
+           unread: 0, typing: new Map(), read: new Map(), complete: false, loading: false,
+           pending: new Map(), firstUnread: null };
+}
+
+/** A message's text as read, without its formatting marks (for quotes). */
+function plain(text) {
+  return renderText(text).textContent ?? text;
 }
 
 function el(tag, className, text) {
@@ -156,12 +177,14 @@ function refreshNames() {
   renderPresence();
   renderTyping();
   renderInvitations();
-  if (!$("invite-options").hidden) renderInviteOptions();
+  invitePicker.render();
+  directPicker.render();
 }
 
 // -- name and start ------------------------------------------------------------------------
 
-function start(name) {
+/** Connect as `name`; `renamed`: the person changed names (they are told who they are now). */
+function start(name, renamed = false) {
   localStorage.setItem("hubbub.name", name);
   $("me-name").textContent = name;
   // This browser's guest key (guest servers): the same guest on every visit and reconnect.
@@ -173,6 +196,10 @@ function start(name) {
     if (e.detail.guest) localStorage.setItem("hubbub.guest", e.detail.guest);
     // Your own label has your suffix too: tell others which alice you are.
     $("me-name").replaceChildren(personNode(e.detail.user));
+    if (renamed) {
+      renamed = false;
+      showAlert(`You are now ${personLabel(e.detail.user)}`, "info");
+    }
   });
   client.addEventListener("joined", (e) => onJoined(e.detail));
   client.addEventListener("message", (e) => addMessage(e.detail));
@@ -215,30 +242,73 @@ function start(name) {
     forgetRoom(e.detail.room);
   });
   client.addEventListener("typing", (e) => onTyping(e.detail));
-  client.addEventListener("error", (e) => showAlert(`${e.detail.code}: ${e.detail.message}`));
+  client.addEventListener("error", (e) => onError(e.detail));
   client.connect();
+  // Every saved conversation comes back; the one being read when the page was left is shown
+  // (or the room in the address).
   const wanted = new URLSearchParams(location.search).get("room");
-  const saved = JSON.parse(localStorage.getItem("hubbub.rooms") || "[]");
-  const initial = wanted ? [wanted] : saved.length ? saved : ["lobby"];
-  for (const room of initial) if (ROOM.test(room)) joinRoom(room);
+  const saved = JSON.parse(localStorage.getItem("hubbub.rooms") || "[]").filter((key) => typeof key === "string");
+  const initial = saved.length ? saved : ["lobby"];
+  if (wanted && ROOM.test(wanted) && !initial.includes(wanted)) initial.push(wanted);
+  for (const key of initial) {
+    if (key.startsWith("@")) openDirect(key.slice(1), false);
+    else if (ROOM.test(key)) joinRoom(key, false);
+  }
+  const last = localStorage.getItem("hubbub.active");
+  const show = wanted && rooms.has(wanted) ? wanted : last && rooms.has(last) ? last : [...rooms.keys()][0] ?? null;
+  setActive(show);
+}
+
+/** An error frame: a refused join of a private room leaves the sidebar (and is not tried
+ * again on the next visit); other refusals are shown. */
+function onError(error) {
+  const { code, message, ref, room } = error;
+  if (ref === "join" && room && (code === "forbidden" || code === "not_found") && rooms.has(room)
+      && !rooms.get(room).historyLoaded && !invitations.has(room)) {
+    showAlert(`You cannot join ${room}: ${message}`);
+    forgetRoom(room);
+    client.rooms.delete(room); // not joined again on reconnect (no leave: it was never joined)
+    return;
+  }
+  if (code === "ack_timeout" || (ref === "send" && error.cid)) return; // the message says it (sendText)
+  showAlert(`${message} (${code})`);
 }
 
 function askName() {
   const dialog = $("name-dialog");
   const input = $("name-input");
   input.value = localStorage.getItem("hubbub.name") || "";
+  const me = client?.hello?.user;
+  const warning = $("name-warning");
+  // A guest's id is its name and its key's hash: another name is another person to everyone
+  // else, and your messages stay with the name they were written under.
+  warning.hidden = !me;
+  if (me) {
+    warning.textContent = `You are ${personLabel(me)}. Another name makes you a different person to `
+      + `everyone: your messages stay ${displayName(me)}'s, and only ${displayName(me)} can edit or `
+      + `delete them (pick ${displayName(me)} again to get them back).`;
+  }
+  $("name-cancel").hidden = !client;
   dialog.showModal();
   input.focus();
 }
+
+// Esc (or Cancel) before a name is picked: the page has nothing to do without one.
+$("name-dialog").addEventListener("cancel", (event) => {
+  if (!client) event.preventDefault();
+});
+$("name-cancel").addEventListener("click", () => $("name-dialog").close());
 
 $("name-form").addEventListener("submit", (event) => {
   const name = $("name-input").value.trim();
   if (!NAME.test(name)) {
     event.preventDefault();
-    $("name-input").setCustomValidity("up to 15 letters, digits, _ . (starting with a letter or digit)");
+    $("name-input").setCustomValidity(NAME_HINT);
     $("name-input").reportValidity();
     return;
   }
+  if (client && name === displayName(client.hello?.user ?? "")) return; // the same name: nothing changes
+  const renamed = client !== null;
   if (client) {
     // A new name is a new connection: keep the rooms.
     client.close();
@@ -252,32 +322,45 @@ $("name-form").addEventListener("submit", (event) => {
     $("dms").replaceChildren();
     localStorage.setItem("hubbub.rooms", JSON.stringify(joined));
   }
-  start(name);
+  start(name, renamed);
 });
-$("name-input").addEventListener("input", () => $("name-input").setCustomValidity(""));
 $("change-name").addEventListener("click", askName);
 
 // -- connection state and alerts -----------------------------------------------------------
 
-function showState({ state, delayMs, code, reason }) {
-  const status = $("status");
-  status.dataset.state = state;
-  const texts = {
-    connecting: "Connecting…",
-    open: "Connected",
-    reconnecting: delayMs
-      ? `Reconnecting in ${Math.ceil(delayMs / 1000)} s${code ? ` (closed: ${code})` : ""}…`
-      : "Reconnecting…",
-    closed: `Disconnected${reason ? `: ${reason}` : ""}${code ? ` (${code})` : ""}`,
-  };
-  status.textContent = texts[state] ?? state;
-  const usable = (state ?? client?.state) === "open" && active !== null;
-  $("composer-input").disabled = !usable;
-  $("send-button").disabled = !usable;
+/** Why a connection closed, in words. */
+function closeReason(code, reason) {
+  return CLOSE_REASONS[code] ?? (reason || "the connection was lost");
 }
 
-function showAlert(text) {
-  const box = el("p", "alert");
+function showState({ state, delayMs, code, reason }) {
+  const status = $("status");
+  if (state !== undefined) status.dataset.state = state;
+  clearInterval(countdown);
+  countdown = null;
+  if (state === "reconnecting") {
+    // Counts down each second to the next try (the SDK tries then by itself).
+    const why = code ? ` — ${closeReason(code, reason)}` : "";
+    const at = Date.now() + (delayMs ?? 0);
+    const tick = () => {
+      const left = Math.ceil((at - Date.now()) / 1000);
+      const text = left > 0 ? `Reconnecting in ${left} s${why}` : `Reconnecting…${why}`;
+      if (status.textContent !== text) status.textContent = text;
+      if (left <= 0) { clearInterval(countdown); countdown = null; }
+    };
+    tick();
+    if (delayMs) countdown = setInterval(tick, 250);
+  } else if (state !== undefined) {
+    const texts = { idle: "Not connected", connecting: "Connecting…", open: "Connected",
+                    closed: `Disconnected: ${closeReason(code, reason)}` };
+    status.textContent = texts[state] ?? state;
+  }
+  renderComposer();
+}
+
+/** A notice at the top: `kind` "error" (red) or "info" (good news, neutral). */
+function showAlert(text, kind = "error") {
+  const box = el("p", kind === "info" ? "alert info" : "alert");
   box.append(el("span", "", text));
   const dismiss = el("button", "", "×");
   dismiss.type = "button";
@@ -299,7 +382,7 @@ function onInvited(invitation) {
   const { room, by, role } = invitation;
   know(by);
   if (rooms.get(room)?.historyLoaded) { // joined (a refused join, e.g. a saved room, is not)
-    showAlert(`${by ? personLabel(by) : "The service"} made you ${role === "admin" ? "an admin" : "a member"} of ${room}`);
+    showAlert(`${by ? personLabel(by) : "The service"} made you ${role === "admin" ? "an admin" : "a member"} of ${room}`, "info");
     onRoomRecord(invitation);
     return;
   }
@@ -420,14 +503,19 @@ function renderRoomHead() {
   const record = state?.record;
   const form = $("invite-form");
   form.hidden = !(state?.kind === "room" && (record?.role === "owner" || record?.role === "admin"));
-  if (form.hidden) closeInviteOptions();
+  if (form.hidden) invitePicker.close();
   const members = $("room-members");
   members.hidden = !(state?.kind === "room" && record?.members);
   $("room-title").title = state?.kind === "dm" ? state.peer : "";
+  $("room-status").hidden = true;
   if (!state) {
     $("room-title").textContent = "No room";
   } else if (state.kind === "dm") {
     $("room-title").textContent = `@${personLabel(state.peer)}`;
+    // Online: in one of your rooms now (presence tells; direct conversations have none).
+    const online = [...rooms.values()].some((other) => other.users?.has(state.peer));
+    $("room-status").textContent = online ? "● online" : "";
+    $("room-status").hidden = !online;
   } else {
     const title = record?.title ? `${active} — ${record.title}` : active;
     $("room-title").textContent = record?.private ? `🔒 ${title}` : title;
@@ -495,21 +583,51 @@ function saveRooms() {
   localStorage.setItem("hubbub.rooms", JSON.stringify([...rooms.keys()]));
 }
 
+/** The composer's text is the shown conversation's draft (not while editing a message). */
+function saveDraft() {
+  if (active === null || composing.edit) return;
+  const text = $("composer-input").value;
+  if (text) drafts.set(active, text);
+  else drafts.delete(active);
+  localStorage.setItem("hubbub.drafts", JSON.stringify(Object.fromEntries(drafts)));
+}
+
+/** The id of the first of the shown conversation's `unread` newest messages by others. */
+function firstUnreadOf(state) {
+  const me = client.hello?.user;
+  const theirs = [...state.messages.values()].filter((m) => m.user !== me).sort((a, b) => a.id - b.id);
+  return theirs.length ? theirs[Math.max(0, theirs.length - state.unread)].id : null;
+}
+
 function setActive(key) {
+  saveDraft();
   active = key;
+  if (key !== null) localStorage.setItem("hubbub.active", key);
+  // The address names the room being read: a reload (or a shared link) opens it.
+  const address = new URL(location.href);
+  if (key !== null && !key.startsWith("@")) address.searchParams.set("room", key);
+  else address.searchParams.delete("room");
+  history.replaceState(null, "", address);
+  document.body.classList.remove("drawer-open");
+  $("drawer-toggle").setAttribute("aria-expanded", "false");
   const state = key === null ? null : rooms.get(key);
   renderRoomHead();
   for (const item of [...$("rooms").children, ...$("dms").children]) {
     const current = item.dataset.room === key;
     item.querySelector(".room").setAttribute("aria-current", String(current));
   }
-  if (state) showUnread(key, 0);
+  if (state) {
+    // Where the unread messages begin: a "New messages" line, and a way to jump there.
+    state.firstUnread = state.unread ? firstUnreadOf(state) : null;
+    showUnread(key, 0);
+  }
   $("history-state").textContent = "";
   setComposing({});
+  $("composer-input").value = key === null ? "" : drafts.get(key) ?? "";
   renderMessages();
   renderPresence();
   renderTyping();
-  showState({ state: client.state });
+  renderComposer();
   if (state?.kind === "dm" && !state.loaded) {
     state.loaded = true;
     loadOlder(key);
@@ -558,42 +676,59 @@ async function loadOlder(key) {
 
 $("messages").addEventListener("scroll", () => {
   if (active !== null && $("messages").scrollTop < 40) loadOlder(active);
+  markReadSoon();
+  renderJump();
 });
 
-/** Tell the server the newest message of the shown conversation is read (with a store),
- * once it has been shown for READ_EVERY_MS: a conversation only glanced at stays unread. */
+/** Whether the person can be reading: the page is visible and has the focus. */
+function canRead() {
+  return document.visibilityState === "visible" && document.hasFocus();
+}
+
+/** The newest message of the shown conversation that is on screen (null: none). */
+function newestOnScreen() {
+  const list = $("messages");
+  const view = list.getBoundingClientRect();
+  let newest = null;
+  for (const node of list.querySelectorAll(".message[data-id]")) {
+    const box = node.getBoundingClientRect();
+    if (box.height > 0 && box.bottom > view.top + 4 && box.top < view.bottom - 4) {
+      newest = Math.max(newest ?? 0, Number(node.dataset.id));
+    }
+  }
+  return newest;
+}
+
+/** Tell the server what was read (with a store): the newest message on screen, once it has
+ * been there READ_EVERY_MS in a visible, focused page. A conversation only glanced at, a
+ * hidden tab, or messages below the fold stay unread. */
 function markReadSoon() {
   const key = active;
   const state = key === null ? null : rooms.get(key);
-  if (!hasStore || !state || state.readTimer) return;
+  if (!hasStore || !state || state.readTimer || !canRead()) return;
   state.readTimer = setTimeout(() => {
     state.readTimer = null;
-    if (active !== key || !state.messages.size || client.state !== "open") return;
-    const newest = Math.max(...state.messages.keys());
-    if (newest <= (state.readUpTo ?? 0)) return;
+    if (active !== key || !canRead() || client.state !== "open") return;
+    const newest = newestOnScreen();
+    if (newest === null || newest <= (state.readUpTo ?? 0)) return;
     state.readUpTo = newest;
     client.markRead(state.kind === "dm" ? { with: state.peer } : key, newest);
+    if (state.firstUnread !== null && state.firstUnread !== undefined && newest >= Math.max(...state.messages.keys())) {
+      state.firstUnread = null; // all read: the jump goes (the line stays until you leave)
+      renderJump();
+    }
   }, READ_EVERY_MS);
 }
-
-$("dm-form").addEventListener("submit", (event) => {
-  event.preventDefault();
-  const input = $("dm-input");
-  const user = input.value.trim();
-  if (!USER.test(user)) {
-    showAlert("A user is letters, digits and _ . - (starting with a letter or digit)");
-    return;
-  }
-  input.value = "";
-  openDirect(user);
-});
+document.addEventListener("visibilitychange", () => markReadSoon());
+window.addEventListener("focus", () => markReadSoon());
 
 $("create-form").addEventListener("submit", (event) => {
   event.preventDefault();
   const input = $("create-input");
   const room = input.value.trim();
   if (!ROOM.test(room)) {
-    showAlert("A room name is letters, digits and _ . : - (starting with a letter or digit)");
+    input.setCustomValidity(ROOM_HINT);
+    input.reportValidity();
     return;
   }
   input.value = "";
@@ -610,66 +745,21 @@ $("create-form").addEventListener("submit", (event) => {
   client.createRoom(room, { private: true });
 });
 
-// -- the invite box: a person is picked, never resolved from a typed name --------------------
+// -- picking a person: from those the page knows, never resolved from a typed name --------
 
-/** The people the page knows who could be invited to the shown room (not you, not its
- * members), by label. */
-function inviteCandidates() {
+/** Everyone the page knows (presence, members, authors, readers, the inbox…), but you. */
+function knownPeople() {
   const me = client?.hello?.user;
-  const members = rooms.get(active)?.record?.members ?? {};
-  const users = [...people.values()].flatMap((group) => [...group])
-    .filter((user) => user !== me && !Object.hasOwn(members, user));
-  return users.map((user) => ({ user, label: personLabel(user) }))
-    .sort((a, b) => a.label.localeCompare(b.label));
+  return [...people.values()].flatMap((group) => [...group]).filter((user) => user !== me);
 }
 
-/** The list under the invite box: the candidates whose label or id holds what is typed. */
-function renderInviteOptions() {
-  const input = $("invite-input");
-  const list = $("invite-options");
-  const typed = input.value.trim().toLowerCase();
-  const shown = inviteCandidates()
-    .filter(({ user, label }) => label.toLowerCase().includes(typed) || user.toLowerCase().includes(typed))
-    .slice(0, INVITE_OPTIONS_SHOWN);
-  inviteOption = Math.min(inviteOption, shown.length - 1);
-  list.replaceChildren(...shown.map(({ user }, n) => {
-    const option = personNode(user, "li", "person option");
-    option.id = `invite-option-${n}`;
-    option.dataset.user = user;
-    option.setAttribute("role", "option");
-    option.setAttribute("aria-selected", String(n === inviteOption));
-    option.addEventListener("click", () => pickInvitee(user));
-    return option;
-  }));
-  list.hidden = shown.length === 0;
-  input.setAttribute("aria-expanded", String(!list.hidden));
-  if (inviteOption >= 0) input.setAttribute("aria-activedescendant", `invite-option-${inviteOption}`);
-  else input.removeAttribute("aria-activedescendant");
-}
-
-function closeInviteOptions() {
-  $("invite-options").hidden = true;
-  $("invite-input").setAttribute("aria-expanded", "false");
-  $("invite-input").removeAttribute("aria-activedescendant");
-  inviteOption = -1;
-}
-
-/** `user` picked from the list: the box shows its label, and an invite is for this id. */
-function pickInvitee(user) {
-  const label = personLabel(user);
-  invitePick = { user, label };
-  $("invite-input").value = label;
-  closeInviteOptions();
-  $("invite-input").focus();
-}
-
-/** Who the invite box's text stands for: the person picked from the list, a known person's
- * full label (alice·7e1f), a known id, or (not on a guest server) a user id typed in full.
- * A display name alone is never resolved to someone: {refused: why} says to pick. */
-function invitee(text) {
-  if (invitePick && text === invitePick.label) return invitePick.user;
+/** Who a picker's text stands for: the person picked from the list, a known person's full
+ * label (alice·7e1f), a known id, or (not on a guest server) a user id typed in full. A
+ * display name alone is never resolved to someone: {refused: why} says to pick. */
+function personFrom(text, pick) {
+  if (pick && text === pick.label) return pick.user;
   const me = client.hello?.user;
-  const known = [...people.values()].flatMap((group) => [...group]).filter((user) => user !== me);
+  const known = knownPeople();
   const labelled = known.filter((user) => personLabel(user) === text);
   if (labelled.length === 1) return labelled[0];
   const sharing = people.get(text)?.size ?? 0; // known people (you too) with this display name
@@ -686,54 +776,105 @@ function invitee(text) {
   return text; // a user id typed in full
 }
 
-$("invite-input").addEventListener("input", () => {
-  if (invitePick && $("invite-input").value !== invitePick.label) invitePick = null;
-  inviteOption = -1;
-  renderInviteOptions();
-});
-$("invite-input").addEventListener("focus", renderInviteOptions);
-$("invite-input").addEventListener("blur", closeInviteOptions);
-// A click on an option must not blur the box first (which closes the list).
-$("invite-options").addEventListener("mousedown", (event) => event.preventDefault());
-$("invite-input").addEventListener("keydown", (event) => {
-  if (event.key === "ArrowDown" || event.key === "ArrowUp") {
+/** A form whose box picks a person: a list of `candidates()` (filtered by what is typed,
+ * arrow keys and Enter, or a click) under the box; on submit, `onPick(user id)` — or an
+ * alert that says to pick, when the text is not someone (see personFrom). */
+function personPicker(form, input, list, candidates, onPick) {
+  let pick = null; // {user, label}: the person picked
+  let option = -1; // the highlighted option
+  const render = () => {
+    const typed = input.value.trim().toLowerCase();
+    const shown = candidates()
+      .map((user) => ({ user, label: personLabel(user) }))
+      .filter(({ user, label }) => label.toLowerCase().includes(typed) || user.toLowerCase().includes(typed))
+      .sort((a, b) => a.label.localeCompare(b.label))
+      .slice(0, INVITE_OPTIONS_SHOWN);
+    option = Math.min(option, shown.length - 1);
+    list.replaceChildren(...shown.map(({ user }, n) => {
+      const item = personNode(user, "li", "person option");
+      item.id = `${list.id}-${n}`;
+      item.dataset.user = user;
+      item.setAttribute("role", "option");
+      item.setAttribute("aria-selected", String(n === option));
+      item.addEventListener("click", () => choose(user));
+      return item;
+    }));
+    list.hidden = shown.length === 0;
+    input.setAttribute("aria-expanded", String(!list.hidden));
+    if (option >= 0) input.setAttribute("aria-activedescendant", `${list.id}-${option}`);
+    else input.removeAttribute("aria-activedescendant");
+  };
+  const close = () => {
+    list.hidden = true;
+    input.setAttribute("aria-expanded", "false");
+    input.removeAttribute("aria-activedescendant");
+    option = -1;
+  };
+  const choose = (user) => {
+    pick = { user, label: personLabel(user) };
+    input.value = pick.label;
+    close();
+    input.focus();
+  };
+  input.addEventListener("input", () => {
+    if (pick && input.value !== pick.label) pick = null;
+    option = -1;
+    render();
+  });
+  input.addEventListener("focus", render);
+  input.addEventListener("blur", close);
+  list.addEventListener("mousedown", (event) => event.preventDefault()); // a click must not blur first
+  input.addEventListener("keydown", (event) => {
+    if (event.key === "ArrowDown" || event.key === "ArrowUp") {
+      event.preventDefault();
+      if (list.hidden) render();
+      const count = list.children.length;
+      if (!count) return;
+      if (event.key === "ArrowDown") option = (option + 1) % count;
+      else option = option <= 0 ? count - 1 : option - 1;
+      render();
+    } else if (event.key === "Enter" && !list.hidden && option >= 0) {
+      event.preventDefault(); // Enter on a highlighted option picks it; the next one submits
+      choose(list.children[option].dataset.user);
+    } else if (event.key === "Escape" && !list.hidden) {
+      event.stopPropagation();
+      close();
+    }
+  });
+  form.addEventListener("submit", (event) => {
     event.preventDefault();
-    if ($("invite-options").hidden) renderInviteOptions();
-    const count = $("invite-options").children.length;
-    if (!count) return;
-    if (event.key === "ArrowDown") inviteOption = (inviteOption + 1) % count;
-    else inviteOption = inviteOption <= 0 ? count - 1 : inviteOption - 1;
-    renderInviteOptions();
-  } else if (event.key === "Enter" && !$("invite-options").hidden && inviteOption >= 0) {
-    event.preventDefault(); // Enter on a highlighted option picks it; the next one invites
-    pickInvitee($("invite-options").children[inviteOption].dataset.user);
-  } else if (event.key === "Escape") {
-    closeInviteOptions();
-  }
-});
+    const text = input.value.trim();
+    if (!text || !client) return;
+    const user = personFrom(text, pick);
+    if (typeof user !== "string") {
+      showAlert(user.refused);
+      return;
+    }
+    input.value = "";
+    pick = null;
+    close();
+    onPick(user);
+  });
+  return { render: () => { if (!list.hidden) render(); }, close };
+}
 
-$("invite-form").addEventListener("submit", (event) => {
-  event.preventDefault();
-  const input = $("invite-input");
-  const text = input.value.trim();
-  if (!text || !active) return;
-  const user = invitee(text);
-  if (typeof user !== "string") {
-    showAlert(user.refused);
-    return;
-  }
-  input.value = "";
-  invitePick = null;
-  closeInviteOptions();
-  client.invite(active, user);
-});
+/** Invite to the shown room: the people the page knows who are not its members yet. */
+const invitePicker = personPicker($("invite-form"), $("invite-input"), $("invite-options"), () => {
+  const members = rooms.get(active)?.record?.members ?? {};
+  return knownPeople().filter((user) => !Object.hasOwn(members, user));
+}, (user) => { if (active) client.invite(active, user); });
+
+/** A direct conversation: with someone the page knows. */
+const directPicker = personPicker($("dm-form"), $("dm-input"), $("dm-options"), knownPeople,
+  (user) => openDirect(user));
 
 $("join-form").addEventListener("submit", (event) => {
   event.preventDefault();
   const input = $("join-input");
   const room = input.value.trim();
   if (!ROOM.test(room)) {
-    showAlert("A room name is letters, digits and _ . : - (starting with a letter or digit)");
+    input.setCustomValidity(ROOM_HINT);
+    input.reportValidity();
     return;
   }
   input.value = "";
@@ -764,7 +905,7 @@ function messageItem(frame) {
   if (frame.reply_to) {
     const quoted = rooms.get(key)?.messages.get(frame.reply_to);
     const quote = el("p", "quote", quoted
-      ? `↪ ${personLabel(quoted.user)}: ${quoted.deleted ? "(deleted)" : quoted.text.slice(0, 80)}`
+      ? `↪ ${personLabel(quoted.user)}: ${quoted.deleted ? "(deleted)" : plain(quoted.text).slice(0, 80)}`
       : "↪ an earlier message");
     item.append(quote);
   }
@@ -778,11 +919,13 @@ function messageItem(frame) {
     item.append(el("span", "text", "Message deleted"));
     return item;
   }
-  item.append(el("span", "text", frame.text));
+  const text = el("span", "text");
+  text.append(renderText(frame.text)); // links and formatting, built as nodes: never markup
+  item.append(text);
   if (frame.edited) item.append(el("span", "edited", " (edited)"));
   const reactions = el("span", "reactions");
   for (const [emoji, users] of Object.entries(frame.reactions ?? {})) {
-    const chip = actionButton(`${emoji} ${users.length}`, `${emoji} by ${users.map(personLabel).join(", ")}`,
+    const chip = actionButton(`${emoji} ${users.length}`, `${emoji} ${users.length}, by ${users.map(personLabel).join(", ")}`,
       () => client.react(conversationTarget(key), frame.id, emoji));
     chip.classList.add("reaction");
     chip.setAttribute("aria-pressed", String(users.includes(me)));
@@ -794,6 +937,10 @@ function messageItem(frame) {
   for (const emoji of REACTIONS) {
     actions.append(actionButton(emoji, `React ${emoji}`, () => client.react(conversationTarget(key), frame.id, emoji)));
   }
+  const more = actionButton("+", "React with another emoji", () => {
+    openEmojiPicker(more, (emoji) => client.react(conversationTarget(key), frame.id, emoji));
+  });
+  actions.append(more);
   if (frame.user === me) {
     actions.append(actionButton("✎", "Edit", () => setComposing({ edit: frame.id })));
     actions.append(actionButton("🗑", "Delete", () => {
@@ -851,10 +998,18 @@ function renderSeen() {
   for (const node of list.querySelectorAll(".seen")) { node.hidden = true; node.textContent = ""; }
   if (!state) return;
   const ids = [...state.messages.keys()].sort((a, b) => a - b);
+  // The people of the conversation now: not those who left, nor identities gone since.
+  const current = state.kind === "dm" ? new Set([state.peer])
+    : new Set([...(state.users ?? []), ...Object.keys(state.record?.members ?? {})]);
   const readers = new Map(); // message id -> users
   for (const [user, position] of state.read) {
+    if (!current.has(user)) continue;
+    // Under the newest message they have read that is not theirs (an author saw their own).
     let upTo = null;
-    for (const id of ids) { if (id <= position) upTo = id; else break; }
+    for (const id of ids) {
+      if (id > position) break;
+      if (state.messages.get(id).user !== user) upTo = id;
+    }
     if (upTo === null) continue;
     readers.set(upTo, [...(readers.get(upTo) ?? []), user]);
   }
@@ -879,23 +1034,76 @@ function addMessage(frame, older = false, counts = !older, refresh = false) {
     return;
   }
   state.messages.set(frame.id, frame);
+  if (!older && state.typing.has(frame.user)) { // the message is what they were typing
+    clearTimeout(state.typing.get(frame.user));
+    state.typing.delete(frame.user);
+    if (key === active) renderTyping();
+  }
   if (key !== active) {
     if (counts && frame.user !== client.hello?.user) showUnread(key, state.unread + 1);
     return;
   }
-  markReadSoon();
   const list = $("messages");
   const atBottom = list.scrollHeight - list.scrollTop - list.clientHeight < 40;
   const item = messageItem(frame);
-  // In id order: usually at the end; history and replays may land earlier.
-  let next = null;
-  for (let node = list.lastElementChild; node && Number(node.dataset.id) > frame.id; node = node.previousElementSibling) {
-    next = node;
-  }
+  // In id order: usually at the end (before messages still being sent); history and replays
+  // may land earlier.
+  const next = [...list.querySelectorAll(".message[data-id]")].find((node) => Number(node.dataset.id) > frame.id)
+    ?? list.querySelector(".message.pending");
   list.insertBefore(item, next);
+  decorate();
   renderSeen();
   if (!older && (atBottom || frame.user === client.hello?.user)) list.scrollTop = list.scrollHeight;
+  markReadSoon();
+  renderJump();
 }
+
+/** Day lines, the "New messages" line, and messages grouped under their author's previous
+ * one (same day, within minutes, not a reply). */
+function decorate() {
+  const list = $("messages");
+  for (const node of list.querySelectorAll(".day-divider, .new-divider")) node.remove();
+  const state = rooms.get(active);
+  if (!state) return;
+  let previous = null;
+  for (const node of list.querySelectorAll(".message[data-id]")) {
+    const frame = state.messages.get(Number(node.dataset.id));
+    if (!frame) continue;
+    const day = new Date(frame.ts).toDateString();
+    const newDay = !previous || new Date(previous.ts).toDateString() !== day;
+    if (newDay) node.before(dayDivider(frame.ts));
+    const firstUnread = state.firstUnread === frame.id;
+    if (firstUnread) node.before(el("li", "new-divider", "New messages"));
+    node.classList.toggle("grouped", !newDay && !firstUnread && previous.user === frame.user
+      && !frame.reply_to && frame.ts - previous.ts < GROUP_WITHIN_MS);
+    previous = frame;
+  }
+}
+
+function dayDivider(ts) {
+  const date = new Date(ts);
+  const today = new Date();
+  const yesterday = new Date(today.getTime() - 86_400_000);
+  const text = date.toDateString() === today.toDateString() ? "Today"
+    : date.toDateString() === yesterday.toDateString() ? "Yesterday"
+      : date.toLocaleDateString([], { weekday: "long", year: "numeric", month: "long", day: "numeric" });
+  const line = el("li", "day-divider");
+  line.append(el("span", "", text));
+  return line;
+}
+
+/** "Jump to first unread": shown while the first unread message is above what is shown. */
+function renderJump() {
+  const button = $("jump-unread");
+  const state = active === null ? null : rooms.get(active);
+  const line = $("messages").querySelector(".new-divider");
+  if (!state?.firstUnread || !line) { button.hidden = true; return; }
+  button.hidden = line.getBoundingClientRect().bottom > $("messages").getBoundingClientRect().top;
+}
+$("jump-unread").addEventListener("click", () => {
+  $("messages").querySelector(".new-divider")?.scrollIntoView({ block: "start" });
+  renderJump();
+});
 
 function renderMessages() {
   const list = $("messages");
@@ -903,9 +1111,13 @@ function renderMessages() {
   const state = rooms.get(active);
   if (!state) return;
   const ordered = [...state.messages.values()].sort((a, b) => a.id - b.id);
-  list.append(...ordered.map(messageItem));
+  list.append(...ordered.map(messageItem), ...[...state.pending].map(([cid, entry]) => pendingItem(cid, entry)));
+  decorate();
   renderSeen();
-  list.scrollTop = list.scrollHeight;
+  const line = list.querySelector(".new-divider");
+  if (line) line.scrollIntoView({ block: "start" }); // where the unread begin
+  else list.scrollTop = list.scrollHeight;
+  renderJump();
 }
 
 // -- presence and typing -------------------------------------------------------------------
@@ -934,6 +1146,7 @@ function onPresence({ room, event, user, count }) {
     else state.users.delete(user);
   }
   if (room === active) renderPresence();
+  else if (rooms.get(active)?.kind === "dm") renderRoomHead();
 }
 
 /** The room's people (each with avatar and suffix), then a warning for every display name
@@ -992,6 +1205,7 @@ function renderTyping() {
 
 /** Reply to or edit a message of the shown conversation (`{}`: a new message). */
 function setComposing(next) {
+  if (next.edit && !composing.edit) saveDraft(); // the draft waits for the edit to end
   composing = next;
   const state = rooms.get(active);
   const target = state?.messages.get(next.reply ?? next.edit);
@@ -1003,33 +1217,120 @@ function setComposing(next) {
   }
   $("composing-text").textContent = next.edit
     ? "Editing your message"
-    : `Replying to ${personLabel(target.user)}: ${target.text.slice(0, 80)}`;
+    : `Replying to ${personLabel(target.user)}: ${plain(target.text).slice(0, 80)}`;
   banner.hidden = false;
   const input = $("composer-input");
   if (next.edit) input.value = target.text;
+  renderComposer();
   input.focus();
 }
 $("composing-cancel").addEventListener("click", () => {
-  if (composing.edit) $("composer-input").value = "";
+  if (composing.edit) $("composer-input").value = drafts.get(active) ?? "";
   setComposing({});
+  renderComposer();
 });
+
+/** The most characters a message may have (the server's, from hello). */
+function maxChars() {
+  return client?.hello?.limits?.max_text_chars ?? MAX_TEXT_CHARS;
+}
+
+/** The composer: usable with a conversation shown, online or not (sends wait for the
+ * connection); a character counter near and over the limit. */
+function renderComposer() {
+  const input = $("composer-input");
+  const usable = client !== null && active !== null && client.state !== "closed";
+  input.disabled = !usable;
+  input.placeholder = active === null ? "Message…"
+    : client?.state === "open" ? `Message ${rooms.get(active)?.kind === "dm" ? `@${personLabel(rooms.get(active).peer)}` : active}`
+      : "Message (sent when you are back online)";
+  const length = [...input.value].length;
+  const limit = maxChars();
+  const counter = $("counter");
+  counter.textContent = length > limit * 0.8 ? `${length}/${limit}` : "";
+  counter.classList.toggle("over", length > limit);
+  $("send-button").disabled = !usable || length > limit || !input.value.trim();
+}
+
+/** A message written but not acked yet: "Sending…", or "Not sent" with Retry and Edit. */
+function pendingItem(cid, entry) {
+  const item = el("li", entry.failed ? "message pending failed" : "message pending");
+  item.dataset.cid = cid;
+  const me = client.hello?.user;
+  item.append(el("span", "meta", entry.failed ? "Not sent" : "Sending…"));
+  if (me) item.append(personNode(me, "span", "author person"));
+  item.append(el("span", "text", entry.text));
+  if (entry.failed) {
+    item.append(el("span", "failure", ` — ${entry.failed}`));
+    const actions = el("span", "actions visible");
+    actions.append(actionButton("Retry", "Send it again", () => {
+      const state = rooms.get(active);
+      state?.pending.delete(cid);
+      item.remove();
+      if (state) sendText(active, entry.text, entry.replyTo);
+    }));
+    actions.append(actionButton("Edit", "Back to the composer", () => {
+      rooms.get(active)?.pending.delete(cid);
+      item.remove();
+      $("composer-input").value = entry.text;
+      saveDraft();
+      renderComposer();
+      $("composer-input").focus();
+    }));
+    item.append(actions);
+  }
+  return item;
+}
+
+/** Send `text` to conversation `key`, shown as pending until acked (the SDK writes it when
+ * the connection is open, and again after a reconnect, with the same cid: once). Refused,
+ * it stays as "Not sent" with the reason: nothing typed is lost. */
+function sendText(key, text, replyTo) {
+  const state = rooms.get(key);
+  const cid = crypto.randomUUID();
+  const entry = { text, replyTo };
+  state.pending.set(cid, entry);
+  if (key === active) {
+    $("messages").append(pendingItem(cid, entry));
+    $("messages").scrollTop = $("messages").scrollHeight;
+  }
+  const sent = state.kind === "dm"
+    ? client.sendTo(state.peer, text, { replyTo, cid })
+    : client.send(key, text, { replyTo, cid });
+  const node = () => (key === active ? $("messages").querySelector(`[data-cid="${CSS.escape(cid)}"]`) : null);
+  sent.then(() => {
+    state.pending.delete(cid);
+    node()?.remove(); // the message itself is shown by its id
+  }, (error) => {
+    entry.failed = error.code === "ack_timeout" || error.name === "AckTimeoutError"
+      ? "no answer from the server" : error.message ?? String(error);
+    node()?.replaceWith(pendingItem(cid, entry));
+  });
+}
 
 function sendCurrent() {
   const input = $("composer-input");
   const text = input.value.trim();
-  if (!text || !active || client.state !== "open") return;
-  const state = rooms.get(active);
-  const target = state.kind === "dm" ? { with: state.peer } : active;
-  if (composing.edit) {
-    if (text !== state.messages.get(composing.edit)?.text) client.edit(target, composing.edit, text);
-  } else if (state.kind === "dm") {
-    client.sendTo(state.peer, text, { replyTo: composing.reply });
-  } else {
-    client.send(active, text, { replyTo: composing.reply });
+  if (!text || !active || input.disabled) return;
+  if ([...text].length > maxChars()) {
+    showAlert(`A message has at most ${maxChars()} characters: this one has ${[...text].length}`);
+    return; // kept in the composer
   }
-  input.value = "";
+  const state = rooms.get(active);
+  const target = conversationTarget(active);
+  if (composing.edit) {
+    if (text !== state.messages.get(composing.edit)?.text) {
+      client.edit(target, composing.edit, text); // refused: an alert (onError)
+    }
+    input.value = drafts.get(active) ?? ""; // back to what was being written before the edit
+  } else {
+    sendText(active, text, composing.reply);
+    input.value = "";
+  }
   lastTyping = 0;
   setComposing({});
+  saveDraft();
+  renderComposer();
 }
 
 $("composer").addEventListener("submit", (event) => {
@@ -1038,8 +1339,9 @@ $("composer").addEventListener("submit", (event) => {
 });
 $("composer-input").addEventListener("keydown", (event) => {
   if (event.key === "Escape" && (composing.edit || composing.reply)) {
-    if (composing.edit) $("composer-input").value = "";
+    if (composing.edit) $("composer-input").value = drafts.get(active) ?? "";
     setComposing({});
+    renderComposer();
     return;
   }
   if (event.key === "Enter" && !event.shiftKey && !event.isComposing) {
@@ -1048,12 +1350,120 @@ $("composer-input").addEventListener("keydown", (event) => {
   }
 });
 $("composer-input").addEventListener("input", () => {
+  saveDraft();
+  renderComposer();
   const now = Date.now();
   if (active && rooms.get(active)?.kind === "room" && client.state === "open" && now - lastTyping > TYPING_EVERY_MS) {
     lastTyping = now;
     client.typing(active);
   }
 });
+
+// -- the emoji picker: into the composer, or as a reaction ---------------------------------
+
+let emojiClose = null; // closes the open picker (null: none open)
+
+/** A popover of emoji under `opener`, and a box for any other emoji: `onPick(emoji)` gets
+ * the one picked. Esc or a click elsewhere closes it; the focus goes back to `opener`. */
+function openEmojiPicker(opener, onPick) {
+  emojiClose?.();
+  const box = el("div", "emoji-picker");
+  box.setAttribute("role", "dialog");
+  box.setAttribute("aria-label", "Pick an emoji");
+  const grid = el("div", "emoji-grid");
+  for (const emoji of MORE_EMOJI) {
+    const button = el("button", "emoji", emoji);
+    button.type = "button";
+    button.setAttribute("aria-label", emoji);
+    button.addEventListener("click", () => { close(); onPick(emoji); });
+    grid.append(button);
+  }
+  const other = el("form", "emoji-other");
+  const label = el("label", "visually-hidden", "Any other emoji");
+  const input = el("input");
+  input.id = "emoji-other-input";
+  label.htmlFor = input.id;
+  input.placeholder = "Any emoji…";
+  input.maxLength = 16;
+  input.autocomplete = "off";
+  const use = el("button", "", "Use");
+  use.type = "submit";
+  other.append(label, input, use);
+  other.addEventListener("submit", (event) => {
+    event.preventDefault();
+    const emoji = input.value.trim();
+    if (!emoji) return;
+    close();
+    onPick(emoji);
+  });
+  box.append(grid, other);
+  const onKey = (event) => { if (event.key === "Escape") { event.preventDefault(); close(); } };
+  const onOutside = (event) => { if (!box.contains(event.target) && event.target !== opener) close(); };
+  function close() {
+    box.remove();
+    document.removeEventListener("keydown", onKey, true);
+    document.removeEventListener("mousedown", onOutside, true);
+    opener.setAttribute("aria-expanded", "false");
+    emojiClose = null;
+    opener.focus();
+  }
+  emojiClose = close;
+  document.addEventListener("keydown", onKey, true);
+  document.addEventListener("mousedown", onOutside, true);
+  opener.setAttribute("aria-expanded", "true");
+  const place = opener.getBoundingClientRect();
+  document.body.append(box);
+  const width = box.offsetWidth;
+  box.style.left = `${Math.max(8, Math.min(place.left, window.innerWidth - width - 8))}px`;
+  box.style.top = `${Math.max(8, place.top - box.offsetHeight - 6)}px`;
+  grid.firstElementChild.focus();
+}
+
+$("emoji-button").addEventListener("click", () => {
+  const button = $("emoji-button");
+  if (emojiClose) { emojiClose(); return; }
+  openEmojiPicker(button, (emoji) => {
+    const input = $("composer-input");
+    const at = input.selectionStart ?? input.value.length;
+    input.value = input.value.slice(0, at) + emoji + input.value.slice(input.selectionEnd ?? at);
+    saveDraft();
+    renderComposer();
+    input.focus();
+    input.selectionStart = input.selectionEnd = at + emoji.length;
+  });
+});
+
+// -- the phone drawer and the forms' hints --------------------------------------------------
+
+$("drawer-toggle").addEventListener("click", () => {
+  const open = document.body.classList.toggle("drawer-open");
+  $("drawer-toggle").setAttribute("aria-expanded", String(open));
+  if (open) $("sidebar").querySelector("button, input")?.focus();
+});
+// A click beside the open drawer closes it.
+document.addEventListener("click", (event) => {
+  if (document.body.classList.contains("drawer-open") && !$("sidebar").contains(event.target)
+      && !$("drawer-toggle").contains(event.target)) {
+    document.body.classList.remove("drawer-open");
+    $("drawer-toggle").setAttribute("aria-expanded", "false");
+  }
+});
+document.addEventListener("keydown", (event) => {
+  if (event.key === "Escape" && document.body.classList.contains("drawer-open")) {
+    document.body.classList.remove("drawer-open");
+    $("drawer-toggle").setAttribute("aria-expanded", "false");
+    $("drawer-toggle").focus();
+  }
+});
+
+// Each box says what it takes, not the browser's "match the requested format".
+for (const [id, hint] of [["name-input", NAME_HINT], ["join-input", ROOM_HINT], ["create-input", ROOM_HINT]]) {
+  const input = $(id);
+  input.addEventListener("invalid", () => {
+    input.setCustomValidity(input.validity.valueMissing ? "Type a name first" : hint);
+  });
+  input.addEventListener("input", () => input.setCustomValidity(""));
+}
 
 // -- go ------------------------------------------------------------------------------------
 

@@ -1,0 +1,321 @@
+"""The chat page's promises, each against the bug it had, in a real Chromium: people are told
+apart and picked (never resolved from a typed name), "Seen by" says what was really on
+screen, nothing typed is lost (drafts per conversation, refused and offline sends kept), the
+name dialog and the connection state say what happens, and the basics people expect
+(formatting and links, grouping and the "New messages" line, any emoji as a reaction, a
+phone drawer)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from playwright.async_api import Browser, expect
+
+from tests.helpers import ChatClient, LiveServer, make_settings, run_server
+from tests.test_browser import UI_TIMEOUT_MS, ChatPage, browser, frames_sent, label
+
+__all__ = ["browser"]  # the fixture, imported for these tests
+
+pytestmark = pytest.mark.timeout(90)
+
+ROOM_HINT = "A room name is 1 to 64 letters, digits, _ . : or - (starting with a letter or digit)"
+
+
+async def test_a_direct_message_goes_to_someone_picked_never_to_a_typed_name(
+    browser: Browser,
+) -> None:
+    """On a guest server bob is ``bob-<hash>``: "bob" typed in the DM box opens nothing (it
+    says to pick), and picking bob from the list opens the conversation that reaches him."""
+    async with run_server(make_settings(auth_mode="guest")) as live:
+        ada = await ChatPage.open(browser, live.http_url, "ada", "lobby")
+        bob = await ChatPage.open(browser, live.http_url, "bob", "lobby")
+        try:
+            bob_id = await bob.page.evaluate("hubbub.client.hello.user")
+            ada_id = await ada.page.evaluate("hubbub.client.hello.user")
+            await expect(ada.page.locator("#presence li")).to_have_count(2)
+            box = ada.page.locator("#dm-input")
+            await box.fill("bob")
+            await box.press("Escape")  # the list closes; the text stays
+            await ada.page.locator("#dm-form button[type=submit]").click()
+            await expect(ada.page.locator("#alerts .alert")).to_contain_text("Pick the person")
+            await expect(ada.page.locator("#dms li")).to_have_count(0)
+            await box.fill("bo")
+            await box.press("ArrowDown")
+            await box.press("Enter")  # picks the highlighted bob
+            await expect(box).to_have_value(label(bob_id, [bob_id, ada_id]))
+            await box.press("Enter")  # opens the conversation
+            await expect(ada.page.locator("#room-title")).to_contain_text(f"@{label(bob_id, [])}")
+            await expect(ada.page.locator("#room-status")).to_have_text("● online")  # in lobby
+            await ada.say("psst")
+            await expect(bob.page.locator("#dms li")).to_have_count(1, timeout=UI_TIMEOUT_MS)
+            direct = frames_sent(ada, "send")[-1]
+            assert direct["to"] == bob_id and direct["text"] == "psst"
+        finally:
+            await ada.close()
+            await bob.close()
+
+
+async def test_seen_by_says_what_was_on_screen_in_a_visible_page(
+    browser: Browser, tmp_path: Path
+) -> None:
+    """A message that arrives while bob's tab is hidden is not marked read (nor "Seen by
+    bob" on ada's page) until his tab is visible again; "Seen by" never lists a message's
+    own author."""
+    settings = make_settings(database_url=f"sqlite:///{tmp_path}/data/hubbub.db")
+    async with run_server(settings) as live:
+        ada = await ChatPage.open(browser, live.http_url, "ada", "lobby")
+        bob = await ChatPage.open(browser, live.http_url, "bob", "lobby")
+        try:
+            await bob.page.evaluate(
+                """() => {
+                  Object.defineProperty(document, "visibilityState",
+                                        { value: "hidden", configurable: true });
+                  document.dispatchEvent(new Event("visibilitychange"));
+                }"""
+            )
+            await ada.say("are you there?")
+            await bob.shows(["are you there?"])
+            await bob.page.wait_for_timeout(2_000)  # twice the page's read delay: nothing sent
+            assert frames_sent(bob, "read") == []
+            await bob.page.evaluate(
+                """() => {
+                  Object.defineProperty(document, "visibilityState",
+                                        { value: "visible", configurable: true });
+                  document.dispatchEvent(new Event("visibilitychange"));
+                }"""
+            )
+            await expect(ada.page.locator("#messages .message .seen")).to_have_text(
+                "Seen by bob", timeout=UI_TIMEOUT_MS
+            )
+            assert [frame["room"] for frame in frames_sent(bob, "read")] == ["lobby"]
+            # Ada's page marked her own message read: bob's page knows, and does not say
+            # she saw it ("Seen by" is for the others).
+            await bob.page.wait_for_function(
+                "hubbub.rooms.get('lobby').read.get('ada') > 0", timeout=UI_TIMEOUT_MS
+            )
+            await expect(bob.page.locator("#messages .message .seen")).to_be_hidden()
+        finally:
+            await ada.close()
+            await bob.close()
+
+
+async def test_drafts_are_kept_per_conversation_and_nothing_typed_is_lost(
+    browser: Browser,
+) -> None:
+    """Each conversation has its own draft (kept over a reload, which shows the conversation
+    being read); a text over the limit is counted and kept; a refused send stays as "Not
+    sent" with its reason, and Edit puts it back in the composer."""
+    settings = make_settings(max_text_chars=50, user_messages_per_s=0.05, user_message_burst=1)
+    async with run_server(settings) as live:
+        page = await ChatPage.open(browser, live.http_url, "ada", "lobby")
+        try:
+            join = page.page.locator("#join-input")
+            await join.fill("side")
+            await join.press("Enter")
+            await expect(page.page.locator("#room-title")).to_have_text("side")
+            composer = page.page.locator("#composer-input")
+            await composer.fill("for side")
+            await page.page.locator("#rooms li", has_text="lobby").locator(".room").click()
+            await expect(composer).to_have_value("")
+            await composer.fill("for the lobby")
+            await page.page.locator("#rooms li", has_text="side").locator(".room").click()
+            await expect(composer).to_have_value("for side")
+            await page.page.reload()
+            await page.connected()
+            await expect(page.page.locator("#room-title")).to_have_text("side")
+            await expect(composer).to_have_value("for side")
+
+            await composer.fill("x" * 51)
+            await expect(page.page.locator("#counter")).to_have_text("51/50")
+            await expect(page.page.locator("#counter")).to_have_class("counter over")
+            await expect(page.page.locator("#send-button")).to_be_disabled()
+            await composer.press("Enter")
+            await expect(composer).to_have_value("x" * 51)
+
+            await page.say("first")  # the burst: sent
+            await page.shows(["first"])
+            await page.say("second")  # over the user's message rate: refused
+            failed = page.page.locator("#messages .message.pending.failed")
+            await expect(failed).to_contain_text("second")
+            await expect(failed).to_contain_text("Not sent")
+            await expect(composer).to_have_value("")
+            await failed.get_by_role("button", name="Back to the composer").click()
+            await expect(composer).to_have_value("second")
+            await expect(failed).to_have_count(0)
+        finally:
+            await page.close()
+
+
+async def test_the_name_dialog_never_leaves_a_broken_page_and_warns_of_a_new_identity(
+    browser: Browser, server: LiveServer
+) -> None:
+    """Esc before a name keeps the dialog (the page has nothing to do without one); a name
+    change says it makes you someone else to everyone, and Esc then keeps who you are."""
+    context = await browser.new_context()
+    page = ChatPage(await context.new_page())
+    try:
+        await page.page.goto(server.http_url)
+        name = page.page.locator("#name-input")
+        await expect(name).to_be_focused()
+        await name.press("Escape")
+        await expect(page.page.locator("#name-dialog")).to_be_visible()
+        await name.fill("no spaces!")
+        await name.press("Enter")
+        hint = await name.evaluate("input => input.validationMessage")
+        assert hint.startswith("Use 1 to 15 letters"), hint
+        await name.fill("zoe")
+        await name.press("Enter")
+        await page.connected()
+        await page.page.locator("#change-name").click()
+        warning = page.page.locator("#name-warning")
+        await expect(warning).to_contain_text("makes you a different person")
+        await name.press("Escape")
+        await expect(page.page.locator("#name-dialog")).to_be_hidden()
+        await page.say("still zoe")
+        await page.shows(["still zoe"])
+        await page.page.locator("#change-name").click()
+        await name.fill("zed")
+        await name.press("Enter")
+        await page.connected()
+        await expect(page.page.locator("#me-name")).to_have_text("zed")
+        await expect(page.page.locator("#alerts .alert.info")).to_contain_text("You are now zed")
+    finally:
+        await page.close()
+
+
+async def test_typing_ends_with_the_message_and_form_errors_say_what_is_wrong(
+    browser: Browser, server: LiveServer
+) -> None:
+    """Bob's "typing" goes the moment his message arrives (not seconds later); a bad room
+    name is answered with what a room name is."""
+    page = await ChatPage.open(browser, server.http_url, "ada", "lobby")
+    try:
+        async with ChatClient.connect(server.ws_url("bob")) as bob:
+            await bob.join("lobby")
+            await bob.send({"type": "typing", "room": "lobby"})
+            await expect(page.page.locator("#typing")).to_have_text("bob is typing…")
+            await bob.say("lobby", "done typing")
+            await page.shows(["done typing"])
+            await expect(page.page.locator("#typing")).to_have_text("", timeout=1_000)
+        join = page.page.locator("#join-input")
+        await join.fill("no spaces!")
+        await join.press("Enter")
+        assert await join.evaluate("input => input.validationMessage") == ROOM_HINT
+    finally:
+        await page.close()
+
+
+async def test_the_reconnect_countdown_ticks_and_says_why_in_words(
+    browser: Browser, server: LiveServer
+) -> None:
+    """While the page waits to reconnect, the status counts down each second and says why
+    the connection ended in words, never a bare close code."""
+    page = await ChatPage.open(browser, server.http_url, "ada", "lobby")
+    try:
+        await page.page.evaluate(
+            """() => hubbub.client.dispatchEvent(Object.assign(new Event("state"),
+                 { detail: { state: "reconnecting", delayMs: 4000, code: 1012 } }))"""
+        )
+        status = page.page.locator("#status")
+        await expect(status).to_have_text("Reconnecting in 4 s — the server is restarting")
+        await expect(status).to_have_text("Reconnecting in 3 s — the server is restarting")
+        await expect(status).not_to_contain_text("1012")
+    finally:
+        await page.close()
+
+
+async def test_a_private_room_refused_leaves_the_sidebar_for_good(
+    browser: Browser, tmp_path: Path
+) -> None:
+    """A saved (or linked) private room the page is refused goes from the sidebar and the
+    saved rooms: the next visit does not ask for it again."""
+    settings = make_settings(database_url=f"sqlite:///{tmp_path}/data/hubbub.db")
+    async with run_server(settings) as live:
+        async with ChatClient.connect(live.ws_url("owner")) as owner:
+            await owner.send({"type": "create", "room": "secret", "private": True})
+            assert (await owner.next_frame(5, skip=("ping", "inbox")))["type"] == "room"
+            page = await ChatPage.open(browser, live.http_url, "eve", "lobby")
+            try:
+                await page.page.goto(f"{live.http_url}/?name=eve&room=secret")
+                await page.connected()
+                await expect(page.page.locator("#alerts .alert")).to_contain_text("secret")
+                await expect(page.page.locator("#rooms li[data-room=secret]")).to_have_count(0)
+                saved = await page.page.evaluate("localStorage.getItem('hubbub.rooms')")
+                assert "secret" not in json.loads(saved)
+                await page.page.goto(f"{live.http_url}/?name=eve")
+                await page.connected()
+                await expect(page.page.locator("#room-title")).to_have_text("lobby")
+                joins = [frame["room"] for frame in frames_sent(page, "join")]
+                assert joins.count("secret") == 1, joins  # asked once, never again
+            finally:
+                await page.close()
+
+
+async def test_messages_are_formatted_grouped_and_the_unread_marked(
+    browser: Browser, server: LiveServer
+) -> None:
+    """Links are links, **bold** and `code` are formatted (as elements, never markup from
+    the text); one author's messages in a row are grouped under one name; a conversation
+    opened with unread messages shows a "New messages" line before the first of them; any
+    emoji can be a reaction."""
+    page = await ChatPage.open(browser, server.http_url, "ada", "lobby")
+    try:
+        async with ChatClient.connect(server.ws_url("bob")) as bob:
+            await bob.join("lobby")
+            await bob.say("lobby", "see https://example.org/a_(b) and **this** `x < y`")
+            await bob.say("lobby", "and this")
+            await page.shows(["see https://example.org/a_(b) and this x < y", "and this"])
+            link = page.page.locator("#messages .message .text a")
+            await expect(link).to_have_attribute("href", "https://example.org/a_(b)")
+            await expect(link).to_have_attribute("rel", "noopener noreferrer nofollow ugc")
+            await expect(page.page.locator("#messages .message .text strong")).to_have_text("this")
+            await expect(page.page.locator("#messages .message .text code")).to_have_text("x < y")
+            await expect(page.page.locator("#messages .message").nth(1)).to_have_class(
+                "message grouped"
+            )
+            await page.page.locator("#join-input").fill("side")
+            await page.page.locator("#join-input").press("Enter")
+            await expect(page.page.locator("#room-title")).to_have_text("side")
+            await bob.say("lobby", "one")
+            await bob.say("lobby", "two")
+            lobby = page.page.locator("#rooms li", has_text="lobby")
+            await expect(lobby.locator(".unread")).to_have_text("2")
+            await lobby.locator(".room").click()
+        await page.shows(["see https://example.org/a_(b) and this x < y", "and this", "one", "two"])
+        # "one" and "two" were unread when the lobby was opened: the line is before "one".
+        await expect(page.page.locator("#messages .new-divider + .message .text")).to_have_text(
+            "one"
+        )
+        first = page.page.locator("#messages .message").first
+        await first.hover()
+        await first.get_by_role("button", name="React with another emoji").click()
+        await page.page.locator("#emoji-other-input").fill("🦄")
+        await page.page.locator("#emoji-other-input").press("Enter")
+        await expect(first.locator(".reaction")).to_have_text("🦄 1")
+    finally:
+        await page.close()
+
+
+async def test_on_a_phone_the_rooms_are_a_drawer_and_the_composer_stays_in_view(
+    browser: Browser, server: LiveServer
+) -> None:
+    """At 390 by 844 pixels the sidebar is closed (the conversation has the screen, its composer in
+    view); the Rooms button opens it, and picking a room closes it."""
+    context = await browser.new_context(viewport={"width": 390, "height": 844})
+    phone = ChatPage(await context.new_page())
+    try:
+        await phone.page.goto(f"{server.http_url}/?name=pocket&room=lobby")
+        await phone.connected()
+        await expect(phone.page.locator("#composer-input")).to_be_in_viewport()
+        await expect(phone.page.locator("#sidebar")).not_to_be_in_viewport()
+        await phone.page.locator("#drawer-toggle").click()
+        await expect(phone.page.locator("#sidebar")).to_be_in_viewport()
+        await expect(phone.page.locator("#drawer-toggle")).to_have_attribute(
+            "aria-expanded", "true"
+        )
+        await phone.page.locator("#rooms li", has_text="lobby").locator(".room").click()
+        await expect(phone.page.locator("#sidebar")).not_to_be_in_viewport()
+    finally:
+        await phone.close()
