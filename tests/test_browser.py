@@ -383,7 +383,8 @@ async def test_stored_history_loads_on_scroll_and_direct_messages_wait_for_who_w
             # The lobby is read up to the newest message that was on screen for a second:
             # back at the bottom, its newest.
             await bob.page.evaluate(
-                "(list => { list.scrollTop = list.scrollHeight })(document.getElementById('messages'))"
+                "(() => { const box = document.getElementById('messages');"
+                " box.scrollTop = box.scrollHeight })()"
             )
             async with asyncio.timeout(10):
                 while ("lobby", 0) not in [

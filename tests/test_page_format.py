@@ -67,7 +67,8 @@ async def test_render_builds_only_safe_elements(page: Page) -> None:
             f'<a href="https://www.example.com/" {LINK}>www.example.com</a>!</div>'
         ),
         '```html\n<script>alert("**x**")</script>\n```\n> quoted *here*\nafter': (
-            '<pre tabindex="0"><code data-lang="html">&lt;script&gt;alert("**x**")&lt;/script&gt;</code>\n'
+            '<pre tabindex="0"><code data-lang="html">'
+            '&lt;script&gt;alert("**x**")&lt;/script&gt;</code>\n'
             "</pre><blockquote>quoted <em>here</em>\n</blockquote>"
             '<div class="para">after</div>'
         ),
