@@ -224,9 +224,12 @@ class Remove(_Frame):
 
 
 class RoomsRequest(_Frame):
-    """The rooms you are a member of."""
+    """The rooms you are a member of; with ``public``, the directory: the public rooms with
+    a record (whose name, title or topic holds ``q``, when given), for anyone to find."""
 
     type: Literal["rooms"]
+    public: bool = False
+    q: Annotated[str, StringConstraints(max_length=64)] | None = None
 
 
 ClientFrame = (
@@ -480,8 +483,10 @@ def room_frame(record: dict[str, Any]) -> str:
     return encode({"type": "room", **record})
 
 
-def rooms_frame(records: list[dict[str, Any]]) -> str:
-    """``rooms``: the rooms you are a member of."""
+def rooms_frame(records: list[dict[str, Any]], public: bool = False) -> str:
+    """``rooms``: the rooms you are a member of; with ``public``, the public rooms found."""
+    if public:
+        return encode({"type": "rooms", "public": True, "rooms": records})
     return encode({"type": "rooms", "rooms": records})
 
 

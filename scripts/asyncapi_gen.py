@@ -114,7 +114,11 @@ CLIENT_FRAMES: Final[dict[str, ClientEntry]] = {
     ),
     "invite": ClientEntry("Make a user a member of a room, or change its role.", ("room", "error")),
     "remove": ClientEntry("Take a user out of a room's members.", ("room", "error")),
-    "rooms": ClientEntry("The rooms you are a member of.", ("rooms", "error")),
+    "rooms": ClientEntry(
+        "The rooms you are a member of; with `public`, the directory of public rooms (whose "
+        "name, title or topic holds `q`).",
+        ("rooms", "error"),
+    ),
 }
 
 # The first frame of `guest` and `names` mode (connected with ?auth=frame): read as raw JSON by
@@ -443,9 +447,17 @@ SERVER_FRAMES: Final[dict[str, ServerEntry]] = {
         ),
     ),
     "rooms": ServerEntry(
-        "The answer to `rooms`: the rooms you are a member of.",
-        "At most `CHAT_MAX_ROOMS_LISTED`.",
-        frame("rooms", {"rooms": {"type": "array", "items": ref("RoomRecord")}}, ("rooms",)),
+        "The answer to `rooms`: the rooms you are a member of (with `public`: the directory).",
+        "At most `CHAT_MAX_ROOMS_LISTED`. `public: true` answers a directory request: public "
+        "rooms with a record, without `role`; a private room is never in it.",
+        frame(
+            "rooms",
+            {
+                "public": {"type": "boolean", "const": True},
+                "rooms": {"type": "array", "items": ref("RoomRecord")},
+            },
+            ("rooms",),
+        ),
     ),
     "member": ServerEntry(
         "A room's members changed (live only).",

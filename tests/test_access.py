@@ -54,7 +54,7 @@ async def test_the_inbox_lists_only_what_the_user_may_read_now(tmp_path: Path) -
     """Three side doors into a private room through the inbox, closed: an outsider who marked
     the name read before it was created, a removed member, and a member whose token's rooms
     claim no longer allows the room see neither its entry nor its newest message (frame and
-    GET /inbox); its members do."""
+    GET /inbox); its members do. The directory of public rooms lists none that is private."""
     async with (
         run_server(jwt_settings(tmp_path)) as live,
         httpx.AsyncClient(base_url=live.http_url) as http,
@@ -97,6 +97,20 @@ async def test_the_inbox_lists_only_what_the_user_may_read_now(tmp_path: Path) -
         async with as_user(live, "carol") as carol:
             listed = (await answer(carol, {"type": "rooms"}, "rooms"))["rooms"]
             assert [r["room"] for r in listed] == ["plans"]
+        # The directory of public rooms: never a private one; a public one only to tokens
+        # whose rooms claim allows it.
+        async with as_user(live, "ada") as ada:
+            await answer(ada, {"type": "create", "room": "town", "title": "plans too"}, "room")
+        for user, claims, expected in (
+            ("mallory", {}, ["town"]),
+            ("carol", {}, ["town"]),
+            ("carol", {"rooms": ["lobby"]}, []),
+        ):
+            async with as_user(live, user, **claims) as client:
+                found = await answer(
+                    client, {"type": "rooms", "public": True, "q": "plans"}, "rooms"
+                )
+                assert [r["room"] for r in found["rooms"]] == expected, (user, claims)
 
 
 async def test_a_room_with_stored_history_cannot_be_taken_over_after_a_restart(

@@ -319,3 +319,30 @@ async def test_on_a_phone_the_rooms_are_a_drawer_and_the_composer_stays_in_view(
         await expect(phone.page.locator("#sidebar")).not_to_be_in_viewport()
     finally:
         await phone.close()
+
+
+async def test_public_rooms_are_found_and_joined_from_the_page(
+    browser: Browser, tmp_path: Path
+) -> None:
+    """The sidebar's search finds public rooms by name, title or topic (never a private one)
+    and joins the one picked."""
+    settings = make_settings(database_url=f"sqlite:///{tmp_path}/data/hubbub.db")
+    async with run_server(settings) as live:
+        async with ChatClient.connect(live.ws_url("owner")) as owner:
+            for frame in (
+                {"type": "create", "room": "town", "title": "Town square"},
+                {"type": "create", "room": "tower", "private": True},
+            ):
+                await owner.send(frame)
+                assert (await owner.next_frame(5, skip=("ping", "inbox")))["type"] == "room"
+        page = await ChatPage.open(browser, live.http_url, "eve", "lobby")
+        try:
+            await page.page.locator("#find-input").fill("TOW")
+            await page.page.locator("#find-input").press("Enter")
+            found = page.page.locator("#found-rooms li")
+            await expect(found).to_have_text(["town — Town squareJoin"])
+            await found.get_by_role("button", name="Join town").click()
+            await expect(page.page.locator("#room-title")).to_have_text("town — Town square")
+            await expect(page.page.locator("#found-rooms")).to_be_hidden()
+        finally:
+            await page.close()

@@ -137,6 +137,43 @@ async def test_private_rooms_admit_members_only_and_removal_is_immediate_everywh
         assert error["code"] == "forbidden"
 
 
+@pytest.mark.parametrize("kind", ["embedded", "redis"])
+async def test_the_directory_lists_public_rooms_never_private_ones(
+    kind: str, tmp_path: Path
+) -> None:
+    """``{"type":"rooms","public":true}``: the public rooms with a record, for anyone (not
+    only members), found by name, title or topic (``q``, case-insensitive, ``%`` and ``_``
+    taken literally); a private room is never listed, not even to its owner; a token whose
+    ``rooms`` claim leaves a room out does not see it there either."""
+    async with two_servers(kind, tmp_path) as (one, two):
+        async with (
+            ChatClient.connect(one.ws_url("ada")) as ada,
+            ChatClient.connect(two.ws_url("eve")) as eve,
+        ):
+            for frame in (
+                {"type": "create", "room": "gardening", "title": "Tomatoes and more"},
+                {"type": "create", "room": "jobs", "topic": "Hiring 100% remote"},
+                {"type": "create", "room": "plans", "private": True, "title": "Tomato secrets"},
+            ):
+                assert (await answer(ada, frame, "room"))["type"] == "room"
+            found = await answer(eve, {"type": "rooms", "public": True}, "rooms")
+            assert found["public"] is True
+            assert [(r["room"], r["private"], "role" in r) for r in found["rooms"]] == [
+                ("gardening", False, False),
+                ("jobs", False, False),
+            ]
+            tomato = await answer(eve, {"type": "rooms", "public": True, "q": "TOMATO"}, "rooms")
+            assert [r["room"] for r in tomato["rooms"]] == ["gardening"]
+            percent = await answer(eve, {"type": "rooms", "public": True, "q": "0% r"}, "rooms")
+            assert [r["room"] for r in percent["rooms"]] == ["jobs"]
+            literal = await answer(eve, {"type": "rooms", "public": True, "q": "%"}, "rooms")
+            assert [r["room"] for r in literal["rooms"]] == ["jobs"]  # not every room
+            mine = await answer(ada, {"type": "rooms", "public": True, "q": "plans"}, "rooms")
+            assert mine["rooms"] == []  # private: not in the directory, even for its owner
+            long = await answer(eve, {"type": "rooms", "public": True, "q": "x" * 65}, "rooms")
+            assert long["code"] == "bad_frame"
+
+
 async def test_without_a_store_rooms_are_public_and_records_refused() -> None:
     async with run_server(make_settings()) as live, ChatClient.connect(live.ws_url("ada")) as ada:
         await ada.send({"type": "create", "room": "secret", "private": True})

@@ -329,7 +329,8 @@ async def test_typing_and_presence() -> None:
 @pytest.mark.timeout(60)
 async def test_rooms_with_members_and_the_inbox(tmp_path: Path) -> None:
     """With a store: a private room created, bob invited (and told), listed among his rooms,
-    joined; a second create is refused (``exists``); the inbox counts a direct message."""
+    joined; a second create is refused (``exists``); the directory finds the public room only;
+    the inbox counts a direct message."""
     settings = make_settings(database_url=f"sqlite:///{tmp_path}/data/chat.db")
     async with run_server(settings) as live:
         ada, bob = sdk(live.ws_url(), "ada"), sdk(live.ws_url(), "bob")
@@ -350,6 +351,10 @@ async def test_rooms_with_members_and_the_inbox(tmp_path: Path) -> None:
             assert dict(invited.members or {}) == {"ada": "owner", "bob": "member"}
             await wait_until(lambda: [i.room for i in seen_bob.of(Invited)] == ["team"])
             assert [r.room for r in await bob.list_rooms()] == ["team"]
+            await ada.create_room("town", title="Town square")
+            assert [r.room for r in await bob.find_rooms()] == ["town"]  # never "team"
+            assert [r.title for r in await bob.find_rooms("SQUARE")] == ["Town square"]
+            assert await bob.find_rooms("team") == []
             await bob.join("team")
             described = await ada.describe("team", topic="plans")
             assert (described.title, described.topic) == ("The team", "plans")

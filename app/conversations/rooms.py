@@ -160,6 +160,16 @@ class RoomDirectory:
             raise RoomError(ErrorCode.STORE_UNAVAILABLE, "rooms unavailable, try again") from exc
         return [RoomRecord(room, {}).describe(role) for room, role in found]
 
+    async def directory(self, contains: str | None) -> list[dict[str, Any]]:
+        """The public rooms with a record (see :meth:`RoomStore.public`), as ``rooms`` lists
+        them (no role: the one asking may not be a member). Private rooms are never listed."""
+        store = self._required()
+        try:
+            found = await store.public(contains, self._settings.max_rooms_listed)
+        except StoreError as exc:
+            raise RoomError(ErrorCode.STORE_UNAVAILABLE, "rooms unavailable, try again") from exc
+        return [RoomRecord(room, {}).describe(None) for room in found if not room.private]
+
     # -- changing --------------------------------------------------------------------------
 
     async def create(

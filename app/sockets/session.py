@@ -209,11 +209,15 @@ class Session:
         conn, rooms = self.conn, self._state.rooms
         if isinstance(frame, RoomsRequest):
             try:
-                listed = await rooms.rooms_of(conn.user)
+                if frame.public:
+                    listed = await rooms.directory(frame.q)
+                else:
+                    listed = await rooms.rooms_of(conn.user)
             except RoomError as exc:
                 raise FrameError(exc.code, exc.message) from None
             # Not the rooms its token's rooms claim leaves out (app.access.conversations).
-            conn.offer(rooms_frame([r for r in listed if conn.identity.may_use(r["room"])]))
+            allowed = [r for r in listed if conn.identity.may_use(r["room"])]
+            conn.offer(rooms_frame(allowed, frame.public))
             return
         if not conn.identity.may_use(frame.room):
             raise _frame_error(claim_refusal(frame.room))

@@ -223,6 +223,7 @@ function start(name, renamed = false) {
   });
   client.addEventListener("presence", (e) => onPresence(e.detail));
   client.addEventListener("room", (e) => onRoomRecord(e.detail));
+  client.addEventListener("rooms", (e) => { if (e.detail.public) renderFound(e.detail.rooms); });
   client.addEventListener("invited", (e) => onInvited(e.detail));
   client.addEventListener("member", (e) => {
     const { room, event, user, role } = e.detail;
@@ -744,6 +745,40 @@ $("create-form").addEventListener("submit", (event) => {
   client.addEventListener("error", answered);
   client.createRoom(room, { private: true });
 });
+
+// -- the directory: public rooms to find and join --------------------------------------------
+
+$("find-form").addEventListener("submit", (event) => {
+  event.preventDefault();
+  if (!client) return;
+  client.findRooms($("find-input").value.trim() || undefined);
+});
+
+/** The public rooms found, each with its title and a Join button (the ones you are in: Open). */
+function renderFound(records) {
+  const list = $("found-rooms");
+  list.hidden = false;
+  if (!records.length) {
+    list.replaceChildren(el("li", "found-none", "No public room found"));
+    return;
+  }
+  list.replaceChildren(...records.map((record) => {
+    const item = el("li", "found-room");
+    const text = el("span", "found-name", record.room);
+    if (record.title) text.append(el("small", "found-title", ` — ${record.title}`));
+    if (record.topic) text.title = record.topic;
+    const inIt = rooms.has(record.room);
+    const button = el("button", "secondary", inIt ? "Open" : "Join");
+    button.type = "button";
+    button.setAttribute("aria-label", `${inIt ? "Open" : "Join"} ${record.room}`);
+    button.addEventListener("click", () => {
+      joinRoom(record.room);
+      list.hidden = true;
+    });
+    item.append(text, button);
+    return item;
+  }));
+}
 
 // -- picking a person: from those the page knows, never resolved from a typed name --------
 

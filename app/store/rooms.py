@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
-from sqlalchemy import delete, select, update
+from sqlalchemy import delete, func, select, update
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.store.database import StoreError
@@ -126,6 +126,28 @@ class RoomStore:
         except DATABASE_ERRORS as exc:
             raise StoreError(f"reading the rooms of {user!r} failed: {exc!r}") from exc
         return [(Room(*row[:6]), Role(row[6])) for row in rows]
+
+    async def public(self, contains: str | None, limit: int) -> list[Room]:
+        """Public rooms (by name), at most ``limit``; with ``contains``, those whose name,
+        title or topic holds it (case-insensitive)."""
+        query = select(rooms).where(rooms.c.private.is_(False)).order_by(rooms.c.name).limit(limit)
+        if contains:
+            pattern = (
+                "%"
+                + contains.lower().replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+                + "%"
+            )
+            query = query.where(
+                func.lower(rooms.c.name).like(pattern, escape="\\")
+                | func.lower(rooms.c.title).like(pattern, escape="\\")
+                | func.lower(rooms.c.topic).like(pattern, escape="\\")
+            )
+        try:
+            async with self._engine.connect() as connection:
+                rows = (await connection.execute(query)).all()
+        except DATABASE_ERRORS as exc:
+            raise StoreError(f"reading the public rooms failed: {exc!r}") from exc
+        return [Room(*row) for row in rows]
 
     async def _write(self, statement: object, name: str) -> None:
         try:

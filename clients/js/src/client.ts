@@ -371,6 +371,13 @@ export class HubbubClient extends EventTarget {
     this.write({ type: "rooms" });
   }
 
+  /** Ask for the directory: public rooms with a record, by name; with `q` (at most 64
+   * characters) those whose name, title or topic holds it. Answered by `rooms` with
+   * `public: true`; private rooms are never listed. */
+  findRooms(q?: string): void {
+    this.write(q ? { type: "rooms", public: true, q } : { type: "rooms", public: true });
+  }
+
   /** Tell the room you are typing (at most every few seconds). */
   typing(room: RoomName): void {
     this.write({ type: "typing", room });

@@ -53,7 +53,7 @@ export interface CreateFrame {
 export interface DescribeFrame { type: "describe"; room: RoomName; title?: string; topic?: string }
 export interface InviteFrame { type: "invite"; room: RoomName; user: UserId; role?: "member" | "admin" }
 export interface RemoveFrame { type: "remove"; room: RoomName; user: UserId }
-export interface RoomsRequestFrame { type: "rooms" }
+export interface RoomsRequestFrame { type: "rooms"; public?: boolean; q?: string }
 export interface PingFrame { type: "ping" }
 export interface PongFrame { type: "pong" }
 
@@ -137,7 +137,8 @@ export interface RoomRecord {
   members?: Record<UserId, Role>;
 }
 export interface RoomFrame extends RoomRecord { type: "room" }
-export interface RoomsFrame { type: "rooms"; rooms: RoomRecord[] }
+/** The answer to `rooms`; `public: true`: to a directory request (`findRooms`). */
+export interface RoomsFrame { type: "rooms"; public?: true; rooms: RoomRecord[] }
 export interface MemberFrame {
   type: "member"; room: RoomName; event: "added" | "removed"; user: UserId; role: Role | null;
   by: UserId | null;

@@ -112,9 +112,9 @@ test("fenced code blocks: language, verbatim content, closing fence or end of te
   ]);
   assert.equal(
     show("```python\nprint('<b>')\n```"),
-    '<pre><code data-lang="python">print(\'&lt;b>\')</code></pre>',
+    '<pre tabindex="0"><code data-lang="python">print(\'&lt;b>\')</code></pre>',
   );
-  assert.equal(show("```\nno lang\n```"), "<pre><code>no lang</code></pre>");
+  assert.equal(show("```\nno lang\n```"), "<pre tabindex=\"0\"><code>no lang</code></pre>");
   // Unclosed: the rest of the text, blank lines and "> " included.
   assert.deepEqual(parse("before\n```\na\n\n> b"), [
     { type: "para", children: [t("before")], trail: "\n" },

@@ -132,6 +132,29 @@ test("history, direct messages, edits, reactions and typing", { skip: !URL_, tim
   }
 });
 
+test("findRooms lists the public rooms with a record, never a private one", { skip: !URL_, timeout: 20_000 }, async () => {
+  const open = unique("town");
+  const closed = unique("team");
+  const { client: ada } = await connected(unique("ada"));
+  const { client: bob } = await connected(unique("bob"));
+  try {
+    for (const [room, options] of [[open, { title: "Town square" }], [closed, { private: true }]]) {
+      const made = next(ada, "room", (frame) => frame.room === room);
+      ada.createRoom(room, options);
+      await made;
+    }
+    const found = next(bob, "rooms", (frame) => frame.public === true);
+    bob.findRooms(open.slice(-6));
+    assert.deepEqual((await found).rooms.map((record) => [record.room, record.title]), [[open, "Town square"]]);
+    const none = next(bob, "rooms", (frame) => frame.public === true);
+    bob.findRooms(closed);
+    assert.deepEqual((await none).rooms, []);
+  } finally {
+    ada.close();
+    bob.close();
+  }
+});
+
 test("a terminal close code (1008: an invalid name) leaves the client closed, not reconnecting", { skip: !URL_, timeout: 20_000 }, async () => {
   const client = new HubbubClient({ url: URL_, name: "not a valid name!", WebSocket, baseDelayMs: 50 });
   const states = [];

@@ -101,6 +101,7 @@ from hubbub_client.frames import (
     ReceiptsFrame,
     RoomFrame,
     RoomsFrame,
+    RoomsRequestFrame,
     SendFrame,
     TypingNoticeFrame,
 )
@@ -593,6 +594,16 @@ class HubbubClient:
     async def list_rooms(self) -> list[RoomInfo]:
         """The rooms you are a member of (servers with a store)."""
         answer = cast(RoomsFrame, await self._ask("rooms", {"type": "rooms"}))
+        return list(RoomList.from_frame(answer).rooms)
+
+    async def find_rooms(self, q: str | None = None) -> list[RoomInfo]:
+        """The directory (servers with a store): public rooms with a record, by name; with
+        ``q`` (at most 64 characters), those whose name, title or topic holds it. Private
+        rooms are never listed."""
+        frame: RoomsRequestFrame = {"type": "rooms", "public": True}
+        if q:
+            frame["q"] = q
+        answer = cast(RoomsFrame, await self._ask("rooms", frame))
         return list(RoomList.from_frame(answer).rooms)
 
     async def inbox(self) -> Inbox:

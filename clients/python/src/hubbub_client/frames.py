@@ -160,6 +160,8 @@ class RemoveFrame(TypedDict):
 
 class RoomsRequestFrame(TypedDict):
     type: Literal["rooms"]
+    public: NotRequired[bool]
+    q: NotRequired[str]
 
 
 class PingFrame(TypedDict):
@@ -377,6 +379,7 @@ class RoomFrame(RoomRecordFrame):
 
 class RoomsFrame(TypedDict):
     type: Literal["rooms"]
+    public: NotRequired[bool]
     rooms: list[RoomRecordFrame]
 
 
