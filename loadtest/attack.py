@@ -310,8 +310,8 @@ HTTP_DM = "GET /dms/{peer}/messages"
 API_ROOM = "GET /api/v1/rooms/{room}"
 API_MESSAGES = "GET /api/v1/rooms/{room}/messages"
 FRAME_PATHS = ("join", "join since", "history before", "history after", "read", "send", "edit",
-               "delete", "react", "typing", "describe", "invite", "remove", "rooms", "inbox",
-               "dm history")  # fmt: skip
+               "delete", "react", "typing", "describe", "invite", "remove", "rooms", "directory",
+               "inbox", "dm history")  # fmt: skip
 HTTP_PATHS = (HTTP_MESSAGES, HTTP_INBOX, HTTP_DM)
 API_PATHS = (API_ROOM, API_MESSAGES)
 PATHS = (CONNECT, *FRAME_PATHS, LIVE, *HTTP_PATHS, *API_PATHS)
@@ -974,6 +974,8 @@ class Attack:
                        (REMOVE_NON_MEMBER, {"type": "remove", "room": room,
                                             "user": self.nobody})],
             "rooms": [("rooms", {"type": "rooms"})],
+            # The public directory, searched by the room's name: never lists a private room.
+            "directory": [("directory", {"type": "rooms", "public": True, "q": room})],
             "inbox": [("inbox", {"type": "inbox"})],
             "dm history": [("dm history", {"type": "history", "with": peer, "limit": 50})],
         }  # fmt: skip
