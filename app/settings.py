@@ -519,7 +519,11 @@ class Settings(BaseSettings):
         "lost announcement costs.",
     )
     max_rooms_listed: int = Field(
-        500, ge=1, description="Most rooms a `rooms` frame (a user's memberships) lists."
+        500,
+        ge=1,
+        description=(
+            "Most rooms a `rooms` frame lists (a user's memberships, or the public directory)."
+        ),
     )
     user_invites_per_s: float = Field(
         0.5,

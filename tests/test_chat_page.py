@@ -57,6 +57,17 @@ async def test_a_direct_message_goes_to_someone_picked_never_to_a_typed_name(
             await bob.close()
 
 
+async def set_visibility(chat: ChatPage, state: str) -> None:
+    """Make the page's tab ``visible`` or ``hidden``, as switching tabs does."""
+    await chat.page.evaluate(
+        """state => {
+          Object.defineProperty(document, "visibilityState", { value: state, configurable: true });
+          document.dispatchEvent(new Event("visibilitychange"));
+        }""",
+        state,
+    )
+
+
 async def test_seen_by_says_what_was_on_screen_in_a_visible_page(
     browser: Browser, tmp_path: Path
 ) -> None:
@@ -68,24 +79,12 @@ async def test_seen_by_says_what_was_on_screen_in_a_visible_page(
         ada = await ChatPage.open(browser, live.http_url, "ada", "lobby")
         bob = await ChatPage.open(browser, live.http_url, "bob", "lobby")
         try:
-            await bob.page.evaluate(
-                """() => {
-                  Object.defineProperty(document, "visibilityState",
-                                        { value: "hidden", configurable: true });
-                  document.dispatchEvent(new Event("visibilitychange"));
-                }"""
-            )
+            await set_visibility(bob, "hidden")
             await ada.say("are you there?")
             await bob.shows(["are you there?"])
             await bob.page.wait_for_timeout(2_000)  # twice the page's read delay: nothing sent
             assert frames_sent(bob, "read") == []
-            await bob.page.evaluate(
-                """() => {
-                  Object.defineProperty(document, "visibilityState",
-                                        { value: "visible", configurable: true });
-                  document.dispatchEvent(new Event("visibilitychange"));
-                }"""
-            )
+            await set_visibility(bob, "visible")
             await expect(ada.page.locator("#messages .message .seen")).to_have_text(
                 "Seen by bob", timeout=UI_TIMEOUT_MS
             )
