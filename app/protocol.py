@@ -183,6 +183,32 @@ class InboxRequest(_Frame):
     type: Literal["inbox"]
 
 
+SearchQuery = Annotated[
+    str, StringConstraints(min_length=1, max_length=200), AfterValidator(storable)
+]
+
+
+class SearchRequest(_Frame):
+    """Messages you may read now whose text matches ``q`` (words, "quoted phrases",
+    ``-word``): in one conversation (``room`` or ``with``) or in all; ``order`` newest first
+    or best match first; a page of ``limit`` after skipping ``offset``."""
+
+    model_config = ConfigDict(strict=True, extra="ignore", frozen=True, populate_by_name=True)
+    type: Literal["search"]
+    q: SearchQuery
+    room: RoomName | None = None
+    peer: UserName | None = Field(None, alias="with")
+    order: Literal["newest", "best"] = "newest"
+    limit: Annotated[int, Field(ge=1, le=500)] = 20
+    offset: Annotated[int, Field(ge=0, le=100_000)] = 0
+
+    @model_validator(mode="after")
+    def _at_most_one_conversation(self) -> SearchRequest:
+        if self.room is not None and self.peer is not None:
+            raise ValueError("give at most one of room or with")
+        return self
+
+
 Title = Annotated[str, StringConstraints(max_length=200), AfterValidator(storable)]
 Topic = Annotated[str, StringConstraints(max_length=1000), AfterValidator(storable)]
 
@@ -251,13 +277,14 @@ ClientFrame = (
     | Invite
     | Remove
     | RoomsRequest
+    | SearchRequest
 )
 _CLIENT_FRAME: Final[TypeAdapter[ClientFrame]] = TypeAdapter(
     Annotated[ClientFrame, Field(discriminator="type")]
 )
 CLIENT_TYPES: Final = (
     "join", "leave", "send", "typing", "auth", "ping", "pong", "history", "read", "inbox",
-    "edit", "delete", "react", "create", "describe", "invite", "remove", "rooms",
+    "edit", "delete", "react", "create", "describe", "invite", "remove", "rooms", "search",
 )  # fmt: skip
 
 
@@ -471,6 +498,11 @@ def history_frame(
         head += b',"recovered":' + (b"true" if recovered else b"false")
     head += b',"more":' + (b"true" if more else b"false")
     return (head + b',"messages":[' + b",".join(messages) + b"]}").decode()
+
+
+def search_frame(page: dict[str, Any]) -> str:
+    """``search``: a page of results (app.conversations.search)."""
+    return encode({"type": "search", **page})
 
 
 def inbox_frame(conversations: list[dict[str, Any]]) -> str:

@@ -317,6 +317,25 @@ class Settings(BaseSettings):
         ge=0,
         description="Stored messages older than this are deleted (0: kept forever).",
     )
+    search_language: str = Field(
+        "simple",
+        pattern=r"^[a-z_]{1,63}$",
+        description=(
+            "PostgreSQL text search configuration for search (`simple`: no stemming, any "
+            "language; `english`, `german`…: stemmed). Applies to messages stored from then "
+            "on (docs/operations.md: re-index). SQLite's index folds case and accents only."
+        ),
+    )
+    search_page_max: int = Field(
+        50, ge=1, le=500, description="Most results a `search` frame or `GET /search` returns."
+    )
+    search_offset_max: int = Field(
+        1000, ge=0, description="Deepest a search pages (`offset`): deeper pages are refused."
+    )
+    user_searches_per_s: float = Field(
+        1.0, gt=0, description="Searches a user may run per second, on all servers together."
+    )
+    user_search_burst: int = Field(5, ge=1, description="Searches a user may run at once.")
     inbox_max_conversations: int = Field(
         50, ge=1, description="Most conversations in an `inbox` frame or `GET /inbox`."
     )

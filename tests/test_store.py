@@ -33,7 +33,11 @@ async def test_migrating_builds_the_schema_the_code_describes(engine: AsyncEngin
     changes nothing."""
 
     def differences(connection: Connection) -> list[object]:
-        return list(compare_metadata(MigrationContext.configure(connection), metadata))
+        # SQLite's FTS5 index (search_fts and its shadow tables) is made by migration 0005
+        # with raw SQL: not described in schema.py, as SQLAlchemy has no virtual tables.
+        options = {"include_name": lambda name, kind, _: not str(name).startswith("search_fts")}
+        context = MigrationContext.configure(connection, opts=options)
+        return list(compare_metadata(context, metadata))
 
     async with engine.connect() as connection:
         assert await connection.run_sync(differences) == []

@@ -26,6 +26,7 @@ from app.conversations.history import HistoryUnavailable, inbox_entry
 from app.conversations.lifecycle import Change, Kind, Target
 from app.conversations.names import direct, is_direct
 from app.conversations.rooms import RoomError, RoomRecord, room_not_found
+from app.conversations.search import search
 from app.errors import (
     BrokerUnavailable,
     CloseCode,
@@ -54,6 +55,7 @@ from app.protocol import (
     Read,
     Remove,
     RoomsRequest,
+    SearchRequest,
     Send,
     Typing,
     ack_frame,
@@ -69,6 +71,7 @@ from app.protocol import (
     receipts_frame,
     room_frame,
     rooms_frame,
+    search_frame,
     typing_frame,
 )
 from app.settings import Settings
@@ -152,6 +155,8 @@ class Session:
                 await self._change(frame)
             elif isinstance(frame, CreateRoom | DescribeRoom | Invite | Remove | RoomsRequest):
                 await self._manage(frame)
+            elif isinstance(frame, SearchRequest):
+                await self._search(frame)
             elif isinstance(frame, InboxRequest):
                 if not await self._state.quotas.allow("history", self.conn.user):
                     raise FrameError(ErrorCode.RATE_LIMITED, "too many inbox reads, slow down")
@@ -486,6 +491,24 @@ class Session:
             raise FrameError(
                 ErrorCode.BROKER_UNAVAILABLE, "message not sent: the broker is unavailable"
             )
+
+    async def _search(self, frame: SearchRequest) -> None:
+        """Messages the user may read now matching ``q`` (app.conversations.search)."""
+        settings = self.settings
+        if frame.offset > settings.search_offset_max:
+            raise FrameError(ErrorCode.BAD_FRAME, f"offset: at most {settings.search_offset_max}")
+        if not await self._state.quotas.allow("search", self.conn.user):
+            raise FrameError(ErrorCode.RATE_LIMITED, "too many searches, slow down")
+        store = self._state.store
+        try:
+            page = await search(
+                store.search if store is not None else None, self._state.access,
+                self.conn.identity, frame.q, frame.room, frame.peer, frame.order,
+                min(frame.limit, settings.search_page_max), frame.offset,
+            )  # fmt: skip
+        except RoomError as exc:
+            raise FrameError(exc.code, exc.message) from None
+        self.conn.offer(search_frame(page))
 
     async def send_inbox(self) -> None:
         """Queue the ``inbox`` frame: the user's conversations, newest activity first."""

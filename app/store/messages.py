@@ -28,7 +28,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Final, NamedTuple
 
-from sqlalchemy import Select, Table, and_, func, or_, select, tuple_, update
+from sqlalchemy import Select, Table, and_, exists, func, or_, select, tuple_, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import DataError, DBAPIError, IntegrityError, SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
@@ -37,7 +37,8 @@ from sqlalchemy.sql.dml import ReturningInsert
 from app.conversations.lifecycle import Kind, Target, fold
 from app.conversations.names import is_direct, members_of_direct
 from app.store.database import StoreError
-from app.store.schema import messages, participants
+from app.store.schema import messages, participants, search_documents
+from app.store.search import index_batch
 
 # What a failing database raises through SQLAlchemy and its drivers.
 DATABASE_ERRORS = (SQLAlchemyError, OSError, TimeoutError)
@@ -115,8 +116,9 @@ class MessageStore:
     """Messages of every conversation, on ``engine`` (migrated: see
     :func:`app.store.database.migrate`)."""
 
-    def __init__(self, engine: AsyncEngine) -> None:
+    def __init__(self, engine: AsyncEngine, search_language: str = "simple") -> None:
         self._engine = engine
+        self._search_language = search_language
 
     async def add(self, batch: Sequence[StoredMessage]) -> int:
         """Store ``batch``; returns how many of its messages were not stored yet."""
@@ -146,6 +148,11 @@ class MessageStore:
                     added = len(result.all())
                 if deleted:
                     await _empty_deleted(connection, deleted)
+                await index_batch(
+                    connection,
+                    [(m.conversation, m.id, m.kind, m.target, m.text) for m in batch],
+                    self._search_language,
+                )
                 return added
         except (*DATABASE_ERRORS, *_UNSENDABLE) as exc:
             refusal = _refusal(exc)
@@ -230,6 +237,14 @@ class MessageStore:
         try:
             async with self._engine.begin() as connection:
                 result = await connection.execute(messages.delete().where(key.in_(oldest)))
+                # Their search documents: those older than the cutoff whose message is gone.
+                gone = ~exists().where(
+                    messages.c.conversation == search_documents.c.conversation,
+                    messages.c.id == search_documents.c.id,
+                )
+                await connection.execute(
+                    search_documents.delete().where(search_documents.c.ts_ms < ts_ms, gone)
+                )
                 return int(result.rowcount)
         except DATABASE_ERRORS as exc:
             raise StoreError(f"deleting old messages failed: {exc!r}") from exc

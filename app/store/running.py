@@ -24,6 +24,7 @@ from app.store.database import StoreError, engine_for, migrate
 from app.store.inbox import Inbox
 from app.store.messages import MessageStore
 from app.store.rooms import RoomStore
+from app.store.search import SearchStore
 
 logger = logging.getLogger(__name__)
 
@@ -36,7 +37,8 @@ class RunningStore:
         assert settings.database_url is not None
         self._settings = settings
         self.engine = engine_for(settings.database_url, settings.database_timeout_s)
-        self.messages = MessageStore(self.engine)
+        self.messages = MessageStore(self.engine, settings.search_language)
+        self.search = SearchStore(self.engine, settings.search_language)
         self.inbox = Inbox(self.engine)
         self.rooms = RoomStore(self.engine)
         # The embedded broker's archiver; the Redis broker's is a StreamArchiver.

@@ -16,6 +16,7 @@ from sqlalchemy import (
     Table,
     Text,
 )
+from sqlalchemy.dialects.postgresql import TSVECTOR
 
 # Constraint names spelled out, so that migrations can refer to them on every database.
 metadata: Final = MetaData(
@@ -106,3 +107,29 @@ members: Final = Table(
 )
 # The rooms of a user.
 Index("ix_members_user", members.c.user)
+
+# What search reads (app.store.search): one row per message, with its text as it is now (its
+# newest edit; ``version`` is the id of the row that text came from, so an edit archived twice
+# or late never undoes a newer one), gone when the message is deleted or expires. Written in
+# the archiver's transaction, off the delivery path. On PostgreSQL ``document`` is the text's
+# tsvector in CHAT_SEARCH_LANGUAGE (written with it), under a GIN index; SQLite keeps an FTS5
+# index, ``search_fts``, in step by triggers (migration 0005), and leaves ``document`` empty.
+search_documents: Final = Table(
+    "search_documents",
+    metadata,
+    Column("conversation", String(200), primary_key=True),
+    Column("id", BigInteger, primary_key=True, autoincrement=False),
+    Column("user", String(100), nullable=False),
+    Column("ts_ms", BigInteger, nullable=False),
+    Column("text", Text, nullable=False),
+    Column("version", BigInteger, nullable=False),
+    Column("document", TSVECTOR().with_variant(Text(), "sqlite"), nullable=True),
+)
+# Newest first, and retention.
+Index("ix_search_documents_ts_ms", search_documents.c.ts_ms)
+Index(
+    "ix_search_documents_document",
+    search_documents.c.document,
+    postgresql_using="gin",
+    sqlite_where=search_documents.c.document.is_not(None),
+)

@@ -1,9 +1,9 @@
-"""HTTP routes (``/rooms/{room}/messages``, ``/dms/{peer}/messages``, ``/inbox``,
+"""HTTP routes (``/rooms/{room}/messages``, ``/dms/{peer}/messages``, ``/inbox``, ``/search``,
 ``/healthz``, ``/readyz``) and the chat socket, ``/ws``."""
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal
 
 import orjson
 from fastapi import APIRouter, HTTPException, Path, Query, Request, Response, WebSocket
@@ -15,7 +15,8 @@ from app.access.conversations import http_status
 from app.conversations.history import HistoryUnavailable, inbox_entry
 from app.conversations.names import direct
 from app.conversations.rooms import RoomError, RoomRecord, room_not_found
-from app.errors import BrokerUnavailable
+from app.conversations.search import search
+from app.errors import BrokerUnavailable, ErrorCode
 from app.protocol import ROOM_PATTERN, USER_PATTERN
 from app.sockets.session import serve
 from app.state import ChatState
@@ -142,6 +143,42 @@ async def inbox(request: Request) -> Response:
         {"conversations": [inbox_entry(e, user) for e in entries if e.conversation in shown]}
     )
     return Response(body, media_type="application/json")
+
+
+@router.get("/search")
+async def search_messages(
+    request: Request,
+    q: Annotated[str, Query(min_length=1, max_length=200)],
+    room: Annotated[str | None, Query(pattern=ROOM_PATTERN)] = None,
+    peer: Annotated[str | None, Query(alias="with", pattern=USER_PATTERN)] = None,
+    order: Annotated[Literal["newest", "best"], Query()] = "newest",
+    limit: Annotated[int, Query(ge=1, le=500)] = 20,
+    offset: Annotated[int, Query(ge=0)] = 0,
+) -> Response:
+    """Messages the token's user may read now whose text matches ``q``, as the ``search``
+    frame answers (docs/protocol.md): ``{"q", "results", "next_offset"}``. Needs ``jwt`` mode
+    and a bearer token; 404 without a store, 429 over the user's search rate."""
+    state = _state(request)
+    identity = await _reader(state, request)
+    settings = state.settings
+    if "\x00" in q:
+        raise HTTPException(422, "q: the store cannot hold NUL characters")
+    if offset > settings.search_offset_max:
+        raise HTTPException(422, f"offset: at most {settings.search_offset_max}")
+    if room is not None and peer is not None:
+        raise HTTPException(422, "give at most one of room or with")
+    if not await state.quotas.allow("search", identity.user):
+        raise HTTPException(429, "too many searches, slow down")
+    store = state.store
+    try:
+        page = await search(
+            store.search if store is not None else None, state.access, identity, q, room, peer,
+            order, min(limit, settings.search_page_max), offset,
+        )  # fmt: skip
+    except RoomError as exc:
+        status = 404 if exc.code is ErrorCode.NO_STORE else http_status(exc)
+        raise HTTPException(status, exc.message) from None
+    return Response(orjson.dumps(page), media_type="application/json")
 
 
 async def _reader(state: ChatState, request: Request) -> Identity:

@@ -1,0 +1,244 @@
+"""Full-text search over the stored messages (table ``search_documents``).
+
+Contract:
+- :func:`index_batch` keeps the index in step with a batch the archiver stores, in the same
+  transaction: a new message is indexed with its text as stored (a message deleted before it
+  was archived again is not: its text is empty), an edit replaces its message's text unless a
+  newer edit already did (``version``), a deletion removes it. Idempotent, as the archiving.
+- :meth:`SearchStore.search` finds the messages whose text matches ``query`` among the
+  conversations a user may read, as the SQL below narrows them: public rooms, private rooms the
+  user is a member of, and the user's direct conversations. The caller still asks the one
+  access decision about every conversation it returns (``app.conversations.search``): this
+  narrowing only keeps the pages full.
+- ``query`` is raw user input. PostgreSQL parses it with ``websearch_to_tsquery`` ("quoted
+  phrases", ``-word``, ``or``), which never fails on any input; SQLite gets it rewritten into
+  an FTS5 query of quoted terms (:func:`fts5_query`), so no input is FTS5 syntax.
+- Each hit carries its text and where the matched words are in it (``highlights``:
+  ``(start, end)`` offsets in characters), never markup.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from typing import Any, Final, Literal, NamedTuple
+
+from sqlalchemy import (
+    Select,
+    and_,
+    bindparam,
+    cast,
+    column,
+    delete,
+    exists,
+    func,
+    literal,
+    literal_column,
+    or_,
+    select,
+    table,
+    update,
+)
+from sqlalchemy.dialects import sqlite
+from sqlalchemy.dialects.postgresql import REGCONFIG
+from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+from sqlalchemy.sql.elements import ColumnClause
+
+from app.conversations.lifecycle import Kind
+from app.store.database import StoreError
+from app.store.schema import members, messages, participants, rooms, search_documents
+
+# What marks a matched word in the text the databases return (then turned into offsets):
+# control characters (a text that holds them itself gets no highlights).
+_START, _STOP = "\x02", "\x03"
+Order = Literal["newest", "best"]
+_DATABASE_ERRORS = (SQLAlchemyError, OSError, TimeoutError)
+
+
+class Hit(NamedTuple):
+    conversation: str
+    id: int
+    user: str
+    ts_ms: int
+    text: str
+    highlights: tuple[tuple[int, int], ...]
+
+
+def fts5_query(query: str) -> str:
+    """``query`` as an FTS5 query that is never syntax: its "quoted phrases" and words, each
+    a quoted string (a ``"`` inside doubled), all required; a word starting with ``-`` left
+    out of the results. Empty when nothing is left to search for."""
+    required: list[str] = []
+    excluded: list[str] = []
+    for phrase, word in re.findall(r'"([^"]*)"|(\S+)', query):
+        term = (phrase or word).strip()
+        negative = not phrase and term.startswith("-") and len(term) > 1
+        term = term[1:] if negative else term
+        words = re.findall(r"\w+", term)
+        if not words:
+            continue
+        quoted = '"' + " ".join(words).replace('"', '""') + '"'
+        (excluded if negative else required).append(quoted)
+    if not required:
+        return ""
+    return " ".join(required) + "".join(f" NOT {term}" for term in excluded)
+
+
+def _offsets(marked: str) -> tuple[str, tuple[tuple[int, int], ...]]:
+    """The text without its match marks, and where the marked spans are in it."""
+    plain: list[str] = []
+    spans: list[tuple[int, int]] = []
+    length = 0
+    start = None
+    for piece in re.split(f"([{_START}{_STOP}])", marked):
+        if piece == _START:
+            start = length
+        elif piece == _STOP:
+            if start is not None and length > start:
+                spans.append((start, length))
+            start = None
+        else:
+            plain.append(piece)
+            length += len(piece)
+    return "".join(plain), tuple(spans)
+
+
+async def index_batch(
+    connection: AsyncConnection,
+    batch: Sequence[tuple[str, int, int, int | None, str]],
+    language: str,
+) -> None:
+    """Keep ``search_documents`` in step with ``batch`` (conversation, id, kind, target, text
+    of each row just stored, in id order), in the caller's transaction."""
+    new = [(c, i) for c, i, kind, _, _ in batch if kind == Kind.MESSAGE]
+    postgres = connection.dialect.name == "postgresql"
+    if new:
+        if postgres:
+            await connection.exec_driver_sql(
+                _INDEX_NEW_POSTGRES, ([c for c, _ in new], [i for _, i in new], language)
+            )
+        else:
+            stored = messages.alias("m")
+            pairs = [and_(stored.c.conversation == c, stored.c.id == i) for c, i in new]
+            chosen = select(
+                stored.c.conversation, stored.c.id, stored.c.user, stored.c.ts_ms, stored.c.text,
+                stored.c.id,
+            ).where(
+                stored.c.kind == int(Kind.MESSAGE), stored.c.text != "", or_(*pairs)
+            )  # fmt: skip
+            columns = ["conversation", "id", "user", "ts_ms", "text", "version"]
+            await connection.execute(
+                sqlite.insert(search_documents)
+                .from_select(columns, chosen)
+                .on_conflict_do_nothing()
+            )
+    for conversation, row_id, kind, target, new_text in batch:
+        if target is None:
+            continue
+        key = and_(search_documents.c.conversation == conversation, search_documents.c.id == target)
+        if kind == Kind.EDITED:
+            values: dict[str, object] = {"text": new_text, "version": row_id}
+            if postgres:
+                values["document"] = func.to_tsvector(cast(literal(language), REGCONFIG), new_text)
+            await connection.execute(
+                update(search_documents)
+                .where(key, search_documents.c.version < row_id)
+                .values(values)
+            )
+        elif kind == Kind.DELETED:
+            await connection.execute(delete(search_documents).where(key))
+
+
+_INDEX_NEW_POSTGRES: Final = """
+INSERT INTO search_documents (conversation, id, "user", ts_ms, text, version, document)
+SELECT m.conversation, m.id, m."user", m.ts_ms, m.text, m.id,
+       to_tsvector($3::text::regconfig, m.text)
+FROM unnest($1::varchar[], $2::bigint[]) AS b(conversation, id)
+JOIN messages m ON m.conversation = b.conversation AND m.id = b.id
+WHERE m.kind = 0 AND m.text <> ''
+ON CONFLICT DO NOTHING
+"""
+
+
+class SearchStore:
+    """Searches ``search_documents`` on ``engine`` (see the module's contract)."""
+
+    def __init__(self, engine: AsyncEngine, language: str = "simple") -> None:
+        self._engine = engine
+        self._language = language
+
+    async def search(
+        self,
+        user: str,
+        query: str,
+        conversation: str | None,
+        order: Order,
+        limit: int,
+        offset: int,
+    ) -> list[Hit]:
+        """Up to ``limit`` messages matching ``query`` that ``user`` may read (as narrowed in
+        SQL), newest first or best match first, skipping ``offset``; in ``conversation``
+        only when given."""
+        postgres = self._engine.dialect.name == "postgresql"
+        docs = search_documents
+        private_elsewhere = exists().where(
+            rooms.c.name == docs.c.conversation,
+            rooms.c.private.is_(True),
+            ~exists().where(members.c.room == rooms.c.name, members.c.user == user),
+        )
+        my_direct = exists().where(
+            participants.c.user == user, participants.c.conversation == docs.c.conversation
+        )
+        readable = or_(
+            and_(~docs.c.conversation.startswith("@"), ~private_elsewhere),
+            and_(docs.c.conversation.startswith("@"), my_direct),
+        )
+        columns = (docs.c.conversation, docs.c.id, docs.c.user, docs.c.ts_ms, docs.c.text)
+        statement: Select[*tuple[Any, ...]]
+        if postgres:
+            language = cast(literal(self._language), REGCONFIG)
+            tsquery = func.websearch_to_tsquery(language, bindparam("q"))
+            marked = func.ts_headline(
+                language, docs.c.text, tsquery,
+                f"StartSel={_START}, StopSel={_STOP}, HighlightAll=true",
+            )  # fmt: skip
+            statement = select(*columns, marked).where(docs.c.document.op("@@")(tsquery), readable)
+            best = func.ts_rank_cd(docs.c.document, tsquery).desc()
+            parameters = {"q": query}
+        else:
+            match = fts5_query(query)
+            if not match:
+                return []
+            fts = table("search_fts", column("rowid"), column("rank"))
+            fts_name: ColumnClause[Any] = literal_column("search_fts")
+            marked = func.highlight(fts_name, 0, literal(_START), literal(_STOP))
+            joined = docs.join(fts, fts.c.rowid == literal_column("search_documents.rowid"))
+            statement = (
+                select(*columns, marked)
+                .select_from(joined)
+                .where(fts_name.op("MATCH")(bindparam("q")), readable)
+            )
+            best = fts.c.rank.asc()  # bm25: lower is better
+            parameters = {"q": match}
+        if conversation is not None:
+            statement = statement.where(docs.c.conversation == conversation)
+        newest = (docs.c.ts_ms.desc(), docs.c.conversation, docs.c.id.desc())
+        statement = statement.order_by(*((best, *newest) if order == "best" else newest))
+        statement = statement.limit(limit).offset(offset)
+        try:
+            async with self._engine.connect() as connection:
+                rows = (await connection.execute(statement, parameters)).all()
+        except _DATABASE_ERRORS as exc:
+            raise StoreError(f"searching failed: {exc!r}") from exc
+        hits = []
+        for row in rows:
+            values: tuple[Any, ...] = tuple(row)
+            conversation_of, row_id, author, ts_ms, stored, marked = values
+            plain, spans = _offsets(str(marked))
+            if plain != stored:  # the text holds the marks itself: no highlights, same text
+                spans = ()
+            hits.append(
+                Hit(str(conversation_of), int(row_id), str(author), int(ts_ms), stored, spans)
+            )
+        return hits
