@@ -10,7 +10,7 @@ the input: a property-based test holds it to that.
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Final, Literal
+from typing import Annotated, Any, ClassVar, Final, Literal
 
 import orjson
 from pydantic import (
@@ -194,6 +194,7 @@ class SearchRequest(_Frame):
     or best match first; a page of ``limit`` after skipping ``offset``."""
 
     model_config = ConfigDict(strict=True, extra="ignore", frozen=True, populate_by_name=True)
+    CONVERSATION_OPTIONAL: ClassVar[bool] = True  # room and with: at most one (AsyncAPI)
     type: Literal["search"]
     q: SearchQuery
     room: RoomName | None = None

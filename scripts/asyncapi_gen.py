@@ -119,6 +119,9 @@ CLIENT_FRAMES: Final[dict[str, ClientEntry]] = {
         "name, title or topic holds `q`).",
         ("rooms", "error"),
     ),
+    "search": ClientEntry(
+        "Messages you may read now matching `q` (needs a store).", ("search", "error")
+    ),
 }
 
 # The first frame of `guest` and `names` mode (connected with ?auth=frame): read as raw JSON by
@@ -202,7 +205,11 @@ def client_schema(model: type[BaseModel], components: dict[str, Schema]) -> Sche
     rules: list[Schema] = []
     for first, second in (("room", "to"), ("room", "with")):
         if first in properties and second in properties:
-            rules.append(_one_of_fields(first, second, properties))
+            if getattr(model, "CONVERSATION_OPTIONAL", False):  # at most one of them
+                both = {name: _not_null(properties[name]) for name in (first, second)}
+                rules.append({"not": {"required": [first, second], "properties": both}})
+            else:
+                rules.append(_one_of_fields(first, second, properties))
     if "before" in properties and "after" in properties:
         both = {name: _not_null(properties[name]) for name in ("before", "after")}
         rules.append({"not": {"required": ["before", "after"], "properties": both}})
@@ -335,6 +342,30 @@ SHARED_SCHEMAS: Final[dict[str, Schema]] = {
             "peer_read": {"allOf": [ID], "description": "the other user's (direct only)"},
         },
         "required": ["last", "unread", "read"],
+        **ROOM_OR_WITH,
+    },
+    "SearchResult": {
+        "type": "object",
+        "description": "A message found, with its text as it is now",
+        "properties": {
+            "room": ROOM,
+            "with": WITH,
+            "id": ID,
+            "user": USER,
+            "ts": ref("Timestamp"),
+            "text": {"type": "string"},
+            "highlights": {
+                "type": "array",
+                "description": "where the matched words are in `text`: [start, end) in characters",
+                "items": {
+                    "type": "array",
+                    "items": {"type": "integer", "minimum": 0},
+                    "minItems": 2,
+                    "maxItems": 2,
+                },
+            },
+        },
+        "required": ["id", "user", "ts", "text", "highlights"],
         **ROOM_OR_WITH,
     },
 }
@@ -611,6 +642,20 @@ SERVER_FRAMES: Final[dict[str, ServerEntry]] = {
             "inbox",
             {"conversations": {"type": "array", "items": ref("InboxEntry")}},
             ("conversations",),
+        ),
+    ),
+    "search": ServerEntry(
+        "The answer to `search`: a page of messages you may read now.",
+        "Newest first or best match first (`order`); fewer than `limit` results when some "
+        "were not yours to read; `next_offset` is null on the last page.",
+        frame(
+            "search",
+            {
+                "q": {"type": "string"},
+                "results": {"type": "array", "items": ref("SearchResult")},
+                "next_offset": {"anyOf": [{"type": "integer", "minimum": 0}, {"type": "null"}]},
+            },
+            ("q", "results", "next_offset"),
         ),
     ),
     "ping": ServerEntry(

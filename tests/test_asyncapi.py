@@ -47,7 +47,7 @@ SERVER_TYPES_COVERED: Final = frozenset(
     {
         "hello", "joined", "presence", "left", "room", "rooms", "member", "invited", "message",
         "edited", "deleted", "reaction", "receipt", "receipts", "typing", "ack", "error",
-        "refresh", "authenticated", "history", "inbox", "ping", "pong",
+        "refresh", "authenticated", "history", "inbox", "search", "ping", "pong",
     }
 )  # fmt: skip
 ERROR_CODES_COVERED: Final = frozenset(
@@ -340,6 +340,9 @@ async def chat_session(url: str, log: list[Record], refused: list[Record]) -> No
             while not await inbox_lists_the_dm():
                 await asyncio.sleep(0.1)
         await ada.ask({"type": "rooms"}, "rooms")
+        await ada.ask({"type": "rooms", "public": True, "q": "pl"}, "rooms")
+        found = await bob.ask({"type": "search", "q": "psst", "order": "best"}, "search")
+        assert found["results"], found  # the DM is archived (the inbox above lists it)
 
         await bob.ask({"type": "leave", "room": "plans"}, "left")
         await bob.send({"type": "join", "room": "plans", "since": first["id"]})

@@ -368,6 +368,11 @@ async def test_rooms_with_members_and_the_inbox(tmp_path: Path) -> None:
                     await asyncio.sleep(0.05)
             assert entry.last is not None
             assert entry.unread == 1 and entry.last.id == sent.id
+            found = await bob.search("UNREAD", peer="ada")
+            assert [(r["with"], r["id"], r["highlights"]) for r in found["results"]] == [
+                ("ada", sent.id, [[0, 6]])
+            ]  # fmt: skip
+            assert (await bob.search("unread", room="team"))["results"] == []
             assert bob.read(DM("ada"), sent.id) is True
             await wait_until(lambda: [(r.user, r.id) for r in seen_ada.of(Receipt)] == [
                 ("bob", sent.id)

@@ -13,7 +13,7 @@ import {
   type HistoryFrame, type InboxFrame, type InvitedFrame, type JoinedFrame, type LeftFrame,
   type MemberFrame, type MessageEventFrame, type MessageFrame, type PresenceFrame,
   type ReactionFrame, type ReceiptFrame, type ReceiptsFrame, type RoomFrame, type RoomName,
-  type RoomsFrame, type ServerFrame, type TypingNoticeFrame, type UserId,
+  type RoomsFrame, type SearchFrame, type ServerFrame, type TypingNoticeFrame, type UserId,
 } from "./frames.js";
 
 /** Where the connection stands. `idle`: before `connect()`; `closed`: for good (after
@@ -158,7 +158,9 @@ interface PendingSend {
   timer: ReturnType<typeof setTimeout> | undefined;
 }
 
-interface Waiter { resolve: (frame: HistoryFrame) => void; reject: (error: Error) => void }
+/** What a request over the socket is answered with. */
+type Answer = HistoryFrame | SearchFrame;
+interface Waiter { resolve: (frame: Answer) => void; reject: (error: Error) => void }
 
 // Error codes after which a refused join is sent again (the server did not join the room).
 const RETRY_JOIN_CODES = new Set(["broker_unavailable", "rate_limited"]);
@@ -415,7 +417,7 @@ export class HubbubClient extends EventTarget {
   async roomHistory(room: RoomName, options: { before?: number; limit?: number } = {}): Promise<MessageFrame[]> {
     const frame: ClientFrame = { type: "history", room, limit: options.limit ?? 50 };
     if (options.before !== undefined) frame.before = options.before;
-    const { messages } = await this.ask(`history:${room}`, frame);
+    const { messages } = await this.ask<HistoryFrame>(`history:${room}`, frame);
     if (options.before === undefined) this.advance(room, messages);
     return messages;
   }
@@ -426,7 +428,15 @@ export class HubbubClient extends EventTarget {
     const frame: ClientFrame = { type: "history", with: user, limit: options.limit ?? 50 };
     if (options.before !== undefined) frame.before = options.before;
     if (options.after !== undefined) frame.after = options.after;
-    return this.ask(`history:@${user}`, frame);
+    return this.ask<HistoryFrame>(`history:@${user}`, frame);
+  }
+
+  /** Messages you may read now whose text matches `q` (words, "quoted phrases", `-word`;
+   * servers with a store): in one conversation (`room` or `with`) or in all, newest first or
+   * best match first. Rejects with a {@link HubbubError} if refused (`not_found` for a
+   * conversation you may not read, `no_store`, `rate_limited`). Page on with `next_offset`. */
+  search(q: string, options: { room?: RoomName; with?: UserId; order?: "newest" | "best"; limit?: number; offset?: number } = {}): Promise<SearchFrame> {
+    return this.ask<SearchFrame>("search", { type: "search", q, ...options });
   }
 
   // -- internals ------------------------------------------------------------------------
@@ -471,8 +481,8 @@ export class HubbubClient extends EventTarget {
     else pending.resolve(outcome);
   }
 
-  private ask(key: string, frame: ClientFrame): Promise<HistoryFrame> {
-    return new Promise((resolve, reject) => {
+  private ask<T extends Answer>(key: string, frame: ClientFrame): Promise<T> {
+    return new Promise<T>((resolve, reject) => {
       if (this.state !== "open") {
         reject(new Error("not connected"));
         return;
@@ -481,7 +491,7 @@ export class HubbubClient extends EventTarget {
       // its place, so that a late answer is taken (and dropped) by it, not by the next asker.
       const timer = setTimeout(() => reject(new AckTimeoutError(key)), this.ackTimeoutMs);
       const waiter: Waiter = {
-        resolve: (answer) => { clearTimeout(timer); resolve(answer); },
+        resolve: (answer) => { clearTimeout(timer); resolve(answer as T); },
         reject: (error) => { clearTimeout(timer); reject(error); },
       };
       const waiting = this.answers.get(key) ?? [];
@@ -491,7 +501,7 @@ export class HubbubClient extends EventTarget {
     });
   }
 
-  private answer(key: string, value: HistoryFrame | Error): boolean {
+  private answer(key: string, value: Answer | Error): boolean {
     const waiting = this.answers.get(key);
     const next = waiting?.shift();
     if (!waiting || !next) return false;
@@ -653,6 +663,7 @@ export class HubbubClient extends EventTarget {
       case "history":
         this.answer(`history:${frame.room ?? `@${frame.with ?? ""}`}`, frame);
         break;
+      case "search": this.answer("search", frame); break;
       case "inbox":
         for (const entry of frame.conversations) {
           if (entry.with !== undefined && !this.lastDirect.has(entry.with)) {
@@ -711,6 +722,9 @@ export class HubbubClient extends EventTarget {
     if (frame.ref === "history") {
       const key = `history:${frame.room ?? `@${frame.with ?? ""}`}`;
       if (this.answer(key, new HubbubError(frame.code, frame.message, frame))) return;
+    }
+    if (frame.ref === "search" && this.answer("search", new HubbubError(frame.code, frame.message, frame))) {
+      return;
     }
     const room = frame.room;
     if (frame.ref === "join" && room && RETRY_JOIN_CODES.has(frame.code)) {

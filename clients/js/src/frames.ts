@@ -54,6 +54,11 @@ export interface DescribeFrame { type: "describe"; room: RoomName; title?: strin
 export interface InviteFrame { type: "invite"; room: RoomName; user: UserId; role?: "member" | "admin" }
 export interface RemoveFrame { type: "remove"; room: RoomName; user: UserId }
 export interface RoomsRequestFrame { type: "rooms"; public?: boolean; q?: string }
+/** Messages you may read now whose text matches `q` (words, "quoted phrases", `-word`). */
+export interface SearchRequestFrame {
+  type: "search"; q: string; room?: RoomName; with?: UserId; order?: "newest" | "best";
+  limit?: number; offset?: number;
+}
 export interface PingFrame { type: "ping" }
 export interface PongFrame { type: "pong" }
 
@@ -61,7 +66,8 @@ export interface PongFrame { type: "pong" }
 export type ClientFrame =
   | JoinFrame | LeaveFrame | SendFrame | EditFrame | DeleteFrame | ReactFrame | TypingFrame
   | AuthFrame | HistoryRequestFrame | ReadFrame | InboxRequestFrame | CreateFrame
-  | DescribeFrame | InviteFrame | RemoveFrame | RoomsRequestFrame | PingFrame | PongFrame;
+  | DescribeFrame | InviteFrame | RemoveFrame | RoomsRequestFrame | SearchRequestFrame
+  | PingFrame | PongFrame;
 
 // -- server → client ------------------------------------------------------------------------
 
@@ -139,6 +145,17 @@ export interface RoomRecord {
 export interface RoomFrame extends RoomRecord { type: "room" }
 /** The answer to `rooms`; `public: true`: to a directory request (`findRooms`). */
 export interface RoomsFrame { type: "rooms"; public?: true; rooms: RoomRecord[] }
+/** A message found, with its text as it is now; `highlights`: where the matched words are in
+ * `text`, [start, end) in Unicode code points (`[...text].slice(start, end)`, not UTF-16
+ * `text.slice`: they differ after an emoji). */
+export interface SearchResult {
+  room?: RoomName; with?: UserId; id: number; user: UserId; ts: number; text: string;
+  highlights: [number, number][];
+}
+/** The answer to `search`: `next_offset` is null on the last page. */
+export interface SearchFrame {
+  type: "search"; q: string; results: SearchResult[]; next_offset: number | null;
+}
 export interface MemberFrame {
   type: "member"; room: RoomName; event: "added" | "removed"; user: UserId; role: Role | null;
   by: UserId | null;
@@ -150,4 +167,4 @@ export type ServerFrame =
   | HelloFrame | JoinedFrame | LeftFrame | MessageFrame | EditedFrame | DeletedFrame
   | ReactionFrame | PresenceFrame | TypingNoticeFrame | ReceiptFrame | ReceiptsFrame | AckFrame
   | ErrorFrame | RefreshFrame | AuthenticatedFrame | HistoryFrame | InboxFrame | RoomFrame
-  | RoomsFrame | MemberFrame | InvitedFrame | PingFrame | PongFrame;
+  | RoomsFrame | MemberFrame | InvitedFrame | SearchFrame | PingFrame | PongFrame;

@@ -155,6 +155,32 @@ test("findRooms lists the public rooms with a record, never a private one", { sk
   }
 });
 
+test("search finds what you may read, with highlights, and refuses a private room", { skip: !URL_, timeout: 20_000 }, async () => {
+  const room = unique("room");
+  const hidden = unique("hidden");
+  const word = unique("zebra");
+  const { client: ada } = await connected(unique("ada"));
+  const { client: bob } = await connected(unique("bob"));
+  try {
+    await joined(ada, room);
+    const made = next(ada, "room", (frame) => frame.room === hidden);
+    ada.createRoom(hidden, { private: true });
+    await made;
+    const { id } = await ada.send(room, `the ${word} crossed`);
+    let found = { results: [] };
+    for (let tries = 0; tries < 50 && !found.results.length; tries++) { // the archive is a little behind
+      found = await bob.search(word.toUpperCase());
+      if (!found.results.length) await new Promise((resolve) => setTimeout(resolve, 100));
+    }
+    assert.deepEqual(found.results.map((r) => [r.room, r.id, r.highlights]), [[room, id, [[4, 4 + word.length]]]]);
+    assert.equal(found.next_offset, null);
+    await assert.rejects(bob.search(word, { room: hidden }), (error) => error.code === "not_found");
+  } finally {
+    ada.close();
+    bob.close();
+  }
+});
+
 test("a terminal close code (1008: an invalid name) leaves the client closed, not reconnecting", { skip: !URL_, timeout: 20_000 }, async () => {
   const client = new HubbubClient({ url: URL_, name: "not a valid name!", WebSocket, baseDelayMs: 50 });
   const states = [];

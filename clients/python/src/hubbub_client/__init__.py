@@ -65,7 +65,7 @@ from hubbub_client.events import (
     apply_event,
     display_name,
 )
-from hubbub_client.frames import ERROR_CODES, TERMINAL_CLOSE_CODES
+from hubbub_client.frames import ERROR_CODES, TERMINAL_CLOSE_CODES, SearchFrame, SearchResultFrame
 
 __version__ = VERSION
 
@@ -110,6 +110,8 @@ __all__ = [
     "Resync",
     "RoomInfo",
     "RoomList",
+    "SearchFrame",
+    "SearchResultFrame",
     "ServerError",
     "StateChange",
     "TokenSource",

@@ -102,6 +102,8 @@ from hubbub_client.frames import (
     RoomFrame,
     RoomsFrame,
     RoomsRequestFrame,
+    SearchFrame,
+    SearchRequestFrame,
     SendFrame,
     TypingNoticeFrame,
 )
@@ -606,6 +608,29 @@ class HubbubClient:
         answer = cast(RoomsFrame, await self._ask("rooms", frame))
         return list(RoomList.from_frame(answer).rooms)
 
+    async def search(
+        self,
+        q: str,
+        *,
+        room: str | None = None,
+        peer: str | None = None,
+        order: Literal["newest", "best"] = "newest",
+        limit: int = 20,
+        offset: int = 0,
+    ) -> SearchFrame:
+        """Messages you may read now whose text matches ``q`` (words, "quoted phrases",
+        ``-word``; servers with a store): in ``room``, in the direct conversation with
+        ``peer``, or in all; newest first or best match first. Raises :class:`HubbubError`
+        when refused (``not_found`` for a conversation you may not read, ``no_store``,
+        ``rate_limited``). Page on with the answer's ``next_offset`` (None: the last page)."""
+        frame: SearchRequestFrame = {"type": "search", "q": q, "order": order, "limit": limit,
+                                     "offset": offset}  # fmt: skip
+        if room is not None:
+            frame["room"] = room
+        if peer is not None:
+            frame["with"] = peer
+        return cast(SearchFrame, await self._ask("search", frame))
+
     async def inbox(self) -> Inbox:
         """Your conversations (servers with a store). The next ``inbox`` frame answers: the
         one the server sends by itself after ``hello`` may be it."""
@@ -953,6 +978,8 @@ class HubbubClient:
                 self._emit(self._numbered_event(frame))
         elif kind == "history":
             self._answer(_history_key(frame.get("room"), frame.get("with")), frame)
+        elif kind == "search":
+            self._answer("search", frame)
         elif kind == "inbox":
             self._inbox(cast(InboxFrame, frame))
         elif kind == "joined":
@@ -1047,7 +1074,7 @@ class HubbubClient:
             answered = self._answer(_history_key(room, frame.get("with")), error)
         elif ref in ("create", "describe", "invite", "remove") and room is not None:
             answered = self._answer(f"room:{room}", error)
-        elif ref in ("rooms", "inbox"):
+        elif ref in ("rooms", "inbox", "search"):
             answered = self._answer(ref, error, every=ref == "inbox")
         elif ref == "join" and room is not None:
             if code in RETRY_JOIN_CODES:

@@ -164,6 +164,20 @@ class RoomsRequestFrame(TypedDict):
     q: NotRequired[str]
 
 
+SearchRequestFrame = TypedDict(
+    "SearchRequestFrame",
+    {
+        "type": Literal["search"],
+        "q": str,
+        "room": NotRequired[RoomName],
+        "with": NotRequired[UserId],
+        "order": NotRequired[Literal["newest", "best"]],
+        "limit": NotRequired[int],
+        "offset": NotRequired[int],
+    },
+)
+
+
 class PingFrame(TypedDict):
     type: Literal["ping"]
 
@@ -179,7 +193,8 @@ does)."""
 ClientFrame = (
     JoinFrame | LeaveFrame | SendFrame | EditFrame | DeleteFrame | ReactFrame | TypingFrame
     | AuthFrame | HistoryRequestFrame | ReadFrame | InboxRequestFrame | CreateFrame
-    | DescribeFrame | InviteFrame | RemoveFrame | RoomsRequestFrame | PingFrame | PongFrame
+    | DescribeFrame | InviteFrame | RemoveFrame | RoomsRequestFrame | SearchRequestFrame
+    | PingFrame | PongFrame
 )  # fmt: skip
 """Every frame a client may send."""
 
@@ -383,6 +398,29 @@ class RoomsFrame(TypedDict):
     rooms: list[RoomRecordFrame]
 
 
+SearchResultFrame = TypedDict(
+    "SearchResultFrame",
+    {
+        "room": NotRequired[RoomName],
+        "with": NotRequired[UserId],
+        "id": int,
+        "user": UserId,
+        "ts": int,
+        "text": str,
+        "highlights": list[list[int]],
+    },
+)
+
+
+class SearchFrame(TypedDict):
+    """The answer to ``search``: ``highlights`` are [start, end) in characters of ``text``."""
+
+    type: Literal["search"]
+    q: str
+    results: list[SearchResultFrame]
+    next_offset: int | None
+
+
 class MemberFrame(TypedDict):
     type: Literal["member"]
     room: RoomName
@@ -401,7 +439,7 @@ ServerFrame = (
     HelloFrame | JoinedFrame | LeftFrame | MessageFrame | EditedFrame | DeletedFrame
     | ReactionFrame | PresenceFrame | TypingNoticeFrame | ReceiptFrame | ReceiptsFrame
     | AckFrame | ErrorFrame | RefreshFrame | AuthenticatedFrame | HistoryFrame | InboxFrame
-    | RoomFrame | RoomsFrame | MemberFrame | InvitedFrame | PingFrame | PongFrame
+    | RoomFrame | RoomsFrame | MemberFrame | InvitedFrame | SearchFrame | PingFrame | PongFrame
 )  # fmt: skip
 """Every frame a server sends (a newer server may send more types: they are ignored)."""
 
