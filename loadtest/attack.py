@@ -307,28 +307,31 @@ CONNECT, LIVE = "connect", "live"
 HTTP_MESSAGES = "GET /rooms/{room}/messages"
 HTTP_INBOX = "GET /inbox"
 HTTP_DM = "GET /dms/{peer}/messages"
+HTTP_SEARCH = "GET /search?q=owner+message&order=best&limit=50"
 API_ROOM = "GET /api/v1/rooms/{room}"
 API_MESSAGES = "GET /api/v1/rooms/{room}/messages"
 FRAME_PATHS = ("join", "join since", "history before", "history after", "read", "send", "edit",
                "delete", "react", "typing", "describe", "invite", "remove", "rooms", "directory",
-               "inbox", "dm history")  # fmt: skip
-HTTP_PATHS = (HTTP_MESSAGES, HTTP_INBOX, HTTP_DM)
+               "inbox", "dm history", "search", "search room")  # fmt: skip
+HTTP_PATHS = (HTTP_MESSAGES, HTTP_INBOX, HTTP_DM, HTTP_SEARCH)
 API_PATHS = (API_ROOM, API_MESSAGES)
 PATHS = (CONNECT, *FRAME_PATHS, LIVE, *HTTP_PATHS, *API_PATHS)
 # Paths that name the room, where a stranger's answers are compared with a never-used name's
 # (not join: rooms share one namespace, see the docstring).
 ORACLE_PATHS = frozenset(
     {"history before", "history after", "read", "send", "edit", "delete", "react", "typing",
-     "describe", "invite", "remove", HTTP_MESSAGES}
+     "describe", "invite", "remove", "search room", HTTP_MESSAGES}
 )  # fmt: skip
 # What the member must see on a path (a control); HTTP's per-user routes need jwt mode.
 MEMBER_SEES: dict[str, tuple[str, ...]] = {
     CONNECT: ("marker", "dm marker"), "join": ("title",), "join since": ("marker",),
     "history before": ("marker",), "history after": ("marker",), "rooms": ("title",),
     "inbox": ("marker", "dm marker"), "dm history": ("dm marker",), LIVE: ("marker",),
+    "search": ("marker",), "search room": ("marker",),
 }  # fmt: skip
 MEMBER_SEES_JWT: dict[str, tuple[str, ...]] = {
     HTTP_MESSAGES: ("marker",), HTTP_INBOX: ("marker", "dm marker"), HTTP_DM: ("dm marker",),
+    HTTP_SEARCH: ("marker",),
 }  # fmt: skip
 SERVICE_SEES: dict[str, tuple[str, ...]] = {API_ROOM: ("title",), API_MESSAGES: ("marker",)}
 
@@ -502,6 +505,7 @@ class _App(AppProcess):
 
 ENV = {
     "CHAT_USER_READS_PER_S": "100000", "CHAT_USER_READ_BURST": "100000",
+    "CHAT_USER_SEARCHES_PER_S": "100000", "CHAT_USER_SEARCH_BURST": "100000",
     "CHAT_MAX_PENDING_AUTH_PER_ADDRESS": "100000", "CHAT_RATE_LIMIT_FRAMES_PER_S": "100000",
     "CHAT_RATE_LIMIT_BURST": "100000", "CHAT_DRAIN_WINDOW_S": "1", "CHAT_CLOSE_TIMEOUT_S": "1",
     "CHAT_HELLO_NAMES_PROCESS": "false", "CHAT_LOG_LEVEL": "warning",
@@ -978,6 +982,12 @@ class Attack:
             "directory": [("directory", {"type": "rooms", "public": True, "q": room})],
             "inbox": [("inbox", {"type": "inbox"})],
             "dm history": [("dm history", {"type": "history", "with": peer, "limit": 50})],
+            # Search: words of the room's messages (never the marker itself, which would be
+            # echoed), everywhere and in the room named.
+            "search": [("search", {"type": "search", "q": "owner message", "order": "best",
+                                   "limit": 50})],
+            "search room": [("search room", {"type": "search", "q": "owner message",
+                                             "room": room, "limit": 50})],
         }  # fmt: skip
         return frames[path]
 

@@ -15,6 +15,8 @@ from playwright.async_api import Browser, expect
 
 from tests.helpers import ChatClient, LiveServer, make_settings, run_server
 from tests.test_browser import UI_TIMEOUT_MS, ChatPage, browser, frames_sent, label
+from tests.test_durable import store_of, wait_stored
+from tests.test_rooms import answer
 
 __all__ = ["browser"]  # the fixture, imported for these tests
 
@@ -343,5 +345,44 @@ async def test_public_rooms_are_found_and_joined_from_the_page(
             await found.get_by_role("button", name="Join town").click()
             await expect(page.page.locator("#room-title")).to_have_text("town — Town square")
             await expect(page.page.locator("#found-rooms")).to_be_hidden()
+        finally:
+            await page.close()
+
+
+async def test_a_search_result_opens_its_conversation_at_the_message(
+    browser: Browser, tmp_path: Path
+) -> None:
+    """The top bar's search finds messages (the words marked, as elements) in the rooms the
+    page may read, never a private room it is not in; a result opens its room at the
+    message, loading older pages until it is there."""
+    settings = make_settings(database_url=f"sqlite:///{tmp_path}/data/hubbub.db")
+    async with run_server(settings) as live:
+        async with ChatClient.connect(live.ws_url("bob")) as bob:
+            await bob.expect("inbox")  # sent after hello, with a store
+            await bob.join("archive")
+            await bob.say("archive", "the <b>zebra</b> crossing is closed")
+            for n in range(60):  # more than a page after it
+                await bob.say("archive", f"filler {n}")
+            await answer(bob, {"type": "create", "room": "vault", "private": True}, "room")
+            await answer(bob, {"type": "join", "room": "vault"}, "joined")
+            await bob.say("vault", "zebra in the vault")
+            await wait_stored(store_of(live), "archive", 61, timeout=20)
+            await wait_stored(store_of(live), "vault", 1, timeout=20)
+        page = await ChatPage.open(browser, live.http_url, "eve", "lobby")
+        try:
+            await page.page.locator("#search-input").fill("ZEBRA")
+            await page.page.locator("#search-input").press("Enter")
+            results = page.page.locator("#search-list .search-result")
+            await expect(results).to_have_count(1)
+            await expect(results.locator(".result-text")).to_have_text(
+                "the <b>zebra</b> crossing is closed"
+            )
+            await expect(results.locator("mark")).to_have_text("zebra")
+            assert await page.page.locator("#search-list b").count() == 0
+            await results.locator(".result-open").click()
+            await expect(page.page.locator("#room-title")).to_have_text("archive")
+            found = page.page.locator("#messages .message.found")
+            await expect(found.locator(".text")).to_have_text("the <b>zebra</b> crossing is closed")
+            await expect(found).to_be_in_viewport()
         finally:
             await page.close()

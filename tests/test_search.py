@@ -188,6 +188,10 @@ async def test_search_through_the_frame_and_http_honours_the_access_decision(
                 eve_client, {"type": "search", "q": "launch", "room": "plans"}, "search"
             )
             assert (refused["code"], refused["ref"]) == ("not_found", "search")
+            unused = await answer(
+                eve_client, {"type": "search", "q": "launch", "room": "nobody-here"}, "search"
+            )
+            assert unused["code"] == "not_found"  # the same answer: no existence oracle
             empty = await answer(eve_client, {"type": "search", "q": ""}, "search")
             assert empty["code"] == "bad_frame"
 

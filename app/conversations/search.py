@@ -3,7 +3,8 @@ conversation passed through the one access decision (:mod:`app.access.conversati
 
 Contract: :func:`search` returns only messages ``identity`` may read now. With a conversation
 named, that conversation is checked first (refused as any frame about it is: ``not_found``
-for a private room one is not a member of, ``forbidden`` outside the token's rooms claim).
+for a private room one is not a member of and for a room nobody uses, ``forbidden`` outside
+the token's rooms claim).
 Without one, the store narrows the candidates in SQL, and every conversation a page holds is
 checked again before it is shown; a page may then hold fewer than ``limit`` results, and
 ``next_offset`` (None on the last page) says where the next one starts. Raises
@@ -18,7 +19,7 @@ from typing import Any
 from app.access.auth import Identity
 from app.access.conversations import ConversationAccess
 from app.conversations.names import direct, is_direct, members_of_direct
-from app.conversations.rooms import RoomError
+from app.conversations.rooms import RoomDirectory, RoomError, room_not_found
 from app.errors import ErrorCode
 from app.store.database import StoreError
 from app.store.search import Hit, Order, SearchStore
@@ -27,6 +28,7 @@ from app.store.search import Hit, Order, SearchStore
 async def search(
     store: SearchStore | None,
     access: ConversationAccess,
+    rooms: RoomDirectory,
     identity: Identity,
     query: str,
     room: str | None,
@@ -42,6 +44,10 @@ async def search(
     conversation = room if room is not None else direct(user, peer) if peer is not None else None
     if conversation is not None:
         await access.conversation(identity, conversation)
+        if room is not None and not await rooms.in_use(room):
+            # As history answers: a room nobody uses and a private room one may not read
+            # are one answer (docs/security.md).
+            raise room_not_found(room)
     try:
         hits = await store.search(user, query, conversation, order, limit, offset)
     except StoreError as exc:

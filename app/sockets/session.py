@@ -503,7 +503,7 @@ class Session:
         try:
             page = await search(
                 store.search if store is not None else None, self._state.access,
-                self.conn.identity, frame.q, frame.room, frame.peer, frame.order,
+                self._state.rooms, self.conn.identity, frame.q, frame.room, frame.peer, frame.order,
                 min(frame.limit, settings.search_page_max), frame.offset,
             )  # fmt: skip
         except RoomError as exc:

@@ -746,6 +746,90 @@ $("create-form").addEventListener("submit", (event) => {
   client.createRoom(room, { private: true });
 });
 
+// -- search: messages you may read, a result opens its conversation at it --------------------
+
+let searching = null; // {q, next}: the search shown
+
+$("search-form").addEventListener("submit", (event) => {
+  event.preventDefault();
+  const q = $("search-input").value.trim();
+  if (!q || !client) return;
+  searching = { q, next: 0 };
+  $("search-list").replaceChildren();
+  runSearch();
+});
+
+async function runSearch() {
+  const { q, next } = searching;
+  $("search-results").hidden = false;
+  $("search-summary").textContent = `Searching for “${q}”…`;
+  try {
+    const page = await client.search(q, { order: "newest", limit: 20, offset: next });
+    if (searching?.q !== q) return; // another search began meanwhile
+    $("search-list").append(...page.results.map(resultItem));
+    searching.next = page.next_offset;
+    const count = $("search-list").children.length;
+    $("search-summary").textContent = count
+      ? `${count} message${count === 1 ? "" : "s"} with “${q}”` : `No message with “${q}”`;
+    $("search-more").hidden = page.next_offset === null;
+  } catch (error) {
+    $("search-summary").textContent = `Search failed: ${error.message}`;
+  }
+}
+
+$("search-more").addEventListener("click", () => { if (searching?.next !== null) runSearch(); });
+$("search-close").addEventListener("click", () => {
+  $("search-results").hidden = true;
+  searching = null;
+  $("search-input").focus();
+});
+
+/** A result: where, who, when, and the text with the matched words marked (as nodes; the
+ * offsets count code points). A click opens the conversation at that message. */
+function resultItem(result) {
+  const item = el("li", "search-result");
+  const open = el("button", "result-open");
+  open.type = "button";
+  const where = result.room !== undefined ? result.room : `@${personLabel(result.with)}`;
+  const head = el("span", "result-head");
+  head.append(el("strong", "", where), " · ", personNode(result.user), " · ",
+    el("time", "", new Date(result.ts).toLocaleString([], { dateStyle: "medium", timeStyle: "short" })));
+  const text = el("span", "result-text");
+  const chars = [...result.text];
+  let at = 0;
+  for (const [start, end] of result.highlights) {
+    if (start < at || end > chars.length) continue;
+    text.append(chars.slice(at, start).join(""), el("mark", "", chars.slice(start, end).join("")));
+    at = end;
+  }
+  text.append(chars.slice(at).join(""));
+  open.append(head, text);
+  open.addEventListener("click", () => openAt(result));
+  item.append(open);
+  return item;
+}
+
+/** Show the result's conversation with the message on screen (older pages loaded until it
+ * is, 20 at most), marked for a moment. */
+async function openAt(result) {
+  const key = result.room !== undefined ? result.room : `@${result.with}`;
+  if (result.room !== undefined) joinRoom(result.room);
+  else openDirect(result.with);
+  const state = rooms.get(key);
+  for (let pages = 0; pages < 20 && state && !state.messages.has(result.id) && !state.complete; pages++) {
+    await new Promise((resolve) => setTimeout(resolve, 50)); // the join's history first
+    if (!state.messages.has(result.id)) await loadOlder(key);
+  }
+  const node = $("messages").querySelector(`.message[data-id="${result.id}"]`);
+  if (!node) {
+    showAlert("That message is not in the conversation any more");
+    return;
+  }
+  node.scrollIntoView({ block: "center" });
+  node.classList.add("found");
+  setTimeout(() => node.classList.remove("found"), 3000);
+}
+
 // -- the directory: public rooms to find and join --------------------------------------------
 
 $("find-form").addEventListener("submit", (event) => {

@@ -172,8 +172,8 @@ async def search_messages(
     store = state.store
     try:
         page = await search(
-            store.search if store is not None else None, state.access, identity, q, room, peer,
-            order, min(limit, settings.search_page_max), offset,
+            store.search if store is not None else None, state.access, state.rooms, identity,
+            q, room, peer, order, min(limit, settings.search_page_max), offset,
         )  # fmt: skip
     except RoomError as exc:
         status = 404 if exc.code is ErrorCode.NO_STORE else http_status(exc)
