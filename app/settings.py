@@ -326,6 +326,13 @@ class Settings(BaseSettings):
             "on (docs/operations.md: re-index). SQLite's index folds case and accents only."
         ),
     )
+    search_index: bool = Field(
+        True,
+        description=(
+            "Index messages for search as they are archived. Off: archiving skips it and "
+            "`search` is refused (`no_store`); what was indexed stays until it expires."
+        ),
+    )
     search_page_max: int = Field(
         50, ge=1, le=500, description="Most results a `search` frame or `GET /search` returns."
     )

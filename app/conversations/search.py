@@ -38,8 +38,8 @@ async def search(
     offset: int,
 ) -> dict[str, Any]:
     """The page of results (see the module's contract): ``{"q", "results", "next_offset"}``."""
-    if store is None:
-        raise RoomError(ErrorCode.NO_STORE, "this server keeps no messages to search")
+    if store is None:  # no store, or CHAT_SEARCH_INDEX=false
+        raise RoomError(ErrorCode.NO_STORE, "this server does not search its messages")
     user = identity.user
     conversation = room if room is not None else direct(user, peer) if peer is not None else None
     if conversation is not None:

@@ -502,7 +502,7 @@ class Session:
         store = self._state.store
         try:
             page = await search(
-                store.search if store is not None else None, self._state.access,
+                store.search if store is not None else None, self._state.access,  # None: off
                 self._state.rooms, self.conn.identity, frame.q, frame.room, frame.peer, frame.order,
                 min(frame.limit, settings.search_page_max), frame.offset,
             )  # fmt: skip

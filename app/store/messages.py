@@ -26,7 +26,7 @@ too, in the
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Final, NamedTuple
+from typing import Any, Final, NamedTuple, cast
 
 from sqlalchemy import Select, Table, and_, exists, func, or_, select, tuple_, update
 from sqlalchemy.dialects import postgresql, sqlite
@@ -116,9 +116,12 @@ class MessageStore:
     """Messages of every conversation, on ``engine`` (migrated: see
     :func:`app.store.database.migrate`)."""
 
-    def __init__(self, engine: AsyncEngine, search_language: str = "simple") -> None:
+    def __init__(
+        self, engine: AsyncEngine, search_language: str = "simple", search_index: bool = True
+    ) -> None:
         self._engine = engine
         self._search_language = search_language
+        self._search_index = search_index
 
     async def add(self, batch: Sequence[StoredMessage]) -> int:
         """Store ``batch``; returns how many of its messages were not stored yet."""
@@ -134,8 +137,13 @@ class MessageStore:
         deleted = [(m.conversation, m.target) for m in batch if m.kind == Kind.DELETED]
         try:
             async with self._engine.begin() as connection:
-                if self._engine.dialect.name == "postgresql":
-                    added = await _add_on_postgresql(connection, batch, sorted(taking_part))
+                postgres = self._engine.dialect.name == "postgresql"
+                new_keys: set[tuple[str, int]] = set()
+                if postgres:
+                    language = self._search_language if self._search_index else None
+                    added = await _add_on_postgresql(
+                        connection, batch, sorted(taking_part), language
+                    )
                 else:
                     result = await connection.execute(
                         self._insert_new(), [message._asdict() for message in batch]
@@ -145,14 +153,27 @@ class MessageStore:
                             insert_ignoring_duplicates(self._engine, participants),
                             [{"user": u, "conversation": c} for u, c in sorted(taking_part)],
                         )
-                    added = len(result.all())
+                    rows = cast(list[tuple[str, int]], result.all())
+                    new_keys = {(str(c), int(i)) for c, i in rows}
+                    added = len(new_keys)
                 if deleted:
                     await _empty_deleted(connection, deleted)
-                await index_batch(
-                    connection,
-                    [(m.conversation, m.id, m.kind, m.target, m.text) for m in batch],
-                    self._search_language,
-                )
+                if self._search_index:
+                    await index_batch(
+                        connection,
+                        [(m.conversation, m.id, m.kind, m.target, m.text) for m in batch],
+                        self._search_language,
+                        # PostgreSQL: by _INSERT_MESSAGES_INDEXED; SQLite: those new here.
+                        new=None
+                        if postgres
+                        else [
+                            (m.conversation, m.id, m.user, m.ts_ms, m.text)
+                            for m in batch
+                            if (m.conversation, m.id) in new_keys
+                            and m.kind == Kind.MESSAGE
+                            and m.text
+                        ],
+                    )
                 return added
         except (*DATABASE_ERRORS, *_UNSENDABLE) as exc:
             refusal = _refusal(exc)
@@ -179,11 +200,13 @@ class MessageStore:
         more, also = await self.add_isolating(batch[half:])
         return added + more, refused + also
 
-    def _insert_new(self) -> ReturningInsert[tuple[int]]:
-        """INSERT … ON CONFLICT (conversation, id) DO NOTHING RETURNING id: the ids returned
-        are the rows that were new (a row count is not reported for a batch by every
-        driver)."""
-        return insert_ignoring_duplicates(self._engine, messages).returning(messages.c.id)
+    def _insert_new(self) -> ReturningInsert[tuple[str, int]]:
+        """INSERT … ON CONFLICT (conversation, id) DO NOTHING RETURNING conversation, id: the
+        rows returned are those that were new (a row count is not reported for a batch by
+        every driver)."""
+        return insert_ignoring_duplicates(self._engine, messages).returning(
+            messages.c.conversation, messages.c.id
+        )
 
     async def after(self, conversation: str, since: int, limit: int) -> list[StoredMessage]:
         """The oldest ``limit`` messages of ``conversation`` with an id above ``since``."""
@@ -340,6 +363,23 @@ WITH new AS (
 )
 SELECT count(*) FROM new
 """
+# The same, and the new messages' search documents in the same statement (app.store.search):
+# only rows new to ``messages`` are indexed, so a deleted message archived again stays out.
+_INSERT_MESSAGES_INDEXED: Final = """
+WITH new AS (
+  INSERT INTO messages (conversation, id, "user", text, ts_ms, kind, target)
+  SELECT * FROM unnest($1::varchar[], $2::bigint[], $3::varchar[], $4::text[], $5::bigint[],
+                       $6::smallint[], $7::bigint[])
+  ON CONFLICT DO NOTHING
+  RETURNING conversation, id, "user", text, ts_ms, kind
+), indexed AS (
+  INSERT INTO search_documents (conversation, id, "user", ts_ms, text, version, document)
+  SELECT conversation, id, "user", ts_ms, text, id, to_tsvector($8::text::regconfig, text)
+  FROM new WHERE kind = 0 AND text <> ''
+  ON CONFLICT DO NOTHING
+)
+SELECT count(*) FROM new
+"""
 _INSERT_PARTICIPANTS: Final = """
 INSERT INTO participants ("user", conversation)
 SELECT * FROM unnest($1::varchar[], $2::varchar[])
@@ -351,9 +391,16 @@ async def _add_on_postgresql(
     connection: AsyncConnection,
     batch: Sequence[StoredMessage],
     taking_part: Sequence[tuple[str, str]],
+    search_language: str | None,
 ) -> int:
+    """Store ``batch`` (and index its new messages in ``search_language``: None, not)."""
     columns = tuple(list(column) for column in zip(*batch, strict=True))
-    result = await connection.exec_driver_sql(_INSERT_MESSAGES, columns)
+    if search_language is None:
+        result = await connection.exec_driver_sql(_INSERT_MESSAGES, columns)
+    else:
+        result = await connection.exec_driver_sql(
+            _INSERT_MESSAGES_INDEXED, (*columns, search_language)
+        )
     if taking_part:
         users, conversations = zip(*taking_part, strict=True)
         await connection.exec_driver_sql(_INSERT_PARTICIPANTS, (list(users), list(conversations)))

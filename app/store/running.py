@@ -37,8 +37,10 @@ class RunningStore:
         assert settings.database_url is not None
         self._settings = settings
         self.engine = engine_for(settings.database_url, settings.database_timeout_s)
-        self.messages = MessageStore(self.engine, settings.search_language)
-        self.search = SearchStore(self.engine, settings.search_language)
+        self.messages = MessageStore(self.engine, settings.search_language, settings.search_index)
+        self.search = (
+            SearchStore(self.engine, settings.search_language) if settings.search_index else None
+        )
         self.inbox = Inbox(self.engine)
         self.rooms = RoomStore(self.engine)
         # The embedded broker's archiver; the Redis broker's is a StreamArchiver.

@@ -47,7 +47,7 @@ from sqlalchemy.sql.elements import ColumnClause
 
 from app.conversations.lifecycle import Kind
 from app.store.database import StoreError
-from app.store.schema import members, messages, participants, rooms, search_documents
+from app.store.schema import members, participants, rooms, search_documents
 
 # What marks a matched word in the text the databases return (then turned into offsets):
 # control characters (a text that holds them itself gets no highlights).
@@ -108,31 +108,25 @@ async def index_batch(
     connection: AsyncConnection,
     batch: Sequence[tuple[str, int, int, int | None, str]],
     language: str,
+    new: Sequence[tuple[str, int, str, int, str]] | None,
 ) -> None:
     """Keep ``search_documents`` in step with ``batch`` (conversation, id, kind, target, text
-    of each row just stored, in id order), in the caller's transaction."""
-    new = [(c, i) for c, i, kind, _, _ in batch if kind == Kind.MESSAGE]
+    of each row just stored, in id order), in the caller's transaction. ``new``: the messages
+    that were new to the store in it (conversation, id, user, ts_ms, text; not empty), to
+    index; None when the caller indexed them already (PostgreSQL: in the statement that
+    stored them)."""
     postgres = connection.dialect.name == "postgresql"
-    if new:
-        if postgres:
-            await connection.exec_driver_sql(
-                _INDEX_NEW_POSTGRES, ([c for c, _ in new], [i for _, i in new], language)
-            )
-        else:
-            stored = messages.alias("m")
-            pairs = [and_(stored.c.conversation == c, stored.c.id == i) for c, i in new]
-            chosen = select(
-                stored.c.conversation, stored.c.id, stored.c.user, stored.c.ts_ms, stored.c.text,
-                stored.c.id,
-            ).where(
-                stored.c.kind == int(Kind.MESSAGE), stored.c.text != "", or_(*pairs)
-            )  # fmt: skip
-            columns = ["conversation", "id", "user", "ts_ms", "text", "version"]
-            await connection.execute(
-                sqlite.insert(search_documents)
-                .from_select(columns, chosen)
-                .on_conflict_do_nothing()
-            )
+    if new and postgres:
+        columns = tuple(list(column) for column in zip(*new, strict=True))
+        await connection.exec_driver_sql(_INDEX_NEW_POSTGRES, (*columns, language))
+    elif new:
+        await connection.execute(
+            sqlite.insert(search_documents).on_conflict_do_nothing(),
+            [
+                {"conversation": c, "id": i, "user": u, "ts_ms": t, "text": x, "version": i}
+                for c, i, u, t, x in new
+            ],
+        )
     for conversation, row_id, kind, target, new_text in batch:
         if target is None:
             continue
@@ -152,11 +146,9 @@ async def index_batch(
 
 _INDEX_NEW_POSTGRES: Final = """
 INSERT INTO search_documents (conversation, id, "user", ts_ms, text, version, document)
-SELECT m.conversation, m.id, m."user", m.ts_ms, m.text, m.id,
-       to_tsvector($3::text::regconfig, m.text)
-FROM unnest($1::varchar[], $2::bigint[]) AS b(conversation, id)
-JOIN messages m ON m.conversation = b.conversation AND m.id = b.id
-WHERE m.kind = 0 AND m.text <> ''
+SELECT conversation, id, "user", ts_ms, text, id, to_tsvector($6::text::regconfig, text)
+FROM unnest($1::varchar[], $2::bigint[], $3::varchar[], $4::bigint[], $5::text[])
+  AS new(conversation, id, "user", ts_ms, text)
 ON CONFLICT DO NOTHING
 """
 

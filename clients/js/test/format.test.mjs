@@ -10,8 +10,12 @@ import { fileURLToPath } from "node:url";
 // clients/js, where the relative path does not reach app/static/).
 const FORMAT =
   process.env.HUBBUB_FORMAT ?? fileURLToPath(new URL("../../../app/static/format.js", import.meta.url));
-// Importing it must not touch the DOM: Node has no `document`.
-const { parse, render } = await import(FORMAT);
+// Importing it must not touch the DOM: Node has no `document`. Imported from its source as a
+// data: URL, always an ES module (Node 18 takes a .js file outside a "type": "module" package
+// for CommonJS); it imports nothing, so nothing relative needs resolving.
+const { parse, render } = await import(
+  `data:text/javascript;charset=utf-8,${encodeURIComponent(readFileSync(FORMAT, "utf8"))}`
+);
 
 // -- a fake document: only what render may use, so anything else (innerHTML…) throws --------
 
