@@ -16,7 +16,8 @@ a temporary directory. For each database:
    read included) by a user who is a member of some private rooms: one word (common, middling
    or rare) or two, newest first, a page of 20. Reported: p50, p95 and p99 in milliseconds.
 
-Goals (issue 37): p95 ≤ 50 ms over 1,000,000 messages; archiving with the index at least 0.8 times as fast as without.
+Goals (issue 37): p95 ≤ 50 ms over 1,000,000 messages; archiving with the index at least
+0.8 times as fast as without.
 """
 
 from __future__ import annotations
