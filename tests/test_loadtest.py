@@ -216,6 +216,26 @@ async def test_the_archiving_benchmarks_smoke(tmp_path: Path) -> None:
     assert all(run["messages_per_s"] > 0 for runs in rows.values() for run in runs)
 
 
+async def test_the_search_benchmark_smoke(tmp_path: Path) -> None:
+    """``python -m loadtest.search``, tiny, on both databases: archiving rates with and
+    without the index and search latencies come out."""
+    out = tmp_path / "search.json"
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "loadtest.search", "--messages", "3000", "--compare", "2000",
+        "--queries", "20", "--json", str(out), cwd=ROOT,
+        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    async with asyncio.timeout(80):
+        _, err = await proc.communicate()
+    assert proc.returncode == 0, err.decode()
+    results = json.loads(out.read_text())
+    assert [r["database"] for r in results] == ["sqlite", "postgresql"]
+    for result in results:
+        assert result["archive_per_s"]["with_index"] > 0, result
+        assert result["archive_per_s"]["without_index"] > 0, result
+        assert 0 < result["p50_ms"] <= result["p95_ms"] <= result["p99_ms"], result
+
+
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize(
     ("script", "env", "label"),

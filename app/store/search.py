@@ -37,18 +37,17 @@ from sqlalchemy import (
     or_,
     select,
     table,
-    tuple_,
     update,
 )
 from sqlalchemy.dialects import sqlite
 from sqlalchemy.dialects.postgresql import REGCONFIG
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
-from sqlalchemy.sql.elements import ColumnClause
+from sqlalchemy.sql.elements import ColumnClause, UnaryExpression
 
 from app.conversations.lifecycle import Kind
 from app.store.database import StoreError
-from app.store.schema import members, messages, participants, rooms, search_documents
+from app.store.schema import members, participants, rooms, search_documents
 
 # What marks a matched word in the text the databases return (then turned into offsets):
 # control characters (a text that holds them itself gets no highlights).
@@ -121,20 +120,18 @@ async def index_batch(
         columns = tuple(list(column) for column in zip(*new, strict=True))
         await connection.exec_driver_sql(_INDEX_NEW_POSTGRES, (*columns, language))
     elif new:
-        # One INSERT … SELECT from the rows just stored (an executemany costs SQLAlchemy's
-        # per-row binding: half the speed, measured with loadtest/search.py).
-        stored = messages.alias("m")
-        chosen = select(
-            stored.c.conversation,
-            stored.c.id,
-            stored.c.user,
-            stored.c.ts_ms,
-            stored.c.text,
-            stored.c.id,
-        ).where(tuple_(stored.c.conversation, stored.c.id).in_([(c, i) for c, i, *_ in new]))
-        names = ["conversation", "id", "user", "ts_ms", "text", "version"]
+        # One multi-row INSERT of the rows as given (an executemany costs SQLAlchemy's per-row
+        # binding; an INSERT … SELECT matching (conversation, id) IN (VALUES …) scans the
+        # whole messages table: both measured with loadtest/search.py).
         await connection.execute(
-            sqlite.insert(search_documents).from_select(names, chosen).on_conflict_do_nothing()
+            sqlite.insert(search_documents)
+            .values(
+                [
+                    {"conversation": c, "id": i, "user": u, "ts_ms": t, "text": x, "version": i}
+                    for c, i, u, t, x in new
+                ]
+            )
+            .on_conflict_do_nothing()
         )
     for conversation, row_id, kind, target, new_text in batch:
         if target is None:
@@ -206,6 +203,7 @@ class SearchStore:
             )  # fmt: skip
             statement = select(*columns, marked).where(docs.c.document.op("@@")(tsquery), readable)
             best = func.ts_rank_cd(docs.c.document, tsquery).desc()
+            newest_first: tuple[UnaryExpression[Any], ...] = ()
             parameters = {"q": query}
         else:
             match = fts5_query(query)
@@ -221,10 +219,13 @@ class SearchStore:
                 .where(fts_name.op("MATCH")(bindparam("q")), readable)
             )
             best = fts.c.rank.asc()  # bm25: lower is better
+            # Newest first in the order archived (FTS5 streams its rowids backwards, so a
+            # common word stops at the page instead of sorting every match).
+            newest_first = (fts.c.rowid.desc(),)
             parameters = {"q": match}
         if conversation is not None:
             statement = statement.where(docs.c.conversation == conversation)
-        newest = (docs.c.ts_ms.desc(), docs.c.conversation, docs.c.id.desc())
+        newest = newest_first if not postgres else (docs.c.ts_ms.desc(), docs.c.id.desc())
         statement = statement.order_by(*((best, *newest) if order == "best" else newest))
         statement = statement.limit(limit).offset(offset)
         try:
