@@ -39,7 +39,6 @@ from sqlalchemy import (
     table,
     update,
 )
-from sqlalchemy.dialects import sqlite
 from sqlalchemy.dialects.postgresql import REGCONFIG
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
@@ -120,18 +119,12 @@ async def index_batch(
         columns = tuple(list(column) for column in zip(*new, strict=True))
         await connection.exec_driver_sql(_INDEX_NEW_POSTGRES, (*columns, language))
     elif new:
-        # One multi-row INSERT of the rows as given (an executemany costs SQLAlchemy's per-row
-        # binding; an INSERT … SELECT matching (conversation, id) IN (VALUES …) scans the
-        # whole messages table: both measured with loadtest/search.py).
-        await connection.execute(
-            sqlite.insert(search_documents)
-            .values(
-                [
-                    {"conversation": c, "id": i, "user": u, "ts_ms": t, "text": x, "version": i}
-                    for c, i, u, t, x in new
-                ]
-            )
-            .on_conflict_do_nothing()
+        # The driver's own executemany (sqlite3, in C). SQLAlchemy's costs its per-row
+        # binding, a multi-row INSERT its compiling, and an INSERT … SELECT matching
+        # (conversation, id) IN (VALUES …) scans all messages: each measured slower with
+        # loadtest/search.py.
+        await connection.exec_driver_sql(
+            _INDEX_NEW_SQLITE, [(c, i, u, t, x, i) for c, i, u, t, x in new]
         )
     for conversation, row_id, kind, target, new_text in batch:
         if target is None:
@@ -150,6 +143,10 @@ async def index_batch(
             await connection.execute(delete(search_documents).where(key))
 
 
+_INDEX_NEW_SQLITE: Final = """
+INSERT INTO search_documents (conversation, id, "user", ts_ms, text, version)
+VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING
+"""
 _INDEX_NEW_POSTGRES: Final = """
 INSERT INTO search_documents (conversation, id, "user", ts_ms, text, version, document)
 SELECT conversation, id, "user", ts_ms, text, id, to_tsvector($6::text::regconfig, text)
