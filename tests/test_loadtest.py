@@ -183,18 +183,26 @@ async def test_the_delivery_cost_smoke() -> None:
 
 
 @pytest.mark.timeout(150)
+async def run_module(module: str, *args: str, timeout: float) -> None:
+    """``python -m module args`` from the project root; fails the test unless it exits 0 in
+    ``timeout`` seconds (its stderr in the message)."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", module, *args, cwd=ROOT,
+        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    async with asyncio.timeout(timeout):
+        _, err = await proc.communicate()
+    assert proc.returncode == 0, err.decode()
+
+
 async def test_the_archiving_benchmarks_smoke(tmp_path: Path) -> None:
     """``python -m loadtest.archive``, tiny: both archivers store every message once and a
     rate comes out; and ``make bench``'s store row (a PostgreSQL per measurement) runs."""
     out = tmp_path / "archive.json"
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "loadtest.archive", "--messages", "3000", "--rooms", "30",
-        "--batch", "500", "--json", str(out), cwd=ROOT,
-        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
+    await run_module(
+        "loadtest.archive", "--messages", "3000", "--rooms", "30", "--batch", "500",
+        "--json", str(out), timeout=60,
     )  # fmt: skip
-    async with asyncio.timeout(60):
-        _, err = await proc.communicate()
-    assert proc.returncode == 0, err.decode()
     results = json.loads(out.read_text())
     assert [r["store"] for r in results] == ["postgresql", "sqlite (embedded)"]
     for result in results:
@@ -220,14 +228,10 @@ async def test_the_search_benchmark_smoke(tmp_path: Path) -> None:
     """``python -m loadtest.search``, tiny, on both databases: archiving rates with and
     without the index and search latencies come out."""
     out = tmp_path / "search.json"
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "loadtest.search", "--messages", "3000", "--compare", "2000",
-        "--queries", "20", "--json", str(out), cwd=ROOT,
-        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
+    await run_module(
+        "loadtest.search", "--messages", "3000", "--compare", "2000", "--queries", "20",
+        "--json", str(out), timeout=80,
     )  # fmt: skip
-    async with asyncio.timeout(80):
-        _, err = await proc.communicate()
-    assert proc.returncode == 0, err.decode()
     results = json.loads(out.read_text())
     assert [r["database"] for r in results] == ["sqlite", "postgresql"]
     for result in results:
