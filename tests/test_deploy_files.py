@@ -728,7 +728,7 @@ async def test_ingress_routes_only_what_clients_use() -> None:
     assert not [key for key in annotations if "snippet" in key or "use-regex" in key]
     assert "defaultBackend" not in ingress["spec"]
     app = create_app(DEFAULTS)
-    client_paths = {"/", "/rooms/{room}/messages", "/dms/{peer}/messages", "/inbox"}
+    client_paths = {"/", "/rooms/{room}/messages", "/dms/{peer}/messages", "/inbox", "/search"}
     internal_paths = {"/healthz", "/readyz", app.openapi_url, app.docs_url, app.redoc_url}
     app_paths = set(app.openapi()["paths"])
     backend_api = {path for path in app_paths if path.startswith("/api/v1/")}
@@ -739,7 +739,7 @@ async def test_ingress_routes_only_what_clients_use() -> None:
     assert admin.router.prefix == "/admin"
 
     routed = ["/", "/ws", "/rooms/lobby/messages", "/rooms/team-1/messages"]
-    routed += ["/dms/alice/messages", "/inbox"]
+    routed += ["/dms/alice/messages", "/inbox", "/search"]
     routed += [f"/static/{f.name}" for f in (ROOT / "app/static").iterdir()]
     static = (ROOT / "app/static/index.html").read_text()
     assert set(re.findall(r'(?:href|src)="(/[^"]*)"', static)) <= set(routed)
@@ -752,7 +752,7 @@ async def test_ingress_routes_only_what_clients_use() -> None:
         "/admin", "/admin/", "/admin/users/troll/kick", "/admin/users/troll/ban",
         DEFAULTS.metrics_path, "/metrics", "/healthz", "/readyz", "/openapi.json", "/redoc",
         "/docs", "/docs/oauth2-redirect", "/index.html", "/wsx", "/ws/x", "/staticx", "/rooms-x",
-        "/dmsx", "/inbox/x", "/api/", "/api/v1/rooms", "/api/v1/users/ada/messages",
+        "/dmsx", "/inbox/x", "/search/x", "/api/", "/api/v1/rooms", "/api/v1/users/ada/messages",
     ]  # fmt: skip
     for path in refused:
         assert _ingress_backend(ingress, path) is None, path
