@@ -112,13 +112,10 @@ async def index_batch(
     """Keep ``search_documents`` in step with ``batch`` (conversation, id, kind, target, text
     of each row just stored, in id order), in the caller's transaction. ``new``: the messages
     that were new to the store in it (conversation, id, user, ts_ms, text; not empty), to
-    index; None when the caller indexed them already (PostgreSQL: in the statement that
-    stored them)."""
+    index on SQLite; None on PostgreSQL, where the statement that stored them indexed them
+    (app.store.messages)."""
     postgres = connection.dialect.name == "postgresql"
-    if new and postgres:
-        columns = tuple(list(column) for column in zip(*new, strict=True))
-        await connection.exec_driver_sql(_INDEX_NEW_POSTGRES, (*columns, language))
-    elif new:
+    if new:
         # The driver's own executemany (sqlite3, in C). SQLAlchemy's costs its per-row
         # binding, a multi-row INSERT its compiling, and an INSERT … SELECT matching
         # (conversation, id) IN (VALUES …) scans all messages: each measured slower with
@@ -146,13 +143,6 @@ async def index_batch(
 _INDEX_NEW_SQLITE: Final = """
 INSERT INTO search_documents (conversation, id, "user", ts_ms, text, version)
 VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING
-"""
-_INDEX_NEW_POSTGRES: Final = """
-INSERT INTO search_documents (conversation, id, "user", ts_ms, text, version, document)
-SELECT conversation, id, "user", ts_ms, text, id, to_tsvector($6::text::regconfig, text)
-FROM unnest($1::varchar[], $2::bigint[], $3::varchar[], $4::bigint[], $5::text[])
-  AS new(conversation, id, "user", ts_ms, text)
-ON CONFLICT DO NOTHING
 """
 
 
