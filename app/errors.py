@@ -75,6 +75,8 @@ class ErrorCode(StrEnum):
     NO_STORE = "no_store"
     NOT_FOUND = "not_found"
     EXISTS = "exists"
+    FILE_TOO_LARGE = "file_too_large"
+    STORAGE_UNAVAILABLE = "storage_unavailable"
 
 
 class FrameError(Exception):

@@ -29,6 +29,8 @@ from app.access.token_expiry import run_token_expiry
 from app.broker import create_broker
 from app.conversations.history import ConversationHistory
 from app.conversations.rooms import RoomDirectory
+from app.files.service import Files
+from app.files.storage import storage_for
 from app.ops.descriptors import connection_cap, raise_soft_limit
 from app.ops.gc_tuning import GcTuning, keep_freezing
 from app.ops.metrics import Metrics, run_metrics_sync
@@ -45,6 +47,7 @@ from app.transport import uvicorn_seam
 from app.web.admin import router as admin_router
 from app.web.api import ChatSocket, router
 from app.web.backend_api import router as backend_router
+from app.web.files import router as files_router
 from app.web.page import mount_page
 from app.webhooks.wiring import connect_webhooks
 
@@ -133,6 +136,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.state.chat = state
         if store is not None:
             await store.open()
+        storage = await storage_for(settings) if store is not None else None
+        if storage is not None and store is not None:
+            state.files = Files(settings, storage, store.files, state.access, quotas)
         await broker.start(hub)
         await presence.start()
         if store is not None:
@@ -158,6 +164,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         ]
         if dispatcher is not None:
             background.append(asyncio.create_task(dispatcher.run(), name="webhooks"))
+        if state.files is not None:
+            background.append(asyncio.create_task(state.files.run_sweeps(), name="file-sweeps"))
         if authenticator is not None:
             background.append(
                 asyncio.create_task(
@@ -196,6 +204,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                     await task
             # Each step runs whatever the one before raised (Redis may be down by now).
             steps = [hub.close, presence.stop, broker.stop, quotas.close]
+            if storage is not None:
+                steps.append(storage.close)
             if store is not None:
                 steps.append(store.stop)  # after the broker: nothing more is offered
             for step in steps:
@@ -212,6 +222,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(router)
     app.include_router(admin_router)
     app.include_router(backend_router)
+    app.include_router(files_router)
     mount_page(app)
     Instrumentator(registry=metrics.registry, excluded_handlers=["/healthz", "/readyz"]).instrument(
         app

@@ -75,8 +75,12 @@ class Leave(_Frame):
     room: RoomName
 
 
+FileId = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_\-]{16,32}$")]
+
+
 class Send(_Frame):
-    """To a room (``room``) or to every connection of one user (``to``): exactly one of them."""
+    """To a room (``room``) or to every connection of one user (``to``): exactly one of them.
+    ``attachments``: the ids of files the sender uploaded for this conversation (``upload``)."""
 
     type: Literal["send"]
     room: RoomName | None = None
@@ -84,6 +88,7 @@ class Send(_Frame):
     text: StorableText
     cid: ClientMessageId | None = None
     reply_to: MessageId | None = None
+    attachments: Annotated[list[FileId], Field(min_length=1, max_length=100)] | None = None
 
     @model_validator(mode="after")
     def _one_target(self) -> Send:
@@ -177,6 +182,30 @@ class React(_Conversation):
     id: MessageId
     emoji: Annotated[str, StringConstraints(min_length=1), AfterValidator(storable)]
     cid: ClientMessageId | None = None
+
+
+def file_name(name: str) -> str:
+    """``name`` if it can name a file: no control characters, no path separators."""
+    if any(c in "/\\" or not c.isprintable() for c in name):
+        raise ValueError("must not contain control characters, '/' or '\\'")
+    return name
+
+
+class Upload(_Conversation):
+    """Upload a file to attach to a message in a conversation: answered with where to upload
+    it (an ``upload`` frame), or an error."""
+
+    type: Literal["upload"]
+    name: Annotated[str, StringConstraints(min_length=1, max_length=255), AfterValidator(file_name)]
+    size: Annotated[int, Field(ge=1, lt=2**53)]
+    cid: ClientMessageId | None = None
+
+
+class FileRequest(_Frame):
+    """Links to read file ``id`` (of a message you may read now): a ``file`` frame."""
+
+    type: Literal["file"]
+    id: FileId
 
 
 class InboxRequest(_Frame):
@@ -279,6 +308,8 @@ ClientFrame = (
     | Remove
     | RoomsRequest
     | SearchRequest
+    | Upload
+    | FileRequest
 )
 _CLIENT_FRAME: Final[TypeAdapter[ClientFrame]] = TypeAdapter(
     Annotated[ClientFrame, Field(discriminator="type")]
@@ -286,6 +317,7 @@ _CLIENT_FRAME: Final[TypeAdapter[ClientFrame]] = TypeAdapter(
 CLIENT_TYPES: Final = (
     "join", "leave", "send", "typing", "auth", "ping", "pong", "history", "read", "inbox",
     "edit", "delete", "react", "create", "describe", "invite", "remove", "rooms", "search",
+    "upload", "file",
 )  # fmt: skip
 
 
@@ -327,12 +359,18 @@ def encode(frame: dict[str, Any]) -> str:
 
 
 def message_frame_parts(
-    target: str, name: str, user: str, text: str, reply_to: int | None = None
+    target: str,
+    name: str,
+    user: str,
+    text: str,
+    reply_to: int | None = None,
+    attachments: str | None = None,
 ) -> tuple[bytes, bytes]:
     """The parts of a ``message`` frame that do not depend on its id and timestamp: the head
     (up to ``"id":``) and the body (from after the id up to ``"ts":``). ``target`` is
     ``room`` (a room message, to room ``name``) or ``to`` (a direct message to user ``name``);
-    ``reply_to``: the id of the message this one answers.
+    ``reply_to``: the id of the message this one answers; ``attachments``: its files, the JSON
+    list :mod:`app.files.attachments` made (inserted as it is).
 
     Both brokers build every message frame from these parts with :func:`message_frame`; the
     Redis PUBLISH script does the same concatenation in Lua, since only Redis knows the id.
@@ -341,6 +379,8 @@ def message_frame_parts(
     body = b',"user":' + orjson.dumps(user) + b',"text":' + orjson.dumps(text)
     if reply_to is not None:
         body += b',"reply_to":%d' % reply_to
+    if attachments is not None:
+        body += b',"attachments":' + attachments.encode()
     return head, body + b',"ts":'
 
 
@@ -504,6 +544,27 @@ def history_frame(
 def search_frame(page: dict[str, Any]) -> str:
     """``search``: a page of results (app.conversations.search)."""
     return encode({"type": "search", **page})
+
+
+def upload_frame(
+    file_id: str,
+    cid: str | int | None,
+    method: str,
+    url: str,
+    fields: dict[str, str],
+    expires: int,
+) -> str:
+    """``upload``: where to upload file ``file`` (``method`` to ``url``; a POST sends
+    ``fields`` first, then the file as field ``file``) until ``expires``."""
+    return encode({
+        "type": "upload", "file": file_id, "cid": cid, "method": method, "url": url,
+        "fields": fields, "expires": expires,
+    })  # fmt: skip
+
+
+def file_frame(link: dict[str, Any]) -> str:
+    """``file``: links to read a file (app.files.service.Files.link)."""
+    return encode({"type": "file", **link})
 
 
 def inbox_frame(conversations: list[dict[str, Any]]) -> str:

@@ -343,6 +343,76 @@ class Settings(BaseSettings):
         1.0, gt=0, description="Searches a user may run per second, on all servers together."
     )
     user_search_burst: int = Field(5, ge=1, description="Searches a user may run at once.")
+    file_storage: Literal["local", "s3", "off"] = Field(
+        "local",
+        description="Where attached files live (they also need a store, `CHAT_DATABASE_URL`): "
+        "`local`, on this host's disk under `CHAT_FILE_DIR` (one host only; uploads stream "
+        "through the app); `s3`, an S3-compatible bucket (AWS S3, SeaweedFS, Ceph, MinIO…: "
+        "browsers upload to it and download from it with presigned URLs); `off`, no files.",
+    )
+    file_dir: Path | None = Field(
+        None,
+        description="The directory `local` file storage keeps files in; unset: `files` beside "
+        "the SQLite database, or `data/files` with PostgreSQL.",
+    )
+    s3_endpoint_url: str | None = Field(
+        None,
+        description="The S3 API the app calls (`http://seaweedfs:8333`); unset: AWS S3 in "
+        "`CHAT_S3_REGION`.",
+    )
+    s3_public_url: str | None = Field(
+        None,
+        description="The S3 API as browsers reach it, which presigned URLs name (and the "
+        "page's Content-Security-Policy allows); unset: `CHAT_S3_ENDPOINT_URL`.",
+    )
+    s3_bucket: str = Field("hubbub-files", description="The bucket files are kept in.")
+    s3_region: str = Field("us-east-1", description="The bucket's region.")
+    s3_access_key_id: str | None = Field(
+        None, description="S3 credentials; unset: the AWS default chain (IAM role, env, …)."
+    )
+    s3_secret_access_key: SecretStr | None = Field(None, description="The key's secret.")
+    file_url_secret: SecretStr | None = Field(
+        None,
+        description="Signs `local` storage's download and upload URLs (32+ bytes; the same "
+        "on every worker). Unset: a random one kept in `CHAT_FILE_DIR/.url-secret`.",
+    )
+    file_max_bytes: int = Field(
+        25 * 1024 * 1024, ge=1, description="The largest file that may be uploaded."
+    )
+    files_per_message_max: int = Field(
+        10, ge=1, le=100, description="Most files one message may carry."
+    )
+    user_file_bytes_max: int = Field(
+        1024 * 1024 * 1024,
+        ge=1,
+        description="Most bytes of files a user may keep (uploads past it are refused, "
+        "`rate_limited`, until their messages are deleted).",
+    )
+    user_uploads_per_s: float = Field(
+        0.5, gt=0, description="Uploads a user may start per second, on all servers together."
+    )
+    user_upload_burst: int = Field(20, ge=1, description="Uploads a user may start at once.")
+    file_url_ttl_s: float = Field(
+        300.0,
+        gt=0,
+        le=7 * 86_400,
+        description="How long a download URL works; it is handed out only to those who may "
+        "read the file's conversation at that moment.",
+    )
+    file_upload_ttl_s: float = Field(
+        3600.0,
+        ge=60,
+        description="An upload not attached to a message within this is deleted (its URL "
+        "works for at most a tenth of it).",
+    )
+    file_thumbnail_px: int = Field(
+        320, ge=32, le=2048, description="Thumbnails fit in a square of this many pixels."
+    )
+    file_image_pixels_max: int = Field(
+        40_000_000,
+        ge=1,
+        description="Images with more pixels get no thumbnail (they are kept as files).",
+    )
     inbox_max_conversations: int = Field(
         50, ge=1, description="Most conversations in an `inbox` frame or `GET /inbox`."
     )
@@ -736,6 +806,16 @@ class Settings(BaseSettings):
         return value
 
     @property
+    def files_directory(self) -> Path:
+        """Where ``local`` file storage keeps files (``CHAT_FILE_DIR``, or its default)."""
+        if self.file_dir is not None:
+            return self.file_dir
+        url = self.database_url or ""
+        if url.startswith("sqlite:///") and not url.endswith(":memory:"):
+            return Path(url.removeprefix("sqlite:///")).parent / "files"
+        return Path("data/files")
+
+    @property
     def uses_redis(self) -> bool:
         """Whether the deployment runs on Redis (one, or through Sentinels) rather than on
         the embedded memory broker."""
@@ -812,6 +892,8 @@ class Settings(BaseSettings):
                 )
             if self.jwt_secret is not None and len(self.jwt_secret.get_secret_value()) < 32:
                 raise ValueError(f"{ENV_PREFIX}JWT_SECRET must be at least 32 bytes long")
+        if self.file_url_secret is not None and len(self.file_url_secret.get_secret_value()) < 32:
+            raise ValueError(f"{ENV_PREFIX}FILE_URL_SECRET must be at least 32 bytes long")
         if "*" in (p.strip() for p in self.trusted_proxies.split(",")):
             raise ValueError(
                 f"{ENV_PREFIX}TRUSTED_PROXIES='*' would let any client write its own address "
@@ -835,6 +917,8 @@ _SECRET_FIELDS = frozenset(
         "webhook_secret",
         "redis_password",
         "redis_sentinel_password",
+        "s3_secret_access_key",
+        "file_url_secret",
     }
 )
 

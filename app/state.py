@@ -13,6 +13,7 @@ from app.access.quotas import Quotas
 from app.broker import Broker
 from app.conversations.history import ConversationHistory
 from app.conversations.rooms import RoomDirectory
+from app.files.service import Files
 from app.ops.metrics import Metrics
 from app.presence import Presence
 from app.settings import Settings
@@ -36,6 +37,8 @@ class ChatState:
     store: RunningStore | None  # None without CHAT_DATABASE_URL
     rooms: RoomDirectory  # private rooms, members and roles (public-only without a store)
     flusher: Flusher = field(default_factory=Flusher)  # writes every connection's outbox
+    # Attached files (None: CHAT_FILE_STORAGE=off, or no store).
+    files: Files | None = None
     # Failed attempts at the admin and service tokens (app.web.bearer), from the settings.
     failed_logins: FailedLogins = field(init=False)
     # Who may do what to which conversation (every path asks it).

@@ -122,6 +122,11 @@ CLIENT_FRAMES: Final[dict[str, ClientEntry]] = {
     "search": ClientEntry(
         "Messages you may read now matching `q` (needs a store).", ("search", "error")
     ),
+    "upload": ClientEntry(
+        "A file to attach to a message of a conversation: answered with where to upload it.",
+        ("upload", "error"),
+    ),
+    "file": ClientEntry("Links to read a file of a message you may read now.", ("file", "error")),
 }
 
 # The first frame of `guest` and `names` mode (connected with ?auth=frame): read as raw JSON by
@@ -289,6 +294,28 @@ SHARED_SCHEMAS: Final[dict[str, Schema]] = {
         "enum": [code.value for code in ErrorCode],
         "description": "see `x-error-codes` of the `error` message",
     },
+    "FileId": {
+        "type": "string",
+        "pattern": r"^[A-Za-z0-9_\-]{16,32}$",
+        "description": "a file's id, from an `upload` answer",
+    },
+    "Attachment": {
+        "type": "object",
+        "description": (
+            "A file a message carries: `type` sniffed from its bytes; `image` true for a PNG, "
+            "JPEG, GIF or WebP with a thumbnail, with the original's `width` and `height`."
+        ),
+        "properties": {
+            "id": ref("FileId"),
+            "name": {"type": "string"},
+            "size": {"type": "integer", "minimum": 1},
+            "type": {"type": "string"},
+            "image": {"type": "boolean"},
+            "width": {"type": "integer", "minimum": 1},
+            "height": {"type": "integer", "minimum": 1},
+        },
+        "required": ["id", "name", "size", "type", "image"],
+    },
     "MessageFrame": {
         "type": "object",
         "description": (
@@ -304,6 +331,7 @@ SHARED_SCHEMAS: Final[dict[str, Schema]] = {
             "user": USER,
             "text": {"type": "string"},
             "reply_to": ID,
+            "attachments": {"type": "array", "items": ref("Attachment")},
             "ts": ref("Timestamp"),
             "edited": ref("Timestamp"),
             "deleted": {"type": "boolean", "const": True},
@@ -656,6 +684,42 @@ SERVER_FRAMES: Final[dict[str, ServerEntry]] = {
                 "next_offset": {"anyOf": [{"type": "integer", "minimum": 0}, {"type": "null"}]},
             },
             ("q", "results", "next_offset"),
+        ),
+    ),
+    "upload": ServerEntry(
+        "The answer to `upload`: where to send the file's bytes, until `expires`.",
+        "`PUT`: the bytes as the body (a URL relative to the server: local storage). `POST` "
+        "(S3 storage): a multipart form with every entry of `fields` first and the file last, "
+        "as field `file`. At most the declared size, once.",
+        frame(
+            "upload",
+            {
+                "file": ref("FileId"),
+                "cid": {"anyOf": [ref("ClientMessageId"), {"type": "null"}]},
+                "method": {"type": "string", "enum": ["POST", "PUT"]},
+                "url": {"type": "string"},
+                "fields": {"type": "object", "additionalProperties": {"type": "string"}},
+                "expires": EPOCH_S,
+            },
+            ("file", "cid", "method", "url", "fields", "expires"),
+        ),
+    ),
+    "file": ServerEntry(
+        "The answer to `file`: URLs that read the file, until `expires`.",
+        "`url` serves the file (an image inline, anything else as a download), `thumbnail` "
+        "an image's WebP thumbnail (null otherwise). Relative URLs are on the server.",
+        frame(
+            "file",
+            {
+                "id": ref("FileId"),
+                "name": {"type": "string"},
+                "size": {"type": "integer", "minimum": 1},
+                "content_type": {"type": "string"},
+                "url": {"type": "string"},
+                "thumbnail": {"anyOf": [{"type": "string"}, {"type": "null"}]},
+                "expires": EPOCH_S,
+            },
+            ("id", "name", "size", "content_type", "url", "thumbnail", "expires"),
         ),
     ),
     "ping": ServerEntry(

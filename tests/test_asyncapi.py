@@ -23,6 +23,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any, Final
 
+import httpx2 as httpx
 import jwt
 import orjson
 import pytest
@@ -47,14 +48,15 @@ SERVER_TYPES_COVERED: Final = frozenset(
     {
         "hello", "joined", "presence", "left", "room", "rooms", "member", "invited", "message",
         "edited", "deleted", "reaction", "receipt", "receipts", "typing", "ack", "error",
-        "refresh", "authenticated", "history", "inbox", "search", "ping", "pong",
+        "refresh", "authenticated", "history", "inbox", "search", "upload", "file", "ping",
+        "pong",
     }
 )  # fmt: skip
 ERROR_CODES_COVERED: Final = frozenset(
     {
         "bad_json", "bad_frame", "unknown_type", "binary_unsupported", "text_too_long",
         "not_joined", "too_many_rooms", "too_many_members", "rate_limited", "forbidden",
-        "no_store", "not_found", "exists",
+        "no_store", "not_found", "exists", "file_too_large",
     }
 )  # fmt: skip
 
@@ -343,6 +345,19 @@ async def chat_session(url: str, log: list[Record], refused: list[Record]) -> No
         await ada.ask({"type": "rooms", "public": True, "q": "pl"}, "rooms")
         found = await bob.ask({"type": "search", "q": "psst", "order": "best"}, "search")
         assert found["results"], found  # the DM is archived (the inbox above lists it)
+
+        data = b"%PDF-1.4\n"
+        asked = {"type": "upload", "room": "plans", "name": "plan.pdf", "size": len(data)}
+        target = await ada.ask({**asked, "cid": "u1"}, "upload")
+        http_url = url.replace("ws://", "http://").removesuffix("/ws")
+        async with httpx.AsyncClient(timeout=10) as http:
+            stored = await http.put(http_url + target["url"], content=data)
+        assert stored.status_code == 201, stored.text
+        attached = {"type": "send", "room": "plans", "text": "the plan",
+                    "attachments": [target["file"]]}  # fmt: skip
+        await ada.ask(attached, "message", text="the plan")
+        await bob.ask({"type": "file", "id": target["file"]}, "file")
+        await ada.refused_with({**asked, "size": 10**12}, "file_too_large")
 
         await bob.ask({"type": "leave", "room": "plans"}, "left")
         await bob.send({"type": "join", "room": "plans", "since": first["id"]})

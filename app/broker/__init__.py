@@ -180,9 +180,11 @@ class Broker(Protocol):
         cid: str | int | None,
         reply_to: int | None = None,
         quota: tuple[float, int] | None = None,
+        attachments: str | None = None,
     ) -> Published:
         """Number, store and deliver a message (``reply_to``: the message it answers, which
-        the caller checked). Raises :class:`~app.errors.QuotaExceeded` (nothing is published)
+        the caller checked; ``attachments``: its files, as :mod:`app.files.attachments` made
+        them). Raises :class:`~app.errors.QuotaExceeded` (nothing is published)
         when ``user`` has no message token left (``quota``: its rate per second and burst,
         the users' by default)."""
         ...
@@ -195,6 +197,7 @@ class Broker(Protocol):
         cid: str | int | None,
         reply_to: int | None = None,
         quota: tuple[float, int] | None = None,
+        attachments: str | None = None,
     ) -> Published:
         """As :meth:`publish`, in the direct conversation of ``sender`` and ``to``
         (:func:`app.conversations.names.direct`: ids, history and archiving like a room's),

@@ -128,8 +128,9 @@ class MemoryBroker:
         cid: str | int | None,
         reply_to: int | None = None,
         quota: tuple[float, int] | None = None,
+        attachments: str | None = None,
     ) -> Published:
-        return await self._publish_message(room, user, text, cid, reply_to, quota)
+        return await self._publish_message(room, user, text, cid, reply_to, quota, attachments)
 
     async def publish_direct(
         self,
@@ -139,9 +140,12 @@ class MemoryBroker:
         cid: str | int | None,
         reply_to: int | None = None,
         quota: tuple[float, int] | None = None,
+        attachments: str | None = None,
     ) -> Published:
         conversation = direct(sender, to)
-        return await self._publish_message(conversation, sender, text, cid, reply_to, quota)
+        return await self._publish_message(
+            conversation, sender, text, cid, reply_to, quota, attachments
+        )
 
     async def _publish_message(
         self,
@@ -151,6 +155,7 @@ class MemoryBroker:
         cid: str | int | None,
         reply_to: int | None,
         quota: tuple[float, int] | None,
+        attachments: str | None = None,
     ) -> Published:
         handler = self._running()
         if quota is None:
@@ -163,13 +168,22 @@ class MemoryBroker:
         if duplicate:
             return Published(message_id, duplicate=True)
         target, name = addressed(conversation, user)
-        parts = message_frame_parts(target, name, user, text, reply_to)
+        parts = message_frame_parts(target, name, user, text, reply_to, attachments)
         payload = message_frame(parts, message_id, ts_ms)
         self._remember(conversation, message_id, payload)
         log.authors[message_id] = user
         if self._archiver is not None:
             self._archiver.offer(
-                StoredMessage(conversation, message_id, user, text, ts_ms, Kind.MESSAGE, reply_to)
+                StoredMessage(
+                    conversation,
+                    message_id,
+                    user,
+                    text,
+                    ts_ms,
+                    Kind.MESSAGE,
+                    reply_to,
+                    attachments,
+                )
             )
         self._deliver(handler, conversation, message_id, payload)
         return Published(message_id, ts_ms)

@@ -691,8 +691,9 @@ class RedisBroker:
         cid: str | int | None,
         reply_to: int | None = None,
         quota: tuple[float, int] | None = None,
+        attachments: str | None = None,
     ) -> Published:
-        head, body = message_frame_parts("room", room, user, text, reply_to)
+        head, body = message_frame_parts("room", room, user, text, reply_to, attachments)
         keys = [*self._publish_keys(room, user, cid), *self._webhook_keys]
         return await self._publish(
             keys, room, self._room_channel(room), head, body, "", extra=self._webhook_args,
@@ -707,8 +708,9 @@ class RedisBroker:
         cid: str | int | None,
         reply_to: int | None = None,
         quota: tuple[float, int] | None = None,
+        attachments: str | None = None,
     ) -> Published:
-        head, body = message_frame_parts("to", to, sender, text, reply_to)
+        head, body = message_frame_parts("to", to, sender, text, reply_to, attachments)
         conversation = direct(sender, to)
         keys = [*self._publish_keys(conversation, sender, cid), *self._webhook_keys]
         channel, copy = self._user_channel(to), self._user_channel(sender)

@@ -46,7 +46,9 @@ def frame_of(message: StoredMessage) -> bytes:
     user = message.user
     target, name = addressed(message.conversation, user)
     if message.kind == Kind.MESSAGE:
-        parts = message_frame_parts(target, name, user, message.text, message.target)
+        parts = message_frame_parts(
+            target, name, user, message.text, message.target, message.attachments
+        )
     else:
         assert message.target is not None  # every event has one
         parts = event_frame_parts(Kind(message.kind), target, name, message.target, user,

@@ -22,6 +22,7 @@ from app.access.admission import Refused, admit, admit_address, identify
 from app.access.auth import AuthError, Identity
 from app.access.conversations import claim_refusal
 from app.access.ratelimit import RateLimiter, Verdict
+from app.broker import Published
 from app.conversations.history import HistoryUnavailable, inbox_entry
 from app.conversations.lifecycle import Change, Kind, Target
 from app.conversations.names import direct, is_direct
@@ -36,6 +37,7 @@ from app.errors import (
     QuotaExceeded,
     close_reason,
 )
+from app.files.service import AlreadySent, Files
 from app.ops.metrics import Metrics
 from app.presence import RoomPresence
 from app.protocol import (
@@ -45,6 +47,7 @@ from app.protocol import (
     Delete,
     DescribeRoom,
     Edit,
+    FileRequest,
     HistoryRequest,
     InboxRequest,
     Invite,
@@ -58,9 +61,11 @@ from app.protocol import (
     SearchRequest,
     Send,
     Typing,
+    Upload,
     ack_frame,
     authenticated_frame,
     error_frame,
+    file_frame,
     hello_frame,
     history_frame,
     inbox_frame,
@@ -73,6 +78,7 @@ from app.protocol import (
     rooms_frame,
     search_frame,
     typing_frame,
+    upload_frame,
 )
 from app.settings import Settings
 from app.sockets.connection import Connection
@@ -130,7 +136,7 @@ class Session:
                 received["invalid"] += 1
                 raise
             received[frame.type] += 1
-            if isinstance(frame, Send) and frame.reply_to is None:
+            if isinstance(frame, Send) and frame.reply_to is None and frame.attachments is None:
                 await self._sends.admit()
                 self._sends.start(self._send_answer(frame, text))
                 return
@@ -157,6 +163,10 @@ class Session:
                 await self._manage(frame)
             elif isinstance(frame, SearchRequest):
                 await self._search(frame)
+            elif isinstance(frame, Upload):
+                await self._upload(frame)
+            elif isinstance(frame, FileRequest):
+                self.conn.offer(file_frame(await self._files().link(self.conn.identity, frame.id)))
             elif isinstance(frame, InboxRequest):
                 if not await self._state.quotas.allow("history", self.conn.user):
                     raise FrameError(ErrorCode.RATE_LIMITED, "too many inbox reads, slow down")
@@ -315,7 +325,9 @@ class Session:
             conn.offer(left_frame(room))
         conn.offer(authenticated_frame(identity.user, identity.expires_at))
 
-    async def _conversation(self, frame: HistoryRequest | Read | Edit | Delete | React) -> str:
+    async def _conversation(
+        self, frame: HistoryRequest | Read | Edit | Delete | React | Upload
+    ) -> str:
         """The conversation a frame names, if this user may read it."""
         room = frame.room
         if room is not None:
@@ -474,6 +486,29 @@ class Session:
             ) from None
         if frame.cid is not None:
             conn.offer(ack_frame(frame.cid, published.id, published.duplicate))
+        files = self._state.files
+        if isinstance(frame, Delete) and files is not None and not published.duplicate:
+            await files.forget_message(conversation, frame.id)
+
+    def _files(self) -> Files:
+        files = self._state.files
+        if files is None:
+            raise FrameError(
+                ErrorCode.NO_STORE,
+                "this server keeps no files (CHAT_FILE_STORAGE=off, or no store)",
+            )
+        return files
+
+    async def _upload(self, frame: Upload) -> None:
+        """Where to upload a file for a message of the conversation (app.files.service)."""
+        files = self._files()
+        conversation = await self._conversation(frame)
+        file_id, target, expires = await files.start_upload(
+            self.conn.identity, conversation, frame.name, frame.size
+        )
+        self.conn.offer(
+            upload_frame(file_id, frame.cid, target.method, target.url, target.fields, expires)
+        )
 
     def _check_text(self, text: str) -> None:
         if len(text) > self.settings.max_text_chars:
@@ -564,17 +599,32 @@ class Session:
             target, _ = await self._find(conversation, frame.reply_to)
             if target.deleted:
                 raise FrameError(ErrorCode.NOT_FOUND, f"message {frame.reply_to} was deleted")
+        attachments: str | None = None
+        if frame.attachments is not None:
+            files = self._files()
+            conversation = (
+                frame.room if frame.room is not None else direct(conn.user, frame.to or "")
+            )
+            try:
+                attachments = await files.claim(
+                    conn.user, conversation, frame.attachments, frame.cid
+                )
+            except AlreadySent as sent:  # a retry of a send that was published
+                return None if frame.cid is None else ack_frame(frame.cid, sent.message_id, True)
         started = time.perf_counter()
+        published: Published | None = None
         try:
             if frame.room is not None:
                 published = await self._broker.publish(
-                    frame.room, conn.user, frame.text, frame.cid, frame.reply_to
-                )
+                    frame.room, conn.user, frame.text, frame.cid, frame.reply_to,
+                    attachments=attachments,
+                )  # fmt: skip
             else:
                 assert frame.to is not None  # the model guarantees room xor to
                 published = await self._broker.publish_direct(
-                    conn.user, frame.to, frame.text, frame.cid, frame.reply_to
-                )
+                    conn.user, frame.to, frame.text, frame.cid, frame.reply_to,
+                    attachments=attachments,
+                )  # fmt: skip
         except QuotaExceeded:
             raise FrameError(ErrorCode.RATE_LIMITED, _TOO_MANY_MESSAGES) from None
         except BrokerUnavailable:
@@ -582,6 +632,12 @@ class Session:
             raise FrameError(
                 ErrorCode.BROKER_UNAVAILABLE, "message not sent: the broker is unavailable"
             ) from None
+        finally:
+            if attachments is not None and frame.attachments is not None:
+                if published is not None and not published.duplicate:
+                    await self._files().attach(frame.attachments, published.id)
+                else:  # not published, or a retry of a send of other files: free them
+                    await self._files().release(frame.attachments)
         now = time.perf_counter()
         self.metrics.publish_took(now - started, now)
         if frame.cid is None:

@@ -28,6 +28,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Final, NamedTuple, cast
 
+import orjson
 from sqlalchemy import Select, Table, and_, exists, func, or_, select, tuple_, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import DataError, DBAPIError, IntegrityError, SQLAlchemyError
@@ -88,6 +89,7 @@ class StoredMessage(NamedTuple):
     ts_ms: int
     kind: int = Kind.MESSAGE
     target: int | None = None
+    attachments: str | None = None  # a message's files: its frame's JSON list (app.files)
 
 
 def row_of(conversation: str, frame: dict[str, Any]) -> StoredMessage:
@@ -100,9 +102,11 @@ def row_of(conversation: str, frame: dict[str, Any]) -> StoredMessage:
     text = (
         frame["emoji"] if kind in (Kind.REACTION_ON, Kind.REACTION_OFF) else frame.get("text", "")
     )
+    attachments = frame.get("attachments") if kind is Kind.MESSAGE else None
     return StoredMessage(
         conversation, int(frame["id"]), str(frame["user"]), str(text), int(frame["ts"]),
         int(kind), None if target is None else int(target),
+        None if attachments is None else orjson.dumps(attachments).decode(),
     )  # fmt: skip
 
 
@@ -355,9 +359,9 @@ def insert_ignoring_duplicates(
 # worker ~13 us a message; arrays are encoded by asyncpg in C (loadtest/archive.py measures it).
 _INSERT_MESSAGES: Final = """
 WITH new AS (
-  INSERT INTO messages (conversation, id, "user", text, ts_ms, kind, target)
+  INSERT INTO messages (conversation, id, "user", text, ts_ms, kind, target, attachments)
   SELECT * FROM unnest($1::varchar[], $2::bigint[], $3::varchar[], $4::text[], $5::bigint[],
-                       $6::smallint[], $7::bigint[])
+                       $6::smallint[], $7::bigint[], $8::text[])
   ON CONFLICT DO NOTHING
   RETURNING 1
 )
@@ -367,14 +371,14 @@ SELECT count(*) FROM new
 # only rows new to ``messages`` are indexed, so a deleted message archived again stays out.
 _INSERT_MESSAGES_INDEXED: Final = """
 WITH new AS (
-  INSERT INTO messages (conversation, id, "user", text, ts_ms, kind, target)
+  INSERT INTO messages (conversation, id, "user", text, ts_ms, kind, target, attachments)
   SELECT * FROM unnest($1::varchar[], $2::bigint[], $3::varchar[], $4::text[], $5::bigint[],
-                       $6::smallint[], $7::bigint[])
+                       $6::smallint[], $7::bigint[], $8::text[])
   ON CONFLICT DO NOTHING
   RETURNING conversation, id, "user", text, ts_ms, kind
 ), indexed AS (
   INSERT INTO search_documents (conversation, id, "user", ts_ms, text, version, document)
-  SELECT conversation, id, "user", ts_ms, text, id, to_tsvector($8::text::regconfig, text)
+  SELECT conversation, id, "user", ts_ms, text, id, to_tsvector($9::text::regconfig, text)
   FROM new WHERE kind = 0 AND text <> ''
   ON CONFLICT DO NOTHING
 )
@@ -422,5 +426,5 @@ async def _empty_deleted(
                     and_(messages.c.target == target, messages.c.kind == Kind.EDITED),
                 ),
             )
-            .values(text="")
+            .values(text="", attachments=None)
         )

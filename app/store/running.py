@@ -21,6 +21,7 @@ from collections.abc import Awaitable, Callable
 from app.settings import Settings
 from app.store.archiver import Archiver, ArchiveStats
 from app.store.database import StoreError, engine_for, migrate
+from app.store.files import FileStore
 from app.store.inbox import Inbox
 from app.store.messages import MessageStore
 from app.store.rooms import RoomStore
@@ -43,6 +44,7 @@ class RunningStore:
         )
         self.inbox = Inbox(self.engine)
         self.rooms = RoomStore(self.engine)
+        self.files = FileStore(self.engine)
         # The embedded broker's archiver; the Redis broker's is a StreamArchiver.
         self.archiver: Archiver | None = None
         self._stats: Callable[[], ArchiveStats] = ArchiveStats

@@ -10,11 +10,13 @@ from sqlalchemy import (
     Boolean,
     Column,
     Index,
+    Integer,
     MetaData,
     SmallInteger,
     String,
     Table,
     Text,
+    false,
 )
 from sqlalchemy.dialects.postgresql import TSVECTOR
 
@@ -46,6 +48,8 @@ messages: Final = Table(
     Column("ts_ms", BigInteger, nullable=False),
     Column("kind", SmallInteger, nullable=False, server_default="0"),
     Column("target", BigInteger, nullable=True),
+    # A message's files, as its frame carries them (JSON: app.files.service); NULL for none.
+    Column("attachments", Text, nullable=True),
 )
 # Retention deletes by time.
 Index("ix_messages_ts_ms", messages.c.ts_ms)
@@ -133,3 +137,33 @@ Index(
     postgresql_using="gin",
     sqlite_where=search_documents.c.document.is_not(None),
 )
+
+# One row per upload (app.store.files): the conversation it is for, who uploaded it, its name
+# and size as declared (``size``: as stored, once attached), its sniffed ``content_type`` and
+# an image's dimensions and thumbnail. ``state``: 0 pending (an upload URL was handed out),
+# 1 claimed (a send is attaching it), 2 attached (to ``message_id``). Pending and claimed rows
+# older than CHAT_FILE_UPLOAD_TTL_S are orphans, deleted with their objects.
+files: Final = Table(
+    "files",
+    metadata,
+    Column("id", String(32), primary_key=True),
+    Column("conversation", String(200), nullable=False),
+    Column("uploader", String(100), nullable=False),
+    Column("name", String(255), nullable=False),
+    Column("size", BigInteger, nullable=False),
+    Column("content_type", String(100), nullable=False, server_default=""),
+    Column("width", Integer, nullable=True),
+    Column("height", Integer, nullable=True),
+    Column("thumbnail", Boolean, nullable=False, server_default=false()),
+    Column("state", SmallInteger, nullable=False),
+    Column("message_id", BigInteger, nullable=True),
+    # The cid of the send that claimed it: a retry of that send is answered with its message.
+    Column("cid", String(80), nullable=True),
+    Column("created_ms", BigInteger, nullable=False),
+)
+# Orphan sweeps.
+Index("ix_files_state_created_ms", files.c.state, files.c.created_ms)
+# The files of a message (deleting it deletes them).
+Index("ix_files_conversation_message_id", files.c.conversation, files.c.message_id)
+# A user's bytes kept (CHAT_USER_FILE_BYTES_MAX).
+Index("ix_files_uploader", files.c.uploader)
