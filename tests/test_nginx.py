@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import shutil
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import httpx2 as httpx
 import orjson
@@ -18,7 +20,7 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from app.main import create_app
 from app.settings import load_settings
-from app.web import page
+from app.web import files, page
 from app.web.page import STATIC_DIR
 from tests.helpers import ChatClient
 from tests.processes import NGINX_CONF, AppProcess, NginxServer, RedisServer, upstream_client_ports
@@ -204,7 +206,9 @@ async def test_client_address_comes_from_the_trusted_proxy_only(redis_server: Re
 # What the chat page uses (app/static, app/web/page.py, app/web/api.py), proxied to the app; and the
 # routes of operators and backends, on the app's port only. Every route of the app is one or
 # the other (checked below): a new route fails here until nginx is decided for it.
-PAGE_ROUTES = {"/", "/rooms/{room}/messages", "/dms/{peer}/messages", "/inbox", "/search"}
+PAGE_ROUTES = {
+    "/", "/rooms/{room}/messages", "/dms/{peer}/messages", "/inbox", "/search", "/files/{key}"
+}  # fmt: skip
 INTERNAL_ROUTES = {"/healthz", "/readyz", "/openapi.json", "/redoc"}  # + /admin/, /api/v1/
 # Through nginx: 404, whatever the app would answer.
 REFUSED = [
@@ -246,6 +250,7 @@ async def test_nginx_proxies_only_what_the_chat_page_uses(redis_server: RedisSer
         app = create_app(load_settings(auth_mode="guest"))
         routes = set(app.openapi()["paths"]) | {app.openapi_url, app.docs_url, app.redoc_url}
         routes |= {route.path for route in page.router.routes if isinstance(route, APIRoute)}
+        routes |= {route.path for route in files.router.routes if isinstance(route, APIRoute)}
         routes = {r for r in routes if r is not None and not r.startswith("/api/v1/")}
         assert routes == PAGE_ROUTES | INTERNAL_ROUTES, "decide nginx's answer for a new route"
 
@@ -254,6 +259,7 @@ async def test_nginx_proxies_only_what_the_chat_page_uses(redis_server: RedisSer
             await ann.say("lobby", "hello", cid="c1")
             await ann.expect("message")
         routed = ["/", "/rooms/lobby/messages", "/dms/bob/messages", "/inbox", "/search?q=x"]
+        routed += ["/files/abcdefghijklmnopqrstuv?exp=1&sig=x"]  # 404 here: no store
         routed += [f"/static/{f.name}" for f in STATIC_DIR.iterdir()]
         async with httpx.AsyncClient() as http:
             for path in routed:
@@ -281,3 +287,34 @@ async def test_nginx_proxies_only_what_the_chat_page_uses(redis_server: RedisSer
             status, body = await _raw_get(s.nginx.port, target)
             assert status in (400, 404), (target, status, body[:200])
             assert b"openapi" not in body and b"status" not in body, target
+
+
+async def test_files_stream_through_nginx_to_every_worker(
+    redis_server: RedisServer, tmp_path: Path
+) -> None:
+    """With local file storage behind nginx and two gunicorn workers: a 3 MB upload (far above
+    the 64k body limit of the other routes) streams through to whichever worker nginx picks,
+    and a link made by one worker is served by any (the workers share the URL secret)."""
+    data = os.urandom(3 * 1024 * 1024)
+    env = {"CHAT_DATABASE_URL": f"sqlite:///{tmp_path}/chat.db"}
+    async with stack(redis_server, env, workers=2) as s:
+        async with ChatClient.connect(s.nginx.ws_url("ann")) as ann:
+            await ann.expect("inbox")  # with a store, after hello
+            await ann.join("lobby")
+            asked = {"type": "upload", "room": "lobby", "name": "big.bin", "size": len(data)}
+            await ann.send(asked)
+            target = await ann.expect("upload")
+            async with httpx.AsyncClient(timeout=30) as http:
+                stored = await http.put(f"{s.nginx.http_url}{target['url']}", content=data)
+                assert stored.status_code == 201, stored.text
+                await ann.say("lobby", "", attachments=[target["file"]], cid="f")
+                got = {}
+                while set(got) != {"ack", "message"}:
+                    frame = await ann.next_frame()
+                    got[frame["type"]] = frame
+                assert got["message"]["attachments"][0]["size"] == len(data)
+                for _ in range(4):  # least_conn spreads them over both workers
+                    await ann.send({"type": "file", "id": target["file"]})
+                    link = await ann.expect("file")
+                    served = await http.get(f"{s.nginx.http_url}{link['url']}")
+                    assert served.status_code == 200 and served.content == data
