@@ -44,10 +44,12 @@ see the markers and the title, which proves they are there to be leaked. So is t
 ``history before``, ``history after``, ``read``, ``send``, ``edit``, ``delete``, ``react``
 (on a marker message's id), ``typing``, ``describe``, ``invite`` (of a new user), ``remove``
 (of a member, and of a user who is not one), ``rooms``, ``inbox``, ``dm history`` (the
-``history`` frame ``with`` the member), ``live`` (what reaches the identity's sockets: one
-joined before its removal, ban, narrowing or expiry, and a fresh one per instance that tries
-to join, while the owner and the member keep posting, editing, reacting, typing, describing
-the room, adding and removing someone, and writing to each other; for the removed member,
+``history`` frame ``with`` the member), ``upload`` (a file into the room), ``file`` (the
+links to a file of the room, whose name and bytes hold the marker), ``live`` (what reaches
+the identity's sockets: one joined before its removal, ban, narrowing or expiry, and a fresh
+one per instance that tries to join, while the owner and the member keep posting, editing,
+reacting, typing, describing the room, adding and removing someone, and writing to each
+other; for the removed member,
 after the removal's own notice: ``left`` and the ``member`` frame naming it and who removed
 it), ``GET /rooms/{room}/messages``, ``GET /inbox``, ``GET /dms/{peer}/messages``; for the
 service, ``GET /api/v1/rooms/{room}`` and ``GET /api/v1/rooms/{room}/messages`` (the backend
@@ -312,7 +314,7 @@ API_ROOM = "GET /api/v1/rooms/{room}"
 API_MESSAGES = "GET /api/v1/rooms/{room}/messages"
 FRAME_PATHS = ("join", "join since", "history before", "history after", "read", "send", "edit",
                "delete", "react", "typing", "describe", "invite", "remove", "rooms", "directory",
-               "inbox", "dm history", "search", "search room")  # fmt: skip
+               "inbox", "dm history", "search", "search room", "upload", "file")  # fmt: skip
 HTTP_PATHS = (HTTP_MESSAGES, HTTP_INBOX, HTTP_DM, HTTP_SEARCH)
 API_PATHS = (API_ROOM, API_MESSAGES)
 PATHS = (CONNECT, *FRAME_PATHS, LIVE, *HTTP_PATHS, *API_PATHS)
@@ -320,14 +322,14 @@ PATHS = (CONNECT, *FRAME_PATHS, LIVE, *HTTP_PATHS, *API_PATHS)
 # (not join: rooms share one namespace, see the docstring).
 ORACLE_PATHS = frozenset(
     {"history before", "history after", "read", "send", "edit", "delete", "react", "typing",
-     "describe", "invite", "remove", "search room", HTTP_MESSAGES}
+     "describe", "invite", "remove", "search room", "upload", "file", HTTP_MESSAGES}
 )  # fmt: skip
 # What the member must see on a path (a control); HTTP's per-user routes need jwt mode.
 MEMBER_SEES: dict[str, tuple[str, ...]] = {
     CONNECT: ("marker", "dm marker"), "join": ("title",), "join since": ("marker",),
     "history before": ("marker",), "history after": ("marker",), "rooms": ("title",),
     "inbox": ("marker", "dm marker"), "dm history": ("dm marker",), LIVE: ("marker",),
-    "search": ("marker",), "search room": ("marker",),
+    "search": ("marker",), "search room": ("marker",), "file": ("marker",),
 }  # fmt: skip
 MEMBER_SEES_JWT: dict[str, tuple[str, ...]] = {
     HTTP_MESSAGES: ("marker",), HTTP_INBOX: ("marker", "dm marker"), HTTP_DM: ("dm marker",),
@@ -558,6 +560,8 @@ class Deployment:
         env = {
             **ENV, "CHAT_AUTH_MODE": spec.mode, "CHAT_ADMIN_TOKEN": self.admin_token,
             "CHAT_SERVICE_TOKEN": self.service_token,
+            # Files on local disk, one directory for the deployment's instances.
+            "CHAT_FILE_DIR": str(self.root / "files"),
         }  # fmt: skip
         if spec.mode == "jwt":
             env["CHAT_JWT_SECRET"] = self.jwt_secret
@@ -621,6 +625,7 @@ class Ids:
     first: int = 0  # the room's first message
     target: int = 0  # the marker message edits and reactions aim at
     doomed: int = 0  # the marker message deletions aim at
+    file: str = ""  # a file attached to a marker message (its name and bytes hold the marker)
     last: int = 0
     # The first message the broker's log holds (recovery with `since` replays from there):
     # `first`, or after the embedded server's restart (its log starts empty) the first since.
@@ -737,6 +742,20 @@ class Attack:
         self.ids.last = max(self.ids.last, message_id)
         return message_id
 
+    async def attach(self, sock: Socket, name: str, content: str) -> str:
+        """Upload a file to the room and send it in a message (as the page does): its id."""
+        data = content.encode()
+        asked = {"type": "upload", "room": self.room, "name": name, "size": len(data)}
+        target = orjson.loads(_expect(await sock.exchange(asked), "upload", "the owner uploads"))
+        response = await self.http.put(f"{self.d.http_url(0)}{target['url']}", content=data)
+        if response.status_code != 201:
+            raise SetupError(f"upload: {response.status_code} {response.text[:200]}")
+        file_id = str(target["file"])
+        message = {"type": "send", "room": self.room, "text": "", "cid": "file",
+                   "attachments": [file_id]}  # fmt: skip
+        _expect(await sock.exchange(message), "ack", "the owner sends the file")
+        return file_id
+
     async def admin(self, method: str, path: str, body: dict[str, Any], instance: int) -> None:
         response = await self.http.request(
             method, f"{self.d.http_url(instance)}{path}", json=body,
@@ -786,6 +805,7 @@ class Attack:
         self.ids.target = await self.post(owner, f"{marker} the owner's second message")
         self.ids.doomed = await self.post(owner, f"{marker} the owner's third message")
         await self.post(sockets[MEMBER], f"{marker} the member's message")
+        self.ids.file = await self.attach(owner, f"{marker}-plan.pdf", f"%PDF-1.4 {marker}")
         for who in (REMOVED, BANNED, NARROWED):
             if who in sockets:
                 written = await self.post(sockets[who], f"{marker} the {who} member writes")
@@ -988,6 +1008,12 @@ class Attack:
                                    "limit": 50})],
             "search room": [("search room", {"type": "search", "q": "owner message",
                                              "room": room, "limit": 50})],
+            # Files: uploading into the room, and links to its file (for a never-used name,
+            # the control: a file id nobody was given).
+            "upload": [("upload", {"type": "upload", "room": room, "name": "probe.txt",
+                                   "size": 5})],
+            "file": [("file", {"type": "file", "id": ids.file if room == self.room
+                                                    else secrets.token_urlsafe(16)})],
         }  # fmt: skip
         return frames[path]
 
