@@ -135,17 +135,19 @@ class _Conversation(_Frame):
 
 class HistoryRequest(_Conversation):
     """A page of a conversation's history: the newest ``limit`` before ``before`` (the newest
-    of all without it), or the oldest ``limit`` after ``after`` (recovery)."""
+    of all without it), the oldest ``limit`` after ``after`` (recovery), or ``limit`` around
+    ``around`` (half up to it, half after it: a search result in its context)."""
 
     type: Literal["history"]
     before: MessageId | None = None
     after: MessageId | None = None
+    around: MessageId | None = None
     limit: Annotated[int, Field(ge=1, le=1000)] = 50
 
     @model_validator(mode="after")
     def _one_direction(self) -> HistoryRequest:
-        if self.before is not None and self.after is not None:
-            raise ValueError("give at most one of before or after")
+        if sum(x is not None for x in (self.before, self.after, self.around)) > 1:
+            raise ValueError("give at most one of before, after and around")
         return self
 
 
@@ -531,10 +533,14 @@ def history_frame(
     messages: list[bytes],
     more: bool,
     recovered: bool | None = None,
+    around: int | None = None,
 ) -> str:
     """``history``: a page of ``message`` frames, oldest first (as stored: forwarded as-is).
-    ``recovered`` only for a page ``after`` an id: False when messages after it are gone."""
+    ``recovered`` only for a page ``after`` an id: False when messages after it are gone;
+    ``around`` for a page around an id."""
     head = b'{"type":"history",' + conversation_fields(room, peer)
+    if around is not None:
+        head += b',"around":%d' % around
     if recovered is not None:
         head += b',"recovered":' + (b"true" if recovered else b"false")
     head += b',"more":' + (b"true" if more else b"false")

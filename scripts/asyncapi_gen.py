@@ -655,6 +655,7 @@ SERVER_FRAMES: Final[dict[str, ServerEntry]] = {
             {
                 "room": ROOM,
                 "with": WITH,
+                "around": ID,
                 "recovered": {"type": "boolean"},
                 "more": {"type": "boolean"},
                 "messages": {"type": "array", "items": ref("MessageFrame")},

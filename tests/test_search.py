@@ -220,3 +220,28 @@ async def test_without_a_store_search_is_refused() -> None:
     async with run_server(make_settings()) as live, ChatClient.connect(live.ws_url("ada")) as ada:
         await ada.send({"type": "search", "q": "anything"})
         assert (await ada.expect("error"))["code"] == "no_store"
+
+
+async def test_a_result_opens_in_its_context_history_around_an_id(tmp_path: Path) -> None:
+    """``history`` with ``around``: the messages up to the one found (as they are now) and
+    those after it, ``limit`` in all, oldest first; past the broker's tail too (the store);
+    refused as any history frame to someone who may not read the room."""
+    settings = jwt_settings(tmp_path, history_size=5, archive_interval_s=0.05)
+    async with run_server(settings) as live, as_user(live, "ada") as ada:
+        await answer(ada, {"type": "create", "room": "team", "private": True}, "room")
+        await answer(ada, {"type": "join", "room": "team"}, "joined")
+        ids = []
+        for n in range(20):
+            await ada.send({"type": "send", "room": "team", "text": f"note {n}", "cid": n})
+            ids.append((await answer(ada, {"type": "ping"}, "ack"))["id"])
+        await wait_stored(store_of(live), "team", 20, timeout=10)
+        page = await answer(
+            ada, {"type": "history", "room": "team", "around": ids[8], "limit": 6}, "history"
+        )
+        assert page["around"] == ids[8]
+        assert [m["text"] for m in page["messages"]] == [f"note {n}" for n in range(5, 11)]
+        async with as_user(live, "eve") as eve:
+            refused = await answer(
+                eve, {"type": "history", "room": "team", "around": ids[8]}, "history"
+            )
+            assert refused["code"] == "not_found"

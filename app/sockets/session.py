@@ -352,7 +352,17 @@ class Session:
         history = self._state.history
         recovered: bool | None = None
         try:
-            if frame.after is not None:
+            if frame.around is not None:
+                # Up to it (it included), as it is now; then what came after, events included
+                # (as after an `after`), which the client applies as it does live.
+                older = await history.history_before(conversation, frame.around + 1, limit // 2 + 1)
+                rest = limit - len(older)
+                newer = (
+                    await history.history_since(conversation, frame.around, rest) if rest else None
+                )
+                messages = older + (newer.messages if newer else [])
+                more = newer.more if newer else True
+            elif frame.after is not None:
                 page = await history.history_since(conversation, frame.after, limit)
                 messages, more, recovered = page.messages, page.more, page.recovered
             else:
@@ -367,7 +377,9 @@ class Session:
                 ErrorCode.STORE_UNAVAILABLE, "history unavailable, try again"
             ) from None
         payloads = [message.payload for message in messages]
-        self.conn.offer(history_frame(frame.room, frame.peer, payloads, more, recovered))
+        self.conn.offer(
+            history_frame(frame.room, frame.peer, payloads, more, recovered, frame.around)
+        )
 
     def _running_store(self) -> RunningStore:
         store = self._state.store
