@@ -254,3 +254,36 @@ async def test_webhooks_in_batches_carry_every_event_in_fewer_requests() -> None
         assert receiver.refused_signatures == 0
         assert receiver.batches >= 1
         assert receiver.attempts < 100  # fewer requests than events
+
+
+async def test_files_reach_the_backend_through_webhooks_and_the_api(tmp_path: Path) -> None:
+    """A message with a file: its ``message.created`` webhook carries ``attachments``, and
+    ``GET /api/v1/files/{id}`` gives the backend links to read it (404 for an unknown id)."""
+    async with running_receiver(HOOK_SECRET) as receiver, redis_and_postgres() as (redis, _, url):
+        settings = make_settings(
+            redis_url=redis.url, database_url=url, service_token=SERVICE,
+            webhook_url=receiver.url, webhook_secret=HOOK_SECRET, file_dir=tmp_path / "files",
+        )  # fmt: skip
+        async with (
+            run_server(settings) as live,
+            httpx.AsyncClient(base_url=f"{live.http_url}/api/v1", headers=AUTH) as api,
+            ChatClient.connect(live.ws_url("ada")) as ada,
+        ):
+            await ada.expect("inbox")
+            await ada.join("lobby")
+            data = b"%PDF-1.4\nminutes"
+            await ada.send({"type": "upload", "room": "lobby", "name": "minutes.pdf",
+                            "size": len(data)})  # fmt: skip
+            target = await ada.expect("upload")
+            stored = await api.put(f"{live.http_url}{target['url']}", content=data)
+            assert stored.status_code == 201
+            await ada.say("lobby", "minutes", cid="m", attachments=[target["file"]])
+            await receiver.wait_for(lambda: receiver.of_type("message.created"))
+            links = await api.get(f"/files/{target['file']}")
+            assert (await api.get("/files/abcdefghijklmnopqrstuv")).status_code == 404
+        [created] = receiver.of_type("message.created")
+        [attachment] = created["data"]["message"]["attachments"]
+        assert attachment == {"id": target["file"], "name": "minutes.pdf", "size": len(data),
+                              "type": "application/pdf", "image": False}  # fmt: skip
+        assert links.status_code == 200 and links.json()["name"] == "minutes.pdf"
+        assert links.json()["url"].startswith("/files/")

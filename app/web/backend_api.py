@@ -11,7 +11,8 @@ inside the network.
 - Publishing: into a room or to a user (a direct message from ``CHAT_SERVICE_USER``),
   idempotent with ``cid`` (a retry returns the first id, ``duplicate: true``), at
   ``CHAT_SERVICE_MESSAGES_PER_S``.
-- Reading: a room's presence, a room's history (newest page, or before an id).
+- Reading: a room's presence, a room's history (newest page, or before an id), a file's links
+  (``message.created`` webhooks carry messages' ``attachments``).
 - Moderation: disconnect a user (every connection, on every server: close 4003).
 """
 
@@ -26,7 +27,8 @@ from pydantic import AfterValidator, BaseModel, Field
 
 from app.conversations.names import direct
 from app.conversations.rooms import RoomError, RoomRecord
-from app.errors import BrokerUnavailable, ErrorCode, QuotaExceeded
+from app.errors import BrokerUnavailable, ErrorCode, FrameError, QuotaExceeded
+from app.files.service import FILE_ID_PATTERN
 from app.protocol import CID_MAX_CHARS, ROOM_PATTERN, USER_PATTERN, storable
 from app.state import ChatState
 from app.store.rooms import Role
@@ -233,6 +235,22 @@ async def direct_history(
     return await history_response(
         state, None, conversation, b'{"with":' + orjson.dumps(user), before, limit
     )
+
+
+@router.get("/files/{file_id}")
+async def file_links(
+    state: Service, file_id: Annotated[str, Path(pattern=FILE_ID_PATTERN)]
+) -> dict[str, Any]:
+    """A file attached to a message (any conversation): its name, size, sniffed type, and
+    URLs that read it until ``expires`` (``thumbnail`` for an image), as the ``file`` frame.
+    404 for no such file (or one whose message was deleted), 501 without file storage."""
+    if state.files is None:
+        raise HTTPException(501, "this server keeps no files")
+    try:
+        return await state.files.link(None, file_id)
+    except FrameError as exc:
+        status = {ErrorCode.NOT_FOUND: 404}.get(exc.code, 503)
+        raise HTTPException(status, exc.message) from None
 
 
 @router.post("/users/{user}/disconnect", status_code=202)
