@@ -18,8 +18,9 @@ Contract:
   file of a message that is not deleted; the URLs expire after ``CHAT_FILE_URL_TTL_S``.
   "Not allowed" and "no such file" are one answer (``not_found``).
 - **Delete**: deleting a message deletes its files (:meth:`Files.forget_message`); uploads
-  never attached are deleted after ``CHAT_FILE_UPLOAD_TTL_S`` (:meth:`Files.sweep`, on every
-  worker, in bounded batches).
+  never attached are deleted after ``CHAT_FILE_UPLOAD_TTL_S``, and with
+  ``CHAT_RETENTION_DAYS`` files as old as the messages retention deletes
+  (:meth:`Files.sweep`, on every worker, in bounded batches).
 - **Storage down**: :class:`~app.errors.FrameError` ``storage_unavailable``; nothing else in
   the chat depends on the storage.
 """
@@ -258,11 +259,15 @@ class Files:
             await self._delete(records)
 
     async def sweep(self) -> int:
-        """Delete one batch of files to delete (of deleted messages, and uploads never
-        attached within the upload TTL); returns how many."""
-        before = int((time.time() - self.settings.file_upload_ttl_s) * 1000)
+        """Delete one batch of files to delete (of deleted messages, of messages retention
+        deleted, and uploads never attached within the upload TTL); returns how many."""
+        settings, now = self.settings, time.time()
+        before = int((now - settings.file_upload_ttl_s) * 1000)
+        # Retention: files of messages it deleted (uploaded before them, within the TTL).
+        days = settings.retention_days
+        expired = int((now - days * 86_400 - settings.file_upload_ttl_s) * 1000) if days else 0
         try:
-            records = await self._store.doomed(before, _SWEEP_BATCH)
+            records = await self._store.doomed(before, _SWEEP_BATCH, expired)
         except StoreError as exc:
             logger.warning("file sweep skipped: %s", exc)
             return 0

@@ -159,11 +159,13 @@ class FileStore:
         except DATABASE_ERRORS as exc:
             raise StoreError(f"deleting the files of a message failed: {exc!r}") from exc
 
-    async def doomed(self, created_before_ms: int, limit: int) -> list[FileRecord]:
+    async def doomed(
+        self, created_before_ms: int, limit: int, expired_before_ms: int = 0
+    ) -> list[FileRecord]:
         """Up to ``limit`` files whose objects are to be deleted: those of deleted messages,
-        and uploads never attached (pending, or stuck claimed) made before
-        ``created_before_ms``, which are made ``DELETED`` here first (a send can no longer
-        claim them)."""
+        uploads never attached (pending, or stuck claimed) made before ``created_before_ms``,
+        and attached files made before ``expired_before_ms`` (retention); the last two are
+        made ``DELETED`` here first (a send can no longer claim them, nor a link be given)."""
         try:
             async with self._engine.begin() as connection:
                 await connection.execute(
@@ -174,6 +176,15 @@ class FileStore:
                     )
                     .values(state=FileState.DELETED)
                 )
+                if expired_before_ms:
+                    await connection.execute(
+                        update(files)
+                        .where(
+                            files.c.state == FileState.ATTACHED,
+                            files.c.created_ms < expired_before_ms,
+                        )
+                        .values(state=FileState.DELETED)
+                    )
                 rows = await connection.execute(
                     select(files).where(files.c.state == FileState.DELETED).limit(limit)
                 )
