@@ -138,7 +138,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             await store.open()
         storage = await storage_for(settings) if store is not None else None
         if storage is not None and store is not None:
-            state.files = Files(settings, storage, store.files, state.access, quotas)
+            state.files = Files(settings, storage, store.files, state.access, quotas, metrics)
         await broker.start(hub)
         await presence.start()
         if store is not None:

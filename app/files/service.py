@@ -51,6 +51,7 @@ from app.files.content import (
     thumbnail,
 )
 from app.files.storage import Served, Storage, StorageUnavailable, UploadTarget
+from app.ops.metrics import Metrics
 from app.settings import Settings
 from app.store.database import StoreError
 from app.store.files import FileRecord, FileState, FileStore
@@ -92,12 +93,18 @@ class Files:
         store: FileStore,
         access: ConversationAccess,
         quotas: Quotas,
+        metrics: Metrics,
     ) -> None:
         self.settings = settings
         self.storage = storage
         self._store = store
         self._access = access
         self._quotas = quotas
+        self._metrics = metrics
+
+    def _unavailable(self, operation: str, exc: Exception) -> FrameError:
+        self._metrics.file_storage_errors.labels(operation).inc()
+        return _unavailable(exc)
 
     async def start_upload(
         self, identity: Identity, conversation: str, name: str, size: int
@@ -131,9 +138,10 @@ class Files:
                 )
             )
         except StorageUnavailable as exc:
-            raise _unavailable(exc) from None
+            raise self._unavailable("upload", exc) from None
         except StoreError:
             raise _store_unavailable() from None
+        self._metrics.file_uploads.inc()
         return file_id, target, int(time.time() + ttl)
 
     async def claim(
@@ -173,7 +181,9 @@ class Files:
             if isinstance(exc, FrameError):
                 raise
             raise (
-                _unavailable(exc) if isinstance(exc, StorageUnavailable) else _store_unavailable()
+                self._unavailable("attach", exc)
+                if isinstance(exc, StorageUnavailable)
+                else _store_unavailable()
             ) from None
         return orjson.dumps([_attachment(record) for record in described]).decode()
 
@@ -207,6 +217,7 @@ class Files:
         fails leaves them claimed, and the sweep deletes them after the upload TTL."""
         try:
             await self._store.attach(ids, message_id)
+            self._metrics.files_attached.inc(len(ids))
         except StoreError as exc:
             logger.warning("files %s not marked attached to %d: %s", ids, message_id, exc)
 
@@ -240,7 +251,7 @@ class Files:
                 shown = Served(THUMBNAIL_TYPE, inline=True, name=record.name)
                 thumb = await self.storage.download_url(thumbnail_key(record.id), shown, ttl)
         except StorageUnavailable as exc:
-            raise _unavailable(exc) from None
+            raise self._unavailable("link", exc) from None
         return {
             "id": record.id, "name": record.name, "size": record.size,
             "content_type": record.content_type, "url": url, "thumbnail": thumb,
@@ -279,8 +290,11 @@ class Files:
             await self.storage.delete(keys)
             await self._store.remove([r.id for r in records])
         except (StorageUnavailable, StoreError) as exc:
+            if isinstance(exc, StorageUnavailable):
+                self._metrics.file_storage_errors.labels("delete").inc()
             logger.warning("%d files not deleted yet (next sweep): %s", len(records), exc)
             return 0
+        self._metrics.files_deleted.inc(len(records))
         return len(records)
 
     async def run_sweeps(self) -> None:

@@ -290,6 +290,26 @@ class Metrics:
             "liveall",
         )
 
+        # -- files (app.files)
+        self.file_uploads = counter(
+            "hubbub_file_uploads_total", "Upload URLs handed out (uploads started)."
+        )
+        self.files_attached = counter(
+            "hubbub_files_attached_total", "Files attached to messages sent."
+        )
+        self.files_deleted = counter(
+            "hubbub_files_deleted_total",
+            "Files deleted with their objects: of deleted or expired messages, or never sent.",
+        )
+        self.file_storage_errors = counter(
+            "hubbub_file_storage_errors_total",
+            "Calls to the file storage that failed (answered storage_unavailable, or retried "
+            "by the next sweep), by operation.",
+            ("operation",),
+        )
+        for operation in ("upload", "attach", "link", "delete"):
+            self.file_storage_errors.labels(operation)
+
         # -- webhooks
         self.webhook_deliveries = counter(
             "hubbub_webhook_deliveries_total",

@@ -376,6 +376,32 @@ def build() -> dict[str, Any]:
         "short",
     )
 
+    d.row("Files")
+    d.graph(
+        "Files",
+        "Uploads started, files sent in messages, and files deleted (with their messages, "
+        "by retention, or never sent), per second.",
+        [
+            _q(f"sum(rate(hubbub_file_uploads_total{{{SEL}}}[{RATE}]))", "uploads/s"),
+            _q(f"sum(rate(hubbub_files_attached_total{{{SEL}}}[{RATE}]))", "sent/s"),
+            _q(f"sum(rate(hubbub_files_deleted_total{{{SEL}}}[{RATE}]))", "deleted/s"),
+        ],
+        "short",
+    )
+    d.graph(
+        "File storage errors",
+        "Calls to the file storage that failed, by operation: users got storage_unavailable "
+        "(upload, attach, link), or a deletion waits for the next sweep (alert "
+        "HubbubFileStorageFailing).",
+        [
+            _q(
+                f"sum by (operation) (rate(hubbub_file_storage_errors_total{{{SEL}}}[{RATE}]))",
+                "{{operation}}/s",
+            ),
+        ],
+        "short",
+    )
+
     d.row("Webhooks")
     d.graph(
         "Webhook lag",
