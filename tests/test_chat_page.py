@@ -3,15 +3,20 @@ apart and picked (never resolved from a typed name), "Seen by" says what was rea
 screen, nothing typed is lost (drafts per conversation, refused and offline sends kept), the
 name dialog and the connection state say what happens, and the basics people expect
 (formatting and links, grouping and the "New messages" line, any emoji as a reaction, a
-phone drawer)."""
+phone drawer, files attached and shown)."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
+import os
+import re
 from pathlib import Path
 
 import pytest
-from playwright.async_api import Browser, expect
+from PIL import Image
+from playwright.async_api import Browser, Route, expect
 
 from tests.helpers import ChatClient, LiveServer, make_settings, run_server
 from tests.test_browser import UI_TIMEOUT_MS, ChatPage, browser, frames_sent, label
@@ -386,3 +391,113 @@ async def test_a_search_result_opens_its_conversation_at_the_message(
             await expect(found).to_be_in_viewport()
         finally:
             await page.close()
+
+
+async def test_files_are_attached_with_progress_and_shown_to_the_other_person(
+    browser: Browser, tmp_path: Path
+) -> None:
+    """Ada picks an image and a PDF (the file input the 📎 button opens): each is a chip with
+    its name and a progress bar that fills; Send sends them with her text. Bob's page shows
+    the image as a preview that really loaded under the page's CSP (naturalWidth), sized
+    from the attachment to fit 320px and opening the full image, and the PDF as a row with
+    its name, size, type and a download link that serves its bytes. A file removed (its
+    Remove button) while it uploads is gone: the upload stops, Send waits no more, and the
+    next message goes without it."""
+    settings = make_settings(database_url=f"sqlite:///{tmp_path}/data/hubbub.db")
+    photo, pdf, big = tmp_path / "photo.png", tmp_path / "minutes.pdf", tmp_path / "big.bin"
+    Image.new("RGB", (800, 600), (200, 60, 30)).save(photo)
+    pdf.write_bytes(b"%PDF-1.4\n% the minutes\n" + bytes(range(256)) * 64)
+    big.write_bytes(os.urandom(1_000_000))
+    async with run_server(settings) as live:
+        ada = await ChatPage.open(browser, live.http_url, "ada", "lobby")
+        bob = await ChatPage.open(browser, live.http_url, "bob", "lobby")
+        try:
+            await expect(ada.page.get_by_role("button", name="Attach files")).to_be_enabled()
+            await ada.page.locator("#file-input").set_input_files([photo, pdf])
+            chips = ada.page.locator("#uploads .upload")
+            await expect(chips).to_have_count(2)
+            await expect(chips.locator(".upload-name")).to_have_text(["photo.png", "minutes.pdf"])
+            for n, path in enumerate((photo, pdf)):
+                size = path.stat().st_size
+                bar = chips.nth(n).locator("progress")
+                await expect(bar).to_have_attribute("max", str(size))
+                await expect(chips.nth(n)).to_have_class("upload done", timeout=UI_TIMEOUT_MS)
+                assert await bar.evaluate("bar => bar.value") == size
+            await ada.page.locator("#composer-input").fill("the plans")
+            await ada.page.locator("#send-button").click()
+            await expect(chips).to_have_count(0)
+            await bob.shows(["the plans"])
+            sent = frames_sent(ada, "send")[-1]
+            assert sent["text"] == "the plans" and len(sent["attachments"]) == 2  # type: ignore[arg-type]
+
+            message = bob.page.locator("#messages .message").last
+            preview = message.locator("a.attachment-image")
+            image = preview.locator("img")
+            await expect(image).to_have_attribute("alt", "photo.png")
+            await expect(image).to_have_attribute("loading", "lazy")
+            await expect(image).to_have_attribute("width", "320")  # 800x600 fits 320px
+            await expect(image).to_have_attribute("height", "240")
+            await expect(image).to_have_attribute("src", re.compile(r"/files/[\w-]+\.thumb\?"))
+            await bob.page.wait_for_function(
+                "img => img.complete && img.naturalWidth > 0",
+                arg=await image.element_handle(),
+                timeout=UI_TIMEOUT_MS,
+            )
+            await expect(preview).to_have_attribute("target", "_blank")
+            await expect(preview).to_have_attribute("rel", "noopener")
+            full = await preview.get_attribute("href")
+            assert full is not None and full.startswith(f"{live.http_url}/files/")
+            got = await bob.page.request.get(full)
+            assert got.ok and await got.body() == photo.read_bytes()
+
+            row = message.locator(".attachment-file")
+            await expect(row.locator(".file-name")).to_have_text("minutes.pdf")
+            await expect(row.locator(".file-meta")).to_have_text("16 KB · PDF")
+            download = row.get_by_role("link", name="Download minutes.pdf")
+            await expect(download).to_have_attribute("href", re.compile(r"/files/[\w-]+\?"))
+            got = await bob.page.request.get(await download.get_attribute("href") or "")
+            assert got.ok and await got.body() == pdf.read_bytes()
+            assert got.headers["content-disposition"].startswith("attachment;")
+
+            # Removed while its bytes are on their way (held here): it is gone for good.
+            held, release = asyncio.Event(), asyncio.Event()
+
+            async def hold(route: Route) -> None:
+                if route.request.method == "PUT":
+                    held.set()
+                    await release.wait()
+                with contextlib.suppress(Exception):  # the aborted upload has no one to answer
+                    await route.continue_()
+
+            failed: list[str] = []
+            ada.page.on(
+                "requestfailed",
+                lambda request: failed.append(request.url) if request.method == "PUT" else None,
+            )
+            await ada.page.route("**/files/*", hold)
+            await ada.page.locator("#file-input").set_input_files(big)
+            await expect(chips).to_have_count(1)
+            await asyncio.wait_for(held.wait(), UI_TIMEOUT_MS / 1000)
+            await expect(chips.first).to_have_class("upload")  # not done
+            await expect(chips.first.locator("progress")).to_have_attribute(
+                "aria-label", "Uploading big.bin"
+            )
+            await expect(ada.page.locator("#send-button")).to_be_disabled()  # Send waits
+            await chips.first.get_by_role("button", name="Remove big.bin").click()
+            await expect(chips).to_have_count(0)
+            assert await ada.page.locator("#uploads").is_hidden()
+            async with asyncio.timeout(UI_TIMEOUT_MS / 1000):  # the upload was aborted
+                while not failed:
+                    await asyncio.sleep(0.05)
+            release.set()
+            await ada.say("no file after all")
+            await bob.shows(["the plans", "no file after all"])
+            assert "attachments" not in frames_sent(ada, "send")[-1]
+            last = bob.page.locator("#messages .message").last
+            await expect(last.locator(".attachment")).to_have_count(0)
+            kept = [p.stat().st_size for p in (tmp_path / "data" / "files").iterdir()]
+            assert big.stat().st_size not in kept  # its bytes never reached the storage
+            await ada.page.unroute("**/files/*")
+        finally:
+            await ada.close()
+            await bob.close()

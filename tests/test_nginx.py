@@ -10,6 +10,7 @@ import shutil
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx2 as httpx
 import orjson
@@ -308,7 +309,7 @@ async def test_files_stream_through_nginx_to_every_worker(
                 stored = await http.put(f"{s.nginx.http_url}{target['url']}", content=data)
                 assert stored.status_code == 201, stored.text
                 await ann.say("lobby", "", attachments=[target["file"]], cid="f")
-                got = {}
+                got: dict[str, Any] = {}
                 while set(got) != {"ack", "message"}:
                     frame = await ann.next_frame()
                     got[frame["type"]] = frame

@@ -1,19 +1,21 @@
 """The chat page passes an accessibility audit (axe-core, WCAG 2.0/2.1 A and AA) with no
 serious or critical violation — colour contrast included — on a desktop, on a phone and in
 dark mode, with two people chatting (replies, reactions, "seen by", a "New messages" line,
-typing, an alert, an invitation). On a phone the rooms are an off-canvas drawer and the
-composer is always on screen. Screenshots are saved in test-artifacts/; axe's full results
-beside them (``axe-<view>.json``)."""
+typing, an alert, an invitation, a picture and a file, a file waiting to be sent). On a
+phone the rooms are an off-canvas drawer and the composer is always on screen. Screenshots
+are saved in test-artifacts/; axe's full results beside them (``axe-<view>.json``)."""
 
 from __future__ import annotations
 
+import io
 import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
-from playwright.async_api import Browser, Page, expect
+from PIL import Image
+from playwright.async_api import Browser, FilePayload, Page, expect
 
 from tests.helpers import make_settings, run_server
 from tests.processes import ROOT
@@ -99,10 +101,20 @@ def others(results: dict[str, Any]) -> list[str]:
     ]
 
 
+def file(name: str, mime: str, data: bytes) -> FilePayload:
+    return {"name": name, "mimeType": mime, "buffer": data}
+
+
+def picture() -> bytes:
+    out = io.BytesIO()
+    Image.new("RGB", (640, 400), (40, 110, 170)).save(out, "PNG")
+    return out.getvalue()
+
+
 async def chat_in_the_lobby(viewer: ChatPage, bob: ChatPage) -> None:
     """Ada (``viewer``) and bob chat: a reply with a quote, a long message, formatting,
-    reactions (one hers), "seen by", a "New messages" line, bob typing, an alert and an
-    invitation."""
+    reactions (one hers), "seen by", a "New messages" line, bob typing, an alert, an
+    invitation, bob's picture and PDF, and a file of ada's waiting above her composer."""
     ada = viewer
     await ada.say("hello bob, have you seen the plans for the **new office**?")
     await expect(bob.page.locator("#messages .message .text")).to_have_count(1)
@@ -161,6 +173,24 @@ async def chat_in_the_lobby(viewer: ChatPage, bob: ChatPage) -> None:
             role: "member", by: "bob"}}))"""
     )
     await expect(ada.page.locator("#invitations .invitation")).to_contain_text("plans")
+
+    await bob.page.locator("#file-input").set_input_files([
+        file("office.png", "image/png", picture()),
+        file("floor plan.pdf", "application/pdf", b"%PDF-1.4\n" + bytes(4000)),
+    ])  # fmt: skip
+    await expect(bob.page.locator("#uploads .upload.done")).to_have_count(2, timeout=UI_TIMEOUT_MS)
+    await bob.page.locator("#send-button").click()
+    shown = ada.page.locator("#messages .message").last
+    await expect(shown.locator(".file-download[href]")).to_have_count(1, timeout=UI_TIMEOUT_MS)
+    await ada.page.wait_for_function(
+        "img => img.complete && img.naturalWidth > 0",
+        arg=await shown.locator(".attachment-image img").element_handle(),
+        timeout=UI_TIMEOUT_MS,
+    )
+    await ada.page.locator("#file-input").set_input_files(
+        file("notes.txt", "text/plain", b"for friday")
+    )
+    await expect(ada.page.locator("#uploads .upload.done")).to_have_count(1, timeout=UI_TIMEOUT_MS)
 
 
 async def action_bars_are_keyboard_reachable_and_cover_nothing(page: Page) -> None:

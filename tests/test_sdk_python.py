@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import io
 import logging
 import signal
 import sys
@@ -23,7 +24,9 @@ from hubbub_client import (
     TERMINAL_CLOSE_CODES,
     Ack,
     AckTimeoutError,
+    Attachment,
     ClientClosedError,
+    Deleted,
     DirectMessage,
     Edited,
     Event,
@@ -42,6 +45,7 @@ from hubbub_client import (
     apply_event,
     backoff_delay,
 )
+from PIL import Image
 
 from app.errors import CloseCode, ErrorCode
 from app.sockets.connection import Connection
@@ -377,6 +381,93 @@ async def test_rooms_with_members_and_the_inbox(tmp_path: Path) -> None:
             await wait_until(lambda: [(r.user, r.id) for r in seen_ada.of(Receipt)] == [
                 ("bob", sent.id)
             ])  # fmt: skip
+
+
+@pytest.mark.timeout(60)
+async def test_files_are_uploaded_sent_received_and_read_through_their_links(
+    tmp_path: Path,
+) -> None:
+    """With a store (and local file storage, the default): ada uploads a PNG and a PDF and
+    sends them with an empty text; bob receives the message with both as attachments (the
+    image with its size), asks for their links (absolute, on the server) and downloads the
+    very bytes, and the image's thumbnail. A direct message carries a file too, whose link
+    an outsider is refused (``not_found``); a file over the limit is refused before any byte
+    moves (``file_too_large``); a deleted message shows no attachments."""
+    settings = make_settings(
+        database_url=f"sqlite:///{tmp_path}/data/chat.db", file_max_bytes=64 * 1024
+    )
+    image = io.BytesIO()
+    Image.new("RGB", (640, 480), (30, 120, 200)).save(image, "PNG")
+    png = image.getvalue()
+    pdf = b"%PDF-1.4\n% the minutes\n" + bytes(range(256)) * 4
+    async with run_server(settings) as live:
+        ada, bob, eve = (sdk(live.ws_url(), name) for name in ("ada", "bob", "eve"))
+        seen_bob = Seen(bob)
+        async with ada, bob, eve, httpx.AsyncClient(timeout=10) as http:
+            await ada.join("lobby")
+            await bob.join("lobby")
+            photo = await ada.upload("lobby", png, "photo.png")
+            minutes = await ada.upload("lobby", pdf, "minutes.pdf")
+            ack = await ada.send("lobby", "", attachments=[photo, minutes])
+            await wait_until(lambda: [m.id for m in seen_bob.of(Message)] == [ack.id])
+            message = seen_bob.of(Message)[0]
+            assert message.text == "" and message.raw["attachments"]
+            assert message.attachments == (
+                Attachment(id=photo, name="photo.png", size=len(png), type="image/png",
+                           image=True, width=640, height=480),
+                Attachment(id=minutes, name="minutes.pdf", size=len(pdf),
+                           type="application/pdf", image=False),
+            )  # fmt: skip
+
+            links = await bob.file_links(photo)
+            assert (links["id"], links["name"], links["content_type"]) == (
+                photo, "photo.png", "image/png"
+            )  # fmt: skip
+            assert links["url"].startswith(live.http_url + "/")  # absolute, on the server
+            assert links["expires"] > time.time()
+            got = await http.get(links["url"])
+            assert got.status_code == 200 and got.content == png
+            assert links["thumbnail"] is not None
+            thumbnail = await http.get(links["thumbnail"])
+            assert thumbnail.status_code == 200
+            assert thumbnail.headers["content-type"] == "image/webp"
+            assert Image.open(io.BytesIO(thumbnail.content)).width <= 640
+            document = await bob.file_links(minutes)
+            assert document["thumbnail"] is None
+            got = await http.get(document["url"])
+            assert got.status_code == 200 and got.content == pdf
+            assert got.headers["content-disposition"].startswith("attachment;")
+
+            # A direct message's file: its two people read it, nobody else (the same answer
+            # as for a file that does not exist); two asked at once each get their answer.
+            note = await ada.upload(DM("bob"), b"just for you", "note.txt")
+            direct = await ada.send_to("bob", "see the note", attachments=[note])
+            await wait_until(lambda: any(m.id == direct.id for m in seen_bob.of(DirectMessage)))
+            received = next(m for m in seen_bob.of(DirectMessage) if m.id == direct.id)
+            assert [a.name for a in received.attachments] == ["note.txt"]
+            refused, missing, allowed = await asyncio.gather(
+                eve.file_links(note), eve.file_links("A" * 22), bob.file_links(note),
+                return_exceptions=True,
+            )  # fmt: skip
+            assert isinstance(refused, HubbubError) and refused.code == "not_found"
+            assert isinstance(missing, HubbubError) and missing.code == "not_found"
+            assert isinstance(allowed, dict) and allowed["name"] == "note.txt"
+
+            with pytest.raises(HubbubError) as too_large:
+                await ada.upload("lobby", bytes(64 * 1024 + 1), "big.bin")
+            assert too_large.value.code == "file_too_large"
+
+            await ada.delete("lobby", ack.id)
+            await wait_until(lambda: len(seen_bob.of(Deleted)) == 1)
+            assert apply_event(message, seen_bob.of(Deleted)[0]).attachments == ()
+            async with asyncio.timeout(5):  # its files go right after the deletion's ack
+                while True:
+                    try:
+                        await bob.file_links(photo)
+                    except HubbubError as gone:
+                        assert gone.code == "not_found"
+                        break
+                    await asyncio.sleep(0.05)
 
 
 @pytest.mark.timeout(60)

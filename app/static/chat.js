@@ -1,5 +1,5 @@
 // The chat page: rooms, direct messages, presence, typing, unread counts, "seen by", replies,
-// edits, deletions and reactions, connection state — on top of hubbub.js. Messages are kept per conversation (a room, or "@user" for the direct
+// edits, deletions, reactions and files, connection state — on top of hubbub.js. Messages are kept per conversation (a room, or "@user" for the direct
 // messages with a user) by id and shown in id order, so a message replayed after a reconnect or
 // reloaded over HTTP appears exactly once; scrolling up loads older ones. Text is always set as
 // text, never HTML. People are shown by `personLabel` (a suffix from the id tells two alices
@@ -42,7 +42,9 @@ const $ = (id) => document.getElementById(id);
  * messages: Map<id, frame> (as they are now: events applied), count, users: Set|null, unread,
  * typing: Map<user, timer>, read: Map<user, id> (others' read positions), complete: no older
  * history, loading, pending: Map<cid, {text, failed?}> (sends not acked yet: written while
- * offline, they go out on reconnect), firstUnread: id|null (where "New messages" is)} */
+ * offline, they go out on reconnect), firstUnread: id|null (where "New messages" is),
+ * uploads: [{key, name, size, sent, id: file id once uploaded, controller}] (the files above
+ * the composer, for the next message)} */
 const rooms = new Map();
 let active = null;
 /** What the composer does with its text: a new message, `{reply: id}`, or `{edit: id}`. */
@@ -69,12 +71,17 @@ function conversationOf(frame) {
 function newConversation(kind, peer) {
   return { kind, peer, messages: new Map(), count: 0, users: kind === "room" ? new Set() : null,
            unread: 0, typing: new Map(), read: new Map(), complete: false, loading: false,
-           pending: new Map(), firstUnread: null };
+           pending: new Map(), firstUnread: null, uploads: [] };
 }
 
 /** A message's text as read, without its formatting marks (for quotes). */
 function plain(text) {
   return renderText(text).textContent ?? text;
+}
+
+/** A message as quoted: its text, or its files' names when it has no text. */
+function summary(frame) {
+  return plain(frame.text) || (frame.attachments ?? []).map((file) => `📎 ${file.name}`).join(", ");
 }
 
 function el(tag, className, text) {
@@ -356,6 +363,7 @@ function showState({ state, delayMs, code, reason }) {
                     closed: `Disconnected: ${closeReason(code, reason)}` };
     status.textContent = texts[state] ?? state;
   }
+  if (state === "open") relinkAttachments(); // links asked while offline: ask again
   renderComposer();
 }
 
@@ -625,6 +633,7 @@ function setActive(key) {
   $("history-state").textContent = "";
   setComposing({});
   $("composer-input").value = key === null ? "" : drafts.get(key) ?? "";
+  renderUploads();
   renderMessages();
   renderPresence();
   renderTyping();
@@ -1024,7 +1033,7 @@ function messageItem(frame) {
   if (frame.reply_to) {
     const quoted = rooms.get(key)?.messages.get(frame.reply_to);
     const quote = el("p", "quote", quoted
-      ? `↪ ${personLabel(quoted.user)}: ${quoted.deleted ? "(deleted)" : plain(quoted.text).slice(0, 80)}`
+      ? `↪ ${personLabel(quoted.user)}: ${quoted.deleted ? "(deleted)" : summary(quoted).slice(0, 80)}`
       : "↪ an earlier message");
     item.append(quote);
   }
@@ -1042,6 +1051,7 @@ function messageItem(frame) {
   text.append(renderText(frame.text)); // links and formatting, built as nodes: never markup
   item.append(text);
   if (frame.edited) item.append(el("span", "edited", " (edited)"));
+  if (frame.attachments?.length) item.append(attachmentsOf(frame.attachments));
   const reactions = el("span", "reactions");
   for (const [emoji, users] of Object.entries(frame.reactions ?? {})) {
     const chip = actionButton(`${emoji} ${users.length}`, `${emoji} ${users.length}, by ${users.map(personLabel).join(", ")}`,
@@ -1226,6 +1236,7 @@ $("jump-unread").addEventListener("click", () => {
 
 function renderMessages() {
   const list = $("messages");
+  linkObserver.disconnect(); // the nodes shown are about to go; the new ones are watched
   list.replaceChildren();
   const state = rooms.get(active);
   if (!state) return;
@@ -1336,7 +1347,7 @@ function setComposing(next) {
   }
   $("composing-text").textContent = next.edit
     ? "Editing your message"
-    : `Replying to ${personLabel(target.user)}: ${plain(target.text).slice(0, 80)}`;
+    : `Replying to ${personLabel(target.user)}: ${summary(target).slice(0, 80)}`;
   banner.hidden = false;
   const input = $("composer-input");
   if (next.edit) input.value = target.text;
@@ -1368,7 +1379,15 @@ function renderComposer() {
   const counter = $("counter");
   counter.textContent = length > limit * 0.8 ? `${length}/${limit}` : "";
   counter.classList.toggle("over", length > limit);
-  $("send-button").disabled = !usable || length > limit || !input.value.trim();
+  // Files go with a new message (an edit changes the text only). Send waits for every
+  // upload of the conversation to finish; a message may be files alone.
+  const uploads = active === null ? [] : rooms.get(active)?.uploads ?? [];
+  const uploading = !composing.edit && uploads.some((upload) => upload.id === null);
+  const files = !composing.edit && uploads.length > 0;
+  const send = $("send-button");
+  send.disabled = !usable || length > limit || uploading || !(input.value.trim() || files);
+  send.title = uploading ? "Waiting for the files to finish uploading" : "";
+  $("attach-button").disabled = !usable;
 }
 
 /** A message written but not acked yet: "Sending…", or "Not sent" with Retry and Edit. */
@@ -1379,6 +1398,9 @@ function pendingItem(cid, entry) {
   item.append(el("span", "meta", entry.failed ? "Not sent" : "Sending…"));
   if (me) item.append(personNode(me, "span", "author person"));
   item.append(el("span", "text", entry.text));
+  if (entry.uploads.length) {
+    item.append(el("span", "pending-files", ` 📎 ${entry.uploads.map((upload) => upload.name).join(", ")}`));
+  }
   if (entry.failed) {
     item.append(el("span", "failure", ` — ${entry.failed}`));
     const actions = el("span", "actions visible");
@@ -1386,13 +1408,16 @@ function pendingItem(cid, entry) {
       const state = rooms.get(active);
       state?.pending.delete(cid);
       item.remove();
-      if (state) sendText(active, entry.text, entry.replyTo);
+      if (state) sendText(active, entry.text, entry.replyTo, entry.uploads);
     }));
     actions.append(actionButton("Edit", "Back to the composer", () => {
-      rooms.get(active)?.pending.delete(cid);
+      const state = rooms.get(active);
+      state?.pending.delete(cid);
       item.remove();
       $("composer-input").value = entry.text;
+      if (state) state.uploads.push(...entry.uploads); // its files wait above the composer again
       saveDraft();
+      renderUploads();
       renderComposer();
       $("composer-input").focus();
     }));
@@ -1401,28 +1426,32 @@ function pendingItem(cid, entry) {
   return item;
 }
 
-/** Send `text` to conversation `key`, shown as pending until acked (the SDK writes it when
- * the connection is open, and again after a reconnect, with the same cid: once). Refused,
- * it stays as "Not sent" with the reason: nothing typed is lost. */
-function sendText(key, text, replyTo) {
+/** Send `text` (and the files `uploads`, uploaded) to conversation `key`, shown as pending
+ * until acked (the SDK writes it when the connection is open, and again after a reconnect,
+ * with the same cid: once). Refused, it stays as "Not sent" with the reason: nothing typed
+ * (or attached) is lost. */
+function sendText(key, text, replyTo, uploads = []) {
   const state = rooms.get(key);
   const cid = crypto.randomUUID();
-  const entry = { text, replyTo };
+  const entry = { text, replyTo, uploads };
+  const options = { replyTo, cid };
+  if (uploads.length) options.attachments = uploads.map((upload) => upload.id);
   state.pending.set(cid, entry);
   if (key === active) {
     $("messages").append(pendingItem(cid, entry));
     $("messages").scrollTop = $("messages").scrollHeight;
   }
-  const sent = state.kind === "dm"
-    ? client.sendTo(state.peer, text, { replyTo, cid })
-    : client.send(key, text, { replyTo, cid });
+  const sent = state.kind === "dm" ? client.sendTo(state.peer, text, options) : client.send(key, text, options);
   const node = () => (key === active ? $("messages").querySelector(`[data-cid="${CSS.escape(cid)}"]`) : null);
   sent.then(() => {
     state.pending.delete(cid);
     node()?.remove(); // the message itself is shown by its id
   }, (error) => {
     entry.failed = error.code === "ack_timeout" || error.name === "AckTimeoutError"
-      ? "no answer from the server" : error.message ?? String(error);
+      ? "no answer from the server"
+      : error.code === "storage_unavailable" ? "the file storage cannot be reached right now: retry in a moment"
+        : error.code === "not_found" && uploads.length ? "a file is not available any more (Edit, and attach it again)"
+          : error.message ?? String(error);
     node()?.replaceWith(pendingItem(cid, entry));
   });
 }
@@ -1430,7 +1459,10 @@ function sendText(key, text, replyTo) {
 function sendCurrent() {
   const input = $("composer-input");
   const text = input.value.trim();
-  if (!text || !active || input.disabled) return;
+  if (!active || input.disabled) return;
+  const uploads = composing.edit ? [] : rooms.get(active).uploads;
+  if (uploads.some((upload) => upload.id === null)) return; // Send waits for the uploads
+  if (!text && !uploads.length) return;
   if ([...text].length > maxChars()) {
     showAlert(`A message has at most ${maxChars()} characters: this one has ${[...text].length}`);
     return; // kept in the composer
@@ -1443,7 +1475,9 @@ function sendCurrent() {
     }
     input.value = drafts.get(active) ?? ""; // back to what was being written before the edit
   } else {
-    sendText(active, text, composing.reply);
+    sendText(active, text, composing.reply, uploads);
+    state.uploads = [];
+    renderUploads();
     input.value = "";
   }
   lastTyping = 0;
@@ -1477,6 +1511,306 @@ $("composer-input").addEventListener("input", () => {
     client.typing(active);
   }
 });
+
+// -- files: picked, dropped or pasted; uploaded at once; shown in messages --------------------
+
+const THUMBNAIL_BOX = 320; // px: an image's preview fits a square this big
+const LINKS_SPARE_S = 15; // links that end this soon are asked for again
+/** file id -> {links} (a `file` answer, its URLs absolute; they expire), {asking} (the
+ * request on its way) or {gone} (not found: deleted, or not yours to read). Links are asked
+ * for the attachments on screen only, and again once expired. */
+const fileLinks = new Map();
+let uploadCount = 0; // names the uploads' chips
+
+/** A size in words: 512 B, 4.2 KB, 31 MB. */
+function humanSize(bytes) {
+  if (bytes < 1024) return `${bytes} B`;
+  const units = ["KB", "MB", "GB", "TB"];
+  let value = bytes / 1024;
+  let unit = 0;
+  while (value >= 1024 && unit < units.length - 1) {
+    value /= 1024;
+    unit += 1;
+  }
+  return `${value < 10 ? value.toFixed(1) : Math.round(value)} ${units[unit]}`;
+}
+
+/** A file's type in words: "PDF", "MP4 video", "file". */
+function typeLabel(type) {
+  if (!type || type === "application/octet-stream") return "file";
+  const [kind, sub = ""] = type.split("/");
+  const name = sub.replace(/^(x-|vnd\.)/, "").toUpperCase();
+  return ["image", "audio", "video"].includes(kind) ? `${name} ${kind}` : name;
+}
+
+/** Why file `name` was not attached, in words. */
+function fileFailure(error, name) {
+  const message = error?.message ?? String(error);
+  switch (error?.code) {
+    case "file_too_large": {
+      const limit = /at most (\d+)/.exec(message)?.[1];
+      return `${name} is too large to send${limit ? ` (at most ${humanSize(Number(limit))})` : ""}`;
+    }
+    case "rate_limited":
+      return /keep/.test(message)
+        ? `${name} was not attached: you keep too many files already (delete messages with files first)`
+        : `${name} was not attached: too many files at once, wait a moment and attach it again`;
+    case "storage_unavailable":
+      return `${name} was not attached: the file storage cannot be reached right now, try again in a moment`;
+    case "no_store":
+      return `${name} was not attached: this server keeps no files`;
+    case "not_found":
+      return `${name} is not available any more`;
+    default:
+      return message === "not connected"
+        ? `${name} was not attached: you are offline, attach it again once connected`
+        : `${name} was not attached: ${message}`;
+  }
+}
+
+/** Upload `files` for the shown conversation at once, each a chip above the composer (its
+ * name, size, progress and ×) until the message is sent. A failure is an alert. */
+function attachFiles(files) {
+  const key = active;
+  const state = key === null ? null : rooms.get(key);
+  if (!state || $("composer-input").disabled) return;
+  for (const file of files) {
+    const upload = { key: `upload-${++uploadCount}`, name: file.name || "pasted file", size: file.size,
+                     sent: 0, id: null, controller: new AbortController() };
+    if (!file.size) {
+      showAlert(`${upload.name} is empty: there is nothing to send`);
+      continue;
+    }
+    state.uploads.push(upload);
+    client.upload(conversationTarget(key), file, {
+      name: upload.name,
+      signal: upload.controller.signal,
+      onProgress: (sent) => {
+        upload.sent = sent;
+        showProgress(key, upload);
+      },
+    }).then((id) => {
+      upload.id = id;
+      upload.sent = upload.size;
+      showProgress(key, upload);
+      if (key === active) renderComposer();
+    }, (error) => {
+      if (error?.name === "AbortError") return; // removed with its ×: gone already
+      dropUpload(key, upload);
+      showAlert(fileFailure(error, upload.name));
+    });
+  }
+  if (key === active) {
+    renderUploads();
+    renderComposer();
+  }
+}
+
+/** The shown conversation's files waiting to be sent, as chips. */
+function renderUploads() {
+  const list = $("uploads");
+  const key = active;
+  const uploads = key === null ? [] : rooms.get(key)?.uploads ?? [];
+  list.replaceChildren(...uploads.map((upload) => {
+    const chip = el("li", "upload");
+    chip.dataset.upload = upload.key;
+    chip.title = upload.name;
+    const bar = el("progress");
+    bar.max = Math.max(1, upload.size);
+    const cancel = el("button", "upload-cancel", "×");
+    cancel.type = "button";
+    cancel.setAttribute("aria-label", `Remove ${upload.name}`);
+    cancel.addEventListener("click", () => {
+      upload.controller.abort(); // an upload on its way stops
+      dropUpload(key, upload);
+      $("composer-input").focus();
+    });
+    chip.append(el("span", "upload-name", upload.name), el("span", "upload-size", humanSize(upload.size)), bar, cancel);
+    return chip;
+  }));
+  for (const upload of uploads) showProgress(key, upload);
+  list.hidden = uploads.length === 0;
+}
+
+/** An upload's chip says how far it is. */
+function showProgress(key, upload) {
+  if (key !== active) return;
+  const chip = $("uploads").querySelector(`[data-upload="${upload.key}"]`);
+  if (!chip) return;
+  const bar = chip.querySelector("progress");
+  bar.value = upload.sent;
+  const done = upload.id !== null;
+  bar.setAttribute("aria-label", done ? `${upload.name} uploaded` : `Uploading ${upload.name}`);
+  chip.classList.toggle("done", done);
+}
+
+/** Forget an upload (sent, removed, or failed). */
+function dropUpload(key, upload) {
+  const state = rooms.get(key);
+  if (state) state.uploads = state.uploads.filter((other) => other !== upload);
+  if (key === active) {
+    renderUploads();
+    renderComposer();
+  }
+}
+
+$("attach-button").addEventListener("click", () => $("file-input").click());
+$("file-input").addEventListener("change", () => {
+  const input = $("file-input");
+  attachFiles([...(input.files ?? [])]);
+  input.value = ""; // the same file may be picked again
+});
+// A pasted screenshot or file is attached (rich text with pictures is pasted as text).
+$("composer-input").addEventListener("paste", (event) => {
+  const data = event.clipboardData;
+  const files = [...(data?.files ?? [])];
+  if (!files.length || data.types.includes("text/html")) return;
+  event.preventDefault();
+  attachFiles(files);
+});
+// Files dropped on the conversation are attached; dropped elsewhere, they are ignored (the
+// browser would leave the page to show them).
+{
+  const chat = document.querySelector("main.chat");
+  const carriesFiles = (event) => event.dataTransfer?.types.includes("Files") ?? false;
+  let depth = 0; // dragenter/dragleave of the conversation's children
+  chat.addEventListener("dragenter", (event) => {
+    if (!carriesFiles(event) || $("composer-input").disabled) return;
+    depth += 1;
+    chat.classList.add("dropping");
+  });
+  chat.addEventListener("dragleave", () => {
+    depth = Math.max(0, depth - 1);
+    if (!depth) chat.classList.remove("dropping");
+  });
+  chat.addEventListener("dragover", (event) => {
+    if (!carriesFiles(event) || $("composer-input").disabled) return;
+    event.preventDefault();
+    event.dataTransfer.dropEffect = "copy";
+  });
+  chat.addEventListener("drop", (event) => {
+    depth = 0;
+    chat.classList.remove("dropping");
+    if (!carriesFiles(event)) return;
+    event.preventDefault();
+    attachFiles([...event.dataTransfer.files]);
+  });
+  window.addEventListener("dragover", (event) => { if (carriesFiles(event)) event.preventDefault(); });
+  window.addEventListener("drop", (event) => { if (carriesFiles(event)) event.preventDefault(); });
+}
+
+/** Watches the attachments shown: those that come on screen get their links. */
+const linkObserver = new IntersectionObserver((entries) => {
+  for (const entry of entries) {
+    if (!entry.target.isConnected) linkObserver.unobserve(entry.target); // replaced
+    else if (entry.isIntersecting) showLinks(entry.target);
+  }
+}, { root: $("messages"), rootMargin: "300px 0px" });
+
+/** A message's files: images as previews that open the full image, other files as a row
+ * with name, size, type and a download link. Their links come once they are on screen. */
+function attachmentsOf(files) {
+  const box = el("div", "attachments");
+  for (const file of files) {
+    let node;
+    if (file.image) {
+      node = el("a", "attachment attachment-image");
+      node.target = "_blank";
+      node.rel = "noopener";
+      node.title = `${file.name} (${humanSize(file.size)}): open the full image`;
+      const image = el("img");
+      image.alt = file.name;
+      image.loading = "lazy";
+      if (file.width && file.height) { // its room kept before it loads
+        const scale = Math.min(1, THUMBNAIL_BOX / Math.max(file.width, file.height));
+        image.width = Math.max(1, Math.round(file.width * scale));
+        image.height = Math.max(1, Math.round(file.height * scale));
+      }
+      node.append(image);
+    } else {
+      node = el("div", "attachment attachment-file");
+      const icon = el("span", "file-icon", "📄");
+      icon.setAttribute("aria-hidden", "true");
+      const download = el("a", "file-download", "Download");
+      download.rel = "noopener";
+      download.download = file.name;
+      download.setAttribute("aria-label", `Download ${file.name}`);
+      node.append(icon, el("span", "file-name", file.name),
+        el("span", "file-meta", `${humanSize(file.size)} · ${typeLabel(file.type)}`), download);
+    }
+    node.dataset.file = file.id;
+    // A link that has expired meanwhile: fresh links first, then it opens.
+    node.addEventListener("click", (event) => {
+      const anchor = event.target.closest("a[href]");
+      if (!anchor || linksFresh(fileLinks.get(file.id))) return;
+      event.preventDefault();
+      linksFor(file.id).then(() => anchor.click(), (error) => showAlert(fileFailure(error, file.name)));
+    });
+    const known = fileLinks.get(file.id);
+    if (linksFresh(known)) applyLinks(node, known.links);
+    else if (known?.gone) node.classList.add("unavailable");
+    linkObserver.observe(node);
+    box.append(node);
+  }
+  return box;
+}
+
+function linksFresh(entry) {
+  return entry?.links !== undefined && entry.links.expires - LINKS_SPARE_S > Date.now() / 1000;
+}
+
+/** The links of file `id`: kept until they expire, asked for once at a time. The nodes
+ * shown for it get them. */
+function linksFor(id) {
+  const known = fileLinks.get(id);
+  if (linksFresh(known)) return Promise.resolve(known.links);
+  if (known?.asking) return known.asking;
+  if (known?.gone) return Promise.reject(known.gone);
+  const asking = client.fileLinks(id).then((links) => {
+    fileLinks.set(id, { links });
+    for (const node of $("messages").querySelectorAll(`[data-file="${CSS.escape(id)}"]`)) applyLinks(node, links);
+    return links;
+  }, (error) => {
+    if (error?.code === "not_found") fileLinks.set(id, { gone: error }); // deleted, or not yours
+    else fileLinks.delete(id); // offline, storage down: asked again when shown again
+    for (const node of $("messages").querySelectorAll(`[data-file="${CSS.escape(id)}"]`)) {
+      node.classList.toggle("unavailable", error?.code === "not_found");
+    }
+    throw error;
+  });
+  fileLinks.set(id, { asking });
+  return asking;
+}
+
+/** An attachment on screen: its links (asked for if needed). */
+function showLinks(node) {
+  const id = node.dataset.file;
+  const known = fileLinks.get(id);
+  if (known?.gone || (linksFresh(known) && node.dataset.linked === String(known.links.expires))) return;
+  // Failed: shown as unavailable (not found), or asked again when shown again.
+  linksFor(id).then((links) => { if (node.isConnected) applyLinks(node, links); }, () => undefined);
+}
+
+function applyLinks(node, links) {
+  node.dataset.linked = String(links.expires);
+  node.classList.remove("unavailable");
+  if (node.classList.contains("attachment-image")) {
+    node.href = links.url;
+    const image = node.querySelector("img");
+    // A preview shown stays (its old link loaded it); only one not loaded yet gets the new.
+    if (!image.getAttribute("src") || !image.complete || !image.naturalWidth) image.src = links.thumbnail ?? links.url;
+  } else {
+    node.querySelector(".file-download").href = links.url;
+  }
+}
+
+/** After a reconnect: the attachments on screen whose links did not come are asked again. */
+function relinkAttachments() {
+  for (const node of $("messages").querySelectorAll(".attachment:not([data-linked])")) {
+    linkObserver.unobserve(node);
+    linkObserver.observe(node); // reports it again: asked for if on screen
+  }
+}
 
 // -- the emoji picker: into the composer, or as a reaction ---------------------------------
 

@@ -9,11 +9,12 @@
 import {
   TERMINAL_CLOSE_CODES,
   type AckFrame, type AuthFrame, type AuthenticatedFrame, type Cid, type ClientFrame,
-  type Conversation, type DeletedFrame, type EditedFrame, type ErrorFrame, type HelloFrame,
-  type HistoryFrame, type InboxFrame, type InvitedFrame, type JoinedFrame, type LeftFrame,
-  type MemberFrame, type MessageEventFrame, type MessageFrame, type PresenceFrame,
-  type ReactionFrame, type ReceiptFrame, type ReceiptsFrame, type RoomFrame, type RoomName,
-  type RoomsFrame, type SearchFrame, type ServerFrame, type TypingNoticeFrame, type UserId,
+  type Conversation, type DeletedFrame, type EditedFrame, type ErrorFrame, type FileFrame,
+  type FileId, type HelloFrame, type HistoryFrame, type InboxFrame, type InvitedFrame,
+  type JoinedFrame, type LeftFrame, type MemberFrame, type MessageEventFrame,
+  type MessageFrame, type PresenceFrame, type ReactionFrame, type ReceiptFrame,
+  type ReceiptsFrame, type RoomFrame, type RoomName, type RoomsFrame, type SearchFrame,
+  type SendFrame, type ServerFrame, type TypingNoticeFrame, type UploadFrame, type UserId,
 } from "./frames.js";
 
 /** Where the connection stands. `idle`: before `connect()`; `closed`: for good (after
@@ -89,7 +90,25 @@ export interface Ack {
   duplicate: boolean;
 }
 
-/** A send the server refused (`code`: see docs/protocol.md, "Error codes"). */
+/** How a send is made: a reply (`replyTo`), a retry of an earlier send (`cid`), with files
+ * (`attachments`: ids that `upload` resolved to, for this conversation). */
+export interface SendOptions {
+  replyTo?: number;
+  cid?: Cid;
+  attachments?: FileId[];
+}
+
+/** What `upload` reports and obeys: `onProgress(sent, total)` in bytes of the file, as it
+ * goes; `signal` aborts it (the promise rejects with an `AbortError`); `name`: the file's name
+ * (default: the `File`'s own). */
+export interface UploadOptions {
+  onProgress?: (sent: number, total: number) => void;
+  signal?: AbortSignal;
+  name?: string;
+}
+
+/** A request or a send the server refused (`code`: see docs/protocol.md, "Error codes"), or
+ * an upload the storage refused (`file_too_large`, `storage_unavailable`, `upload_failed`). */
 export class HubbubError extends Error {
   readonly code: string;
   readonly frame: ErrorFrame | undefined;
@@ -159,7 +178,7 @@ interface PendingSend {
 }
 
 /** What a request over the socket is answered with. */
-type Answer = HistoryFrame | SearchFrame;
+type Answer = HistoryFrame | SearchFrame | UploadFrame | FileFrame;
 interface Waiter { resolve: (frame: Answer) => void; reject: (error: Error) => void }
 
 // Error codes after which a refused join is sent again (the server did not join the room).
@@ -178,6 +197,7 @@ export function applyEvent(message: MessageFrame, event: MessageEventFrame): Mes
     next.deleted = true;
     delete next.reactions;
     delete next.reply_to;
+    delete next.attachments;
   } else {
     const reactions = { ...(next.reactions ?? {}) };
     const users = (reactions[event.emoji] ?? []).filter((user) => user !== event.user);
@@ -199,6 +219,19 @@ export function displayName(user: UserId): string {
 export function backoffDelay(attempt: number, baseMs: number, maxMs: number): number {
   const cap = Math.min(maxMs, baseMs * 2 ** attempt);
   return Math.max(100, Math.round(Math.random() * cap));
+}
+
+function abortError(): Error {
+  return new DOMException("the upload was aborted", "AbortError");
+}
+
+/** An upload's HTTP status as the error `upload` rejects with (null: no answer at all). */
+function uploadError(status: number | null): HubbubError {
+  if (status === 413) return new HubbubError("file_too_large", "the storage refused the file as too large");
+  if (status === null || status >= 500) {
+    return new HubbubError("storage_unavailable", `the file storage ${status === null ? "could not be reached" : `answered ${status}`}, try again`);
+  }
+  return new HubbubError("upload_failed", `the file storage answered ${status}`);
 }
 
 function newCid(): string {
@@ -243,6 +276,9 @@ export class HubbubClient extends EventTarget {
   private readonly pending = new Map<Cid, PendingSend>();
   private readonly seenDirect = new Set<number>();
   private readonly answers = new Map<string, Waiter[]>();
+  /** The ids of the `file` requests not answered yet, in the order asked: an error answers
+   * the oldest (the server answers a connection's frames in order). */
+  private readonly fileAsks: FileId[] = [];
   private stopped = false;
   private readonly onOnline = (): void => {
     // The browser is back online: try now rather than at the end of the backoff.
@@ -317,17 +353,13 @@ export class HubbubClient extends EventTarget {
   /** Publish `text` to `room`. Resolves with its ack; rejects with a {@link HubbubError} if
    * refused, an {@link AckTimeoutError} without an ack in time. Resent (same `cid`) after a
    * reconnect until acked; `cid`: retry an earlier send. */
-  send(room: RoomName, text: string, options: { replyTo?: number; cid?: Cid } = {}): Promise<Ack> {
-    const frame: ClientFrame & { cid: Cid } = { type: "send", room, text, cid: options.cid ?? newCid() };
-    if (options.replyTo !== undefined) frame.reply_to = options.replyTo;
-    return this.sendAcked(frame);
+  send(room: RoomName, text: string, options: SendOptions = {}): Promise<Ack> {
+    return this.sendAcked(sendFrame({ type: "send", room, text, cid: options.cid ?? newCid() }, options));
   }
 
   /** A direct message to every connection of `user` (as `send`). */
-  sendTo(user: UserId, text: string, options: { replyTo?: number; cid?: Cid } = {}): Promise<Ack> {
-    const frame: ClientFrame & { cid: Cid } = { type: "send", to: user, text, cid: options.cid ?? newCid() };
-    if (options.replyTo !== undefined) frame.reply_to = options.replyTo;
-    return this.sendAcked(frame);
+  sendTo(user: UserId, text: string, options: SendOptions = {}): Promise<Ack> {
+    return this.sendAcked(sendFrame({ type: "send", to: user, text, cid: options.cid ?? newCid() }, options));
   }
 
   /** Replace the text of your message `id` (acked and retried like a send). */
@@ -439,7 +471,115 @@ export class HubbubClient extends EventTarget {
     return this.ask<SearchFrame>("search", { type: "search", q, ...options });
   }
 
+  /** Upload `file` to attach it to a message of `conversation` (servers with a store and
+   * file storage): asks the server where to (an `upload` frame), then sends the bytes there
+   * (an `XMLHttpRequest` where there is one, for progress and abort; else `fetch`). Resolves
+   * with the file's id, for `send(…, {attachments: [id]})`. Rejects with a
+   * {@link HubbubError}: the server's refusal (`file_too_large`, `rate_limited`,
+   * `storage_unavailable`, `no_store`...), or the storage's (`file_too_large`,
+   * `storage_unavailable`, `upload_failed`); with an `AbortError` once `signal` aborts. */
+  async upload(conversation: Conversation, file: Blob & { name?: string }, options: UploadOptions = {}): Promise<FileId> {
+    const { signal } = options;
+    if (signal?.aborted) throw abortError();
+    const name = options.name || file.name || "file";
+    const cid = newCid();
+    let stop = (): void => undefined;
+    const aborted = new Promise<never>((_, reject) => {
+      const onAbort = (): void => reject(abortError());
+      signal?.addEventListener("abort", onAbort, { once: true });
+      stop = () => signal?.removeEventListener("abort", onAbort);
+    });
+    aborted.catch(() => undefined); // settled after the upload's end: nobody waits for it
+    try {
+      const asked = await Promise.race([
+        this.ask<UploadFrame>(`upload:${cid}`, {
+          type: "upload", ...target(conversation), name, size: file.size, cid,
+        }),
+        aborted,
+      ]);
+      await Promise.race([this.transfer(asked, file, name, options), aborted]);
+      return asked.file;
+    } finally {
+      stop();
+    }
+  }
+
+  /** Links to read file `id` (of a message you may read now): `url`, `thumbnail` (an image's
+   * preview, else null), absolute, and until when they work (`expires`, epoch seconds: ask
+   * again after). Rejects with a {@link HubbubError} (`not_found` for a file you may not
+   * read, `storage_unavailable`). */
+  async fileLinks(id: FileId): Promise<FileFrame> {
+    if (this.state === "open") this.fileAsks.push(id);
+    const links = await this.ask<FileFrame>(`file:${id}`, { type: "file", id });
+    return {
+      ...links, url: this.resolve(links.url),
+      thumbnail: links.thumbnail === null ? null : this.resolve(links.thumbnail),
+    };
+  }
+
   // -- internals ------------------------------------------------------------------------
+
+  /** `url` (relative: on this client's server) as an absolute http(s) URL. */
+  private resolve(url: string): string {
+    return new URL(url, this.url.replace(/^ws/, "http")).toString();
+  }
+
+  /** Send the bytes where an `upload` answer says; resolves once the storage took them. */
+  private transfer(asked: UploadFrame, file: Blob, name: string, options: UploadOptions): Promise<void> {
+    const url = this.resolve(asked.url);
+    let body: Blob | FormData = file;
+    if (asked.method === "POST") {
+      const form = new FormData();
+      for (const [key, value] of Object.entries(asked.fields)) form.append(key, value);
+      form.append("file", file, name); // last: S3 takes the fields before the file
+      body = form;
+    }
+    const { onProgress, signal } = options;
+    const total = file.size;
+    const XHR = (globalThis as { XMLHttpRequest?: typeof XMLHttpRequest }).XMLHttpRequest;
+    if (!XHR) {
+      onProgress?.(0, total);
+      const init: RequestInit = { method: asked.method, body };
+      if (signal) init.signal = signal;
+      return fetch(url, init).then((response) => {
+        if (!response.ok) throw uploadError(response.status);
+        onProgress?.(total, total);
+      }, (error: unknown) => {
+        throw signal?.aborted ? abortError() : error instanceof Error && error.name === "AbortError" ? error : uploadError(null);
+      });
+    }
+    return new Promise<void>((resolve, reject) => {
+      if (signal?.aborted) {
+        reject(abortError());
+        return;
+      }
+      const xhr = new XHR();
+      const onAbort = (): void => xhr.abort();
+      xhr.open(asked.method, url);
+      xhr.upload.onprogress = (event) => {
+        // In bytes of the file (a form's are a little more than the file's).
+        const of = event.lengthComputable && event.total > 0 ? event.total : total;
+        onProgress?.(Math.min(total, Math.round((event.loaded / of) * total)), total);
+      };
+      xhr.onload = () => {
+        signal?.removeEventListener("abort", onAbort);
+        if (xhr.status >= 200 && xhr.status < 300) {
+          onProgress?.(total, total);
+          resolve();
+        } else {
+          reject(uploadError(xhr.status));
+        }
+      };
+      xhr.onerror = () => {
+        signal?.removeEventListener("abort", onAbort);
+        reject(uploadError(null));
+      };
+      xhr.onabort = () => reject(abortError());
+      signal?.addEventListener("abort", onAbort, { once: true });
+      onProgress?.(0, total);
+      xhr.send(body);
+    });
+  }
 
   private advance(room: RoomName, messages: MessageFrame[]): void {
     const newest = messages[messages.length - 1];
@@ -512,6 +652,7 @@ export class HubbubClient extends EventTarget {
   }
 
   private failAnswers(error: Error): void {
+    this.fileAsks.length = 0;
     for (const waiting of this.answers.values()) {
       for (const { reject } of waiting) reject(error);
     }
@@ -664,6 +805,13 @@ export class HubbubClient extends EventTarget {
         this.answer(`history:${frame.room ?? `@${frame.with ?? ""}`}`, frame);
         break;
       case "search": this.answer("search", frame); break;
+      case "upload": this.answer(`upload:${String(frame.cid)}`, frame); break;
+      case "file": {
+        const at = this.fileAsks.indexOf(frame.id);
+        if (at >= 0) this.fileAsks.splice(at, 1);
+        this.answer(`file:${frame.id}`, frame);
+        break;
+      }
       case "inbox":
         for (const entry of frame.conversations) {
           if (entry.with !== undefined && !this.lastDirect.has(entry.with)) {
@@ -726,6 +874,15 @@ export class HubbubClient extends EventTarget {
     if (frame.ref === "search" && this.answer("search", new HubbubError(frame.code, frame.message, frame))) {
       return;
     }
+    if (frame.ref === "upload" && frame.cid !== undefined
+        && this.answer(`upload:${String(frame.cid)}`, new HubbubError(frame.code, frame.message, frame))) {
+      return;
+    }
+    if (frame.ref === "file") {
+      // The error names no file: it answers the oldest request (frames are answered in order).
+      const id = this.fileAsks.shift();
+      if (id !== undefined && this.answer(`file:${id}`, new HubbubError(frame.code, frame.message, frame))) return;
+    }
     const room = frame.room;
     if (frame.ref === "join" && room && RETRY_JOIN_CODES.has(frame.code)) {
       // The join did not happen: try again later, or the room stays silent.
@@ -782,6 +939,12 @@ export class HubbubClient extends EventTarget {
   private emit<K extends keyof HubbubEventMap>(type: K, detail: HubbubEventMap[K]): void {
     this.dispatchEvent(new HubbubEvent(type, detail));
   }
+}
+
+function sendFrame(frame: SendFrame & { cid: Cid }, options: SendOptions): SendFrame & { cid: Cid } {
+  if (options.replyTo !== undefined) frame.reply_to = options.replyTo;
+  if (options.attachments?.length) frame.attachments = [...options.attachments];
+  return frame;
 }
 
 function target(conversation: Conversation): { room: RoomName } | { with: UserId } {

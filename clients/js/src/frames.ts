@@ -13,12 +13,15 @@ export type UserId = string;
 export type Cid = string | number;
 /** A conversation: a room, or the direct messages with a user. */
 export type Conversation = RoomName | { with: UserId };
+/** A file's id, from an `upload` answer: `^[A-Za-z0-9_\-]{16,32}$`. */
+export type FileId = string;
 
 /** Error codes of `error` frames: the connection stays open after each. */
 export const ERROR_CODES = [
   "bad_json", "bad_frame", "unknown_type", "binary_unsupported", "text_too_long",
   "not_joined", "too_many_rooms", "too_many_members", "rate_limited", "broker_unavailable",
   "resync", "forbidden", "store_unavailable", "no_store", "not_found", "exists",
+  "file_too_large", "storage_unavailable",
 ] as const;
 export type ErrorCode = (typeof ERROR_CODES)[number];
 
@@ -32,6 +35,8 @@ export interface JoinFrame { type: "join"; room: RoomName; since?: number }
 export interface LeaveFrame { type: "leave"; room: RoomName }
 export interface SendFrame {
   type: "send"; room?: RoomName; to?: UserId; text: string; cid?: Cid; reply_to?: number;
+  /** Files uploaded for this conversation (ids from `upload` answers; `text` may be empty). */
+  attachments?: FileId[];
 }
 export interface EditFrame {
   type: "edit"; room?: RoomName; with?: UserId; id: number; text: string; cid?: Cid;
@@ -59,6 +64,13 @@ export interface SearchRequestFrame {
   type: "search"; q: string; room?: RoomName; with?: UserId; order?: "newest" | "best";
   limit?: number; offset?: number;
 }
+/** A file to attach to a message of the conversation: answered with where to upload it
+ * (`upload`). `name`: 1–255 characters (no control characters, `/` or `\\`). */
+export interface UploadRequestFrame {
+  type: "upload"; room?: RoomName; with?: UserId; name: string; size: number; cid?: Cid;
+}
+/** Links to read file `id` (answered with `file`). */
+export interface FileRequestFrame { type: "file"; id: FileId }
 export interface PingFrame { type: "ping" }
 export interface PongFrame { type: "pong" }
 
@@ -67,7 +79,7 @@ export type ClientFrame =
   | JoinFrame | LeaveFrame | SendFrame | EditFrame | DeleteFrame | ReactFrame | TypingFrame
   | AuthFrame | HistoryRequestFrame | ReadFrame | InboxRequestFrame | CreateFrame
   | DescribeFrame | InviteFrame | RemoveFrame | RoomsRequestFrame | SearchRequestFrame
-  | PingFrame | PongFrame;
+  | UploadRequestFrame | FileRequestFrame | PingFrame | PongFrame;
 
 // -- server → client ------------------------------------------------------------------------
 
@@ -96,10 +108,19 @@ export interface JoinedFrame {
   last?: number;
 }
 export interface LeftFrame { type: "left"; room: RoomName; reason?: "removed" | string }
+/** A file a message carries: `type` is sniffed from its bytes (not what the uploader said);
+ * `image`: a PNG, JPEG, GIF or WebP with a thumbnail, then `width` and `height` (of the
+ * original). Ask for links with `fileLinks(id)`. */
+export interface Attachment {
+  id: FileId; name: string; size: number; type: string; image: boolean; width?: number;
+  height?: number;
+}
 /** A message of a room (`room`) or a direct message (`to`). */
 export interface MessageFrame {
   type: "message"; room?: RoomName; to?: UserId; id: number; user: UserId; text: string;
   ts: number; reply_to?: number; cid?: Cid;
+  /** The files it carries (none on a deleted message). */
+  attachments?: Attachment[];
   /** In history pages: the message as its events left it. */
   edited?: number; deleted?: boolean; reactions?: Record<string, UserId[]>;
 }
@@ -161,10 +182,26 @@ export interface MemberFrame {
   by: UserId | null;
 }
 export interface InvitedFrame extends RoomRecord { type: "invited"; by: UserId | null }
+/** The answer to `upload`: send the file's bytes before `expires` (epoch seconds). `PUT`: the
+ * bytes as the body, to `url` (relative to the server: `local` storage). `POST` (S3 storage):
+ * a `multipart/form-data` form to `url` with every entry of `fields` first and the file last,
+ * as field `file`. At most the size the request declared. */
+export interface UploadFrame {
+  type: "upload"; file: FileId; cid: Cid | null; method: "PUT" | "POST"; url: string;
+  fields: Record<string, string>; expires: number;
+}
+/** The answer to `file`: URLs that work until `expires` (epoch seconds; ask again after).
+ * `url` serves the file (an image inline, anything else as a download), `thumbnail` a WebP
+ * preview of an image. Relative URLs are on the server (`fileLinks` makes them absolute). */
+export interface FileFrame {
+  type: "file"; id: FileId; name: string; size: number; content_type: string; url: string;
+  thumbnail: string | null; expires: number;
+}
 
 /** Every frame a server sends (a newer server may send more types: ignore unknown ones). */
 export type ServerFrame =
   | HelloFrame | JoinedFrame | LeftFrame | MessageFrame | EditedFrame | DeletedFrame
   | ReactionFrame | PresenceFrame | TypingNoticeFrame | ReceiptFrame | ReceiptsFrame | AckFrame
   | ErrorFrame | RefreshFrame | AuthenticatedFrame | HistoryFrame | InboxFrame | RoomFrame
-  | RoomsFrame | MemberFrame | InvitedFrame | SearchFrame | PingFrame | PongFrame;
+  | RoomsFrame | MemberFrame | InvitedFrame | SearchFrame | UploadFrame | FileFrame | PingFrame
+  | PongFrame;

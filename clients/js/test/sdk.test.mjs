@@ -181,6 +181,67 @@ test("search finds what you may read, with highlights, and refuses a private roo
   }
 });
 
+test("upload, a message with the file, links to read it (absolute, working); refusals and abort", { skip: !URL_, timeout: 20_000 }, async () => {
+  const room = unique("room");
+  const { client: ada } = await connected(unique("ada"));
+  const { client: bob } = await connected(unique("bob"));
+  try {
+    await joined(ada, room);
+    await joined(bob, room);
+    const bytes = new TextEncoder().encode("%PDF-1.4\n% a tiny file for the SDK's test\n");
+    const progress = [];
+    const id = await ada.upload(room, new Blob([bytes]), {
+      name: "notes.pdf", onProgress: (sent, total) => progress.push([sent, total]),
+    });
+    assert.match(id, /^[A-Za-z0-9_-]{16,32}$/);
+    assert.deepEqual(progress.at(-1), [bytes.length, bytes.length]);
+    const received = next(bob, "message", (frame) => frame.room === room);
+    const ack = await ada.send(room, "", { attachments: [id] });
+    const message = await received;
+    assert.equal(message.id, ack.id);
+    assert.equal(message.text, "");
+    assert.deepEqual(message.attachments, [
+      { id, name: "notes.pdf", size: bytes.length, type: "application/pdf", image: false },
+    ]);
+    const links = await bob.fileLinks(id);
+    assert.equal(links.id, id);
+    assert.equal(links.name, "notes.pdf");
+    assert.equal(links.thumbnail, null);
+    assert.ok(links.expires > Date.now() / 1000);
+    const url = new URL(links.url); // absolute: on the server the client talks to
+    assert.equal(url.host, new URL(URL_).host);
+    assert.equal(url.protocol, "http:");
+    const download = await fetch(url);
+    assert.equal(download.status, 200);
+    assert.deepEqual(new Uint8Array(await download.arrayBuffer()), bytes);
+    // A deleted message carries no files any more.
+    assert.equal(applyEvent(message, { type: "deleted", room, id: ack.id + 1, target: ack.id, user: ada.hello.user, ts: 1 }).attachments, undefined);
+
+    // Refusals: a file the server will not take, links to a file that is not there (two
+    // asked at once: each answer goes to its own request).
+    await assert.rejects(
+      ada.upload(room, { size: 1 << 30, name: "huge.bin" }),
+      (error) => error instanceof HubbubError && error.code === "file_too_large",
+    );
+    const [missing, found] = await Promise.allSettled([bob.fileLinks("A".repeat(22)), bob.fileLinks(id)]);
+    assert.equal(missing.status, "rejected");
+    assert.equal(missing.reason.code, "not_found");
+    assert.equal(found.status, "fulfilled");
+    assert.equal(found.value.id, id);
+    // Aborted: before it starts, and while it asks.
+    const early = new AbortController();
+    early.abort();
+    await assert.rejects(ada.upload(room, new Blob(["x"]), { signal: early.signal, name: "x.txt" }), { name: "AbortError" });
+    const late = new AbortController();
+    const pending = ada.upload(room, new Blob(["x"]), { signal: late.signal, name: "x.txt" });
+    late.abort();
+    await assert.rejects(pending, { name: "AbortError" });
+  } finally {
+    ada.close();
+    bob.close();
+  }
+});
+
 test("a terminal close code (1008: an invalid name) leaves the client closed, not reconnecting", { skip: !URL_, timeout: 20_000 }, async () => {
   const client = new HubbubClient({ url: URL_, name: "not a valid name!", WebSocket, baseDelayMs: 50 });
   const states = [];

@@ -33,6 +33,7 @@ from hubbub_client.events import (
     DM,
     EVENT_TYPES,
     Ack,
+    Attachment,
     Authenticated,
     BaseMessage,
     ClientError,
@@ -65,7 +66,16 @@ from hubbub_client.events import (
     apply_event,
     display_name,
 )
-from hubbub_client.frames import ERROR_CODES, TERMINAL_CLOSE_CODES, SearchFrame, SearchResultFrame
+from hubbub_client.frames import (
+    ERROR_CODES,
+    TERMINAL_CLOSE_CODES,
+    AttachmentFrame,
+    FileFrame,
+    FileId,
+    SearchFrame,
+    SearchResultFrame,
+    UploadFrame,
+)
 
 __version__ = VERSION
 
@@ -78,6 +88,8 @@ __all__ = [
     "Ack",
     "AckFuture",
     "AckTimeoutError",
+    "Attachment",
+    "AttachmentFrame",
     "Authenticated",
     "BaseMessage",
     "ClientClosedError",
@@ -90,6 +102,8 @@ __all__ = [
     "Edited",
     "Event",
     "EventStream",
+    "FileFrame",
+    "FileId",
     "Hello",
     "HistoryPage",
     "HubbubClient",
@@ -116,6 +130,7 @@ __all__ = [
     "StateChange",
     "TokenSource",
     "Typing",
+    "UploadFrame",
     "apply_event",
     "backoff_delay",
     "display_name",

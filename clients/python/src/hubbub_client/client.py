@@ -16,13 +16,15 @@ import inspect
 import json
 import logging
 import random
+import urllib.error
+import urllib.request
 import uuid
 from collections import deque
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Generic, Literal, TypeVar, cast, overload
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+from urllib.parse import parse_qsl, urlencode, urljoin, urlsplit, urlunsplit
 
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
@@ -83,6 +85,9 @@ from hubbub_client.frames import (
     EditedFrame,
     EditFrame,
     ErrorFrame,
+    FileFrame,
+    FileId,
+    FileRequestFrame,
     HelloFrame,
     HistoryFrame,
     HistoryRequestFrame,
@@ -106,6 +111,8 @@ from hubbub_client.frames import (
     SearchRequestFrame,
     SendFrame,
     TypingNoticeFrame,
+    UploadFrame,
+    UploadRequestFrame,
 )
 
 logger = logging.getLogger("hubbub_client")
@@ -150,6 +157,56 @@ def _auth_frame_url(url: str) -> str:
 
 def _encode(frame: ClientFrame) -> str:
     return json.dumps(frame, ensure_ascii=False, separators=(",", ":"))
+
+
+def _http_base(url: str) -> str:
+    """The http(s) URL of the server at WebSocket URL ``url``: what relative file URLs are
+    relative to."""
+    parts = urlsplit(url)
+    return urlunsplit(parts._replace(scheme="https" if parts.scheme == "wss" else "http"))
+
+
+def _multipart(fields: dict[str, str], name: str, data: bytes) -> tuple[bytes, str]:
+    """A ``multipart/form-data`` body: every field first, then the file as field ``file``
+    (as S3's presigned POST wants it); and its content type."""
+    boundary = f"hubbub-{uuid.uuid4().hex}"
+    filename = name.replace("\\", "_").replace('"', "%22")
+    chunks: list[bytes] = []
+    for key, value in fields.items():
+        disposition = f'Content-Disposition: form-data; name="{key}"'
+        chunks.append(f"--{boundary}\r\n{disposition}\r\n\r\n{value}\r\n".encode())
+    disposition = f'Content-Disposition: form-data; name="file"; filename="{filename}"'
+    chunks.append(
+        f"--{boundary}\r\n{disposition}\r\nContent-Type: application/octet-stream\r\n\r\n".encode()
+    )
+    chunks += [data, f"\r\n--{boundary}--\r\n".encode()]
+    return b"".join(chunks), f"multipart/form-data; boundary={boundary}"
+
+
+def _send_bytes(method: str, url: str, body: bytes, content_type: str, timeout_s: float) -> None:
+    """One HTTP request with ``body`` (blocking: run in a thread). Raises HubbubError:
+    ``file_too_large`` (413), ``storage_unavailable`` (no answer, or 5xx), ``upload_failed``
+    (any other status that is not 2xx)."""
+    request = urllib.request.Request(
+        url, data=body, method=method, headers={"Content-Type": content_type}
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=timeout_s) as response:
+            response.read()
+    except urllib.error.HTTPError as exc:
+        if exc.code == 413:
+            raise HubbubError(
+                "file_too_large", "the storage refused the file as too large"
+            ) from None
+        if exc.code >= 500:
+            raise HubbubError(
+                "storage_unavailable", f"the file storage answered {exc.code}, try again"
+            ) from None
+        raise HubbubError("upload_failed", f"the file storage answered {exc.code}") from None
+    except (urllib.error.URLError, OSError) as exc:
+        raise HubbubError(
+            "storage_unavailable", f"the file storage could not be reached: {exc}"
+        ) from None
 
 
 class AckFuture(asyncio.Future[Ack]):
@@ -285,6 +342,9 @@ class HubbubClient:
         self._out: asyncio.Queue[str] | None = None
         self._pending: dict[Cid, _Pending] = {}
         self._answers: dict[str, deque[asyncio.Future[AnyFrame]]] = {}
+        # The ids of the ``file`` requests not answered yet, in the order written: an error
+        # (which names no file) answers the oldest, as the server answers frames in order.
+        self._file_asks: deque[FileId] = deque()
         self._join_waiters: dict[str, list[asyncio.Future[Joined]]] = {}
         self._state_waiters: list[tuple[frozenset[str], asyncio.Future[ConnectionState]]] = []
         self._seen_direct: dict[int, None] = {}
@@ -470,24 +530,34 @@ class HubbubClient:
         self._write({"type": "leave", "room": room})
 
     def send(
-        self, room: str, text: str, *, reply_to: int | None = None, cid: Cid | None = None
+        self,
+        room: str,
+        text: str,
+        *,
+        reply_to: int | None = None,
+        cid: Cid | None = None,
+        attachments: Sequence[FileId] | None = None,
     ) -> AckFuture:
-        """Publish ``text`` to ``room`` (``reply_to``: the id of the message it answers).
-        Resent with the same ``cid`` after a reconnect until acked (the server drops
+        """Publish ``text`` to ``room`` (``reply_to``: the id of the message it answers;
+        ``attachments``: files :meth:`upload` made for this room, and then ``text`` may be
+        empty). Resent with the same ``cid`` after a reconnect until acked (the server drops
         duplicates). ``cid``: retry an earlier send (a fresh one by default)."""
         frame: SendFrame = {"type": "send", "room": room, "text": text, "cid": cid or new_cid()}
-        if reply_to is not None:
-            frame["reply_to"] = reply_to
-        return self._send_acked(frame)
+        return self._send_acked(_with_options(frame, reply_to, attachments))
 
     def send_to(
-        self, user: str, text: str, *, reply_to: int | None = None, cid: Cid | None = None
+        self,
+        user: str,
+        text: str,
+        *,
+        reply_to: int | None = None,
+        cid: Cid | None = None,
+        attachments: Sequence[FileId] | None = None,
     ) -> AckFuture:
-        """A direct message to every connection of ``user`` (acked and resent as ``send``)."""
+        """A direct message to every connection of ``user`` (acked and resent as ``send``;
+        ``attachments``: files :meth:`upload` made for ``DM(user)``)."""
         frame: SendFrame = {"type": "send", "to": user, "text": text, "cid": cid or new_cid()}
-        if reply_to is not None:
-            frame["reply_to"] = reply_to
-        return self._send_acked(frame)
+        return self._send_acked(_with_options(frame, reply_to, attachments))
 
     def edit(
         self, conversation: Conversation, id: int, text: str, *, cid: Cid | None = None
@@ -631,6 +701,50 @@ class HubbubClient:
             frame["with"] = peer
         return cast(SearchFrame, await self._ask("search", frame))
 
+    async def upload(
+        self, conversation: Conversation, data: bytes, name: str, *, timeout_s: float = 300.0
+    ) -> FileId:
+        """Upload ``data`` as file ``name`` to attach it to a message of ``conversation`` (a
+        room, or ``DM(user)``; servers with a store and file storage): asks the server where
+        to (an ``upload`` frame), then sends the bytes there (``PUT`` to the server, or
+        ``POST`` to an S3 bucket; in a thread, within ``timeout_s``). Returns the file's id,
+        for ``send(..., attachments=[id])``. Raises :class:`HubbubError`: the server's
+        refusal (``file_too_large``, ``rate_limited``, ``storage_unavailable``, ``no_store``,
+        ``not_found``...), or the storage's (``file_too_large``, ``storage_unavailable``,
+        ``upload_failed``)."""
+        cid = new_cid()
+        frame: UploadRequestFrame = {
+            "type": "upload", "name": name, "size": len(data), "cid": cid,
+        }  # fmt: skip
+        if isinstance(conversation, DM):
+            frame["with"] = conversation.user
+        else:
+            frame["room"] = conversation
+        asked = cast(UploadFrame, await self._ask(f"upload:{cid}", frame))
+        url = urljoin(_http_base(self.url), asked["url"])
+        if asked["method"] == "POST":
+            body, content_type = _multipart(asked["fields"], name, data)
+        else:
+            body, content_type = data, "application/octet-stream"
+        await asyncio.to_thread(_send_bytes, asked["method"], url, body, content_type, timeout_s)
+        return asked["file"]
+
+    async def file_links(self, id: FileId) -> FileFrame:
+        """Links to read file ``id`` (of a message you may read now): ``url``, ``thumbnail``
+        (an image's preview, else None), absolute, and ``expires`` (epoch seconds: ask
+        again after). Raises :class:`HubbubError` (``not_found`` for a file you may not
+        read, ``storage_unavailable``)."""
+        frame: FileRequestFrame = {"type": "file", "id": id}
+        answer = cast(
+            FileFrame,
+            await self._ask(f"file:{id}", frame, on_write=lambda: self._file_asks.append(id)),
+        )
+        base = _http_base(self.url)
+        links: FileFrame = {**answer, "url": urljoin(base, answer["url"])}
+        thumbnail = answer["thumbnail"]
+        links["thumbnail"] = None if thumbnail is None else urljoin(base, thumbnail)
+        return links
+
     async def inbox(self) -> Inbox:
         """Your conversations (servers with a store). The next ``inbox`` frame answers: the
         one the server sends by itself after ``hello`` may be it."""
@@ -689,15 +803,19 @@ class HubbubClient:
         else:
             pending.future.set_result(outcome)
 
-    async def _ask(self, key: str, frame: ClientFrame) -> AnyFrame:
+    async def _ask(
+        self, key: str, frame: ClientFrame, on_write: Callable[[], None] | None = None
+    ) -> AnyFrame:
         """Write ``frame`` once the connection is open and wait for its answer, paired by
-        ``key`` in the order asked (the server answers a connection's frames in order)."""
+        ``key`` in the order asked (the server answers a connection's frames in order).
+        ``on_write``: called as the frame is written."""
         try:
             async with asyncio.timeout(self.request_timeout_s):
                 await self.wait_open()
                 future: asyncio.Future[AnyFrame] = asyncio.get_running_loop().create_future()
                 self._answers.setdefault(key, deque()).append(future)
-                self._write(frame)
+                if self._write(frame) and on_write is not None:
+                    on_write()
                 return await future
         except TimeoutError as exc:
             if isinstance(exc, HubbubError):
@@ -897,6 +1015,7 @@ class HubbubClient:
                 pending.timer = None
 
     def _fail_answers(self, error: HubbubError) -> None:
+        self._file_asks.clear()
         answers, self._answers = self._answers, {}
         for waiting in answers.values():
             for future in waiting:
@@ -980,6 +1099,12 @@ class HubbubClient:
             self._answer(_history_key(frame.get("room"), frame.get("with")), frame)
         elif kind == "search":
             self._answer("search", frame)
+        elif kind == "upload":
+            self._answer(f"upload:{frame.get('cid')}", frame)
+        elif kind == "file":
+            with contextlib.suppress(ValueError):
+                self._file_asks.remove(frame["id"])
+            self._answer(f"file:{frame['id']}", frame)
         elif kind == "inbox":
             self._inbox(cast(InboxFrame, frame))
         elif kind == "joined":
@@ -1076,6 +1201,11 @@ class HubbubClient:
             answered = self._answer(f"room:{room}", error)
         elif ref in ("rooms", "inbox", "search"):
             answered = self._answer(ref, error, every=ref == "inbox")
+        elif ref == "upload" and cid is not None:
+            answered = self._answer(f"upload:{cid}", error)
+        elif ref == "file" and self._file_asks:
+            # The error names no file: it answers the oldest request (answers come in order).
+            answered = self._answer(f"file:{self._file_asks.popleft()}", error)
         elif ref == "join" and room is not None:
             if code in RETRY_JOIN_CODES:
                 # The join did not happen: try again later, or the room stays silent.
@@ -1140,6 +1270,16 @@ class HubbubClient:
             self._emit(ClientError(code="token_unavailable", message=repr(exc)))
             return
         self._write({"type": "auth", "token": token})
+
+
+def _with_options(
+    frame: SendFrame, reply_to: int | None, attachments: Sequence[FileId] | None
+) -> SendFrame:
+    if reply_to is not None:
+        frame["reply_to"] = reply_to
+    if attachments:
+        frame["attachments"] = list(attachments)
+    return frame
 
 
 def _history_key(room: str | None, peer: str | None) -> str:

@@ -17,6 +17,7 @@ from typing import Any, ClassVar, Literal
 
 from hubbub_client.frames import (
     AckFrame,
+    AttachmentFrame,
     AuthenticatedFrame,
     Cid,
     DeletedFrame,
@@ -136,9 +137,32 @@ class Left(Event):
 
 
 @dataclass(frozen=True, kw_only=True)
+class Attachment:
+    """A file a message carries: ``type`` is sniffed from its bytes (not what the uploader
+    said); ``image``: a PNG, JPEG, GIF or WebP with a thumbnail, then ``width`` and ``height``
+    (of the original). Links to read it: ``await client.file_links(attachment.id)``."""
+
+    id: str
+    name: str
+    size: int
+    type: str
+    image: bool = False
+    width: int | None = None
+    height: int | None = None
+
+    @classmethod
+    def from_frame(cls, frame: AttachmentFrame) -> Attachment:
+        return cls(
+            id=frame["id"], name=frame["name"], size=frame["size"], type=frame["type"],
+            image=frame.get("image", False), width=frame.get("width"), height=frame.get("height"),
+        )  # fmt: skip
+
+
+@dataclass(frozen=True, kw_only=True)
 class BaseMessage(Event):
     """A message: :class:`Message` (a room's) or :class:`DirectMessage`. From history pages,
-    as its events left it (``edited``, ``deleted``, ``reactions``)."""
+    as its events left it (``edited``, ``deleted``, ``reactions``); ``attachments``: its
+    files (none once deleted)."""
 
     id: int
     user: str
@@ -148,6 +172,7 @@ class BaseMessage(Event):
     edited: int | None = None
     deleted: bool = False
     reactions: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    attachments: tuple[Attachment, ...] = ()
 
     @property
     def conversation(self) -> Conversation:
@@ -160,6 +185,7 @@ def _message_fields(frame: MessageFrame) -> dict[str, Any]:
         "reply_to": frame.get("reply_to"), "edited": frame.get("edited"),
         "deleted": frame.get("deleted", False),
         "reactions": {e: tuple(users) for e, users in frame.get("reactions", {}).items()},
+        "attachments": tuple(Attachment.from_frame(a) for a in frame.get("attachments", [])),
         "raw": frame,
     }  # fmt: skip
 
@@ -553,7 +579,9 @@ def apply_event(message: BaseMessage, event: MessageEvent) -> BaseMessage:
     if isinstance(event, Edited):
         return dataclasses.replace(message, text=event.text, edited=event.ts)
     if isinstance(event, Deleted):
-        return dataclasses.replace(message, text="", deleted=True, reactions={}, reply_to=None)
+        return dataclasses.replace(
+            message, text="", deleted=True, reactions={}, reply_to=None, attachments=()
+        )
     if isinstance(event, Reaction):
         reactions = dict(message.reactions)
         users = [user for user in reactions.get(event.emoji, ()) if user != event.user]

@@ -17,11 +17,14 @@ UserId = str
 Cid = str | int
 """A client message id: identifies a send for retries (dedup); at most 64 characters, or an
 integer."""
+FileId = str
+"""A file's id, from an ``upload`` answer: ``^[A-Za-z0-9_-]{16,32}$``."""
 
 ERROR_CODES: Final = (
     "bad_json", "bad_frame", "unknown_type", "binary_unsupported", "text_too_long",
     "not_joined", "too_many_rooms", "too_many_members", "rate_limited", "broker_unavailable",
     "resync", "forbidden", "store_unavailable", "no_store", "not_found", "exists",
+    "file_too_large", "storage_unavailable",
 )  # fmt: skip
 """The codes of ``error`` frames: the connection stays open after each."""
 
@@ -55,6 +58,7 @@ class SendFrame(TypedDict):
     text: str
     cid: Cid
     reply_to: NotRequired[int]
+    attachments: NotRequired[list[FileId]]
 
 
 EditFrame = TypedDict(
@@ -178,6 +182,27 @@ SearchRequestFrame = TypedDict(
 )
 
 
+UploadRequestFrame = TypedDict(
+    "UploadRequestFrame",
+    {
+        "type": Literal["upload"],
+        "room": NotRequired[RoomName],
+        "with": NotRequired[UserId],
+        "name": str,
+        "size": int,
+        "cid": Cid,
+    },
+)
+"""A file to attach to a message of the conversation: answered with where to upload it."""
+
+
+class FileRequestFrame(TypedDict):
+    """Links to read file ``id``: answered with a ``file`` frame."""
+
+    type: Literal["file"]
+    id: FileId
+
+
 class PingFrame(TypedDict):
     type: Literal["ping"]
 
@@ -194,7 +219,7 @@ ClientFrame = (
     JoinFrame | LeaveFrame | SendFrame | EditFrame | DeleteFrame | ReactFrame | TypingFrame
     | AuthFrame | HistoryRequestFrame | ReadFrame | InboxRequestFrame | CreateFrame
     | DescribeFrame | InviteFrame | RemoveFrame | RoomsRequestFrame | SearchRequestFrame
-    | PingFrame | PongFrame
+    | UploadRequestFrame | FileRequestFrame | PingFrame | PongFrame
 )  # fmt: skip
 """Every frame a client may send."""
 
@@ -238,9 +263,22 @@ class LeftFrame(TypedDict):
     reason: NotRequired[str]
 
 
+class AttachmentFrame(TypedDict):
+    """A file a message carries: ``type`` sniffed from its bytes; ``image``: a PNG, JPEG, GIF
+    or WebP with a thumbnail, then ``width`` and ``height`` (of the original)."""
+
+    id: FileId
+    name: str
+    size: int
+    type: str
+    image: bool
+    width: NotRequired[int]
+    height: NotRequired[int]
+
+
 class MessageFrame(TypedDict):
     """A room message (``room``) or a direct message (``to``); in history pages, as its
-    events left it (``edited``, ``deleted``, ``reactions``)."""
+    events left it (``edited``, ``deleted``, ``reactions``); ``attachments``: its files."""
 
     type: Literal["message"]
     room: NotRequired[RoomName]
@@ -253,6 +291,7 @@ class MessageFrame(TypedDict):
     edited: NotRequired[int]
     deleted: NotRequired[bool]
     reactions: NotRequired[dict[str, list[UserId]]]
+    attachments: NotRequired[list[AttachmentFrame]]
 
 
 class EditedFrame(TypedDict):
@@ -435,11 +474,42 @@ class InvitedFrame(RoomRecordFrame):
     by: UserId | None
 
 
+class UploadFrame(TypedDict):
+    """The answer to ``upload``: send the bytes before ``expires`` (epoch seconds). ``PUT``:
+    the bytes as the body, to ``url`` (relative to the server: ``local`` storage); ``POST``
+    (S3 storage): a ``multipart/form-data`` form with every entry of ``fields`` first and the
+    file last, as field ``file``."""
+
+    type: Literal["upload"]
+    file: FileId
+    cid: Cid | None
+    method: Literal["PUT", "POST"]
+    url: str
+    fields: dict[str, str]
+    expires: int
+
+
+class FileFrame(TypedDict):
+    """The answer to ``file``: URLs that work until ``expires`` (epoch seconds; ask again
+    after). ``url`` serves the file, ``thumbnail`` an image's WebP preview (else None).
+    ``HubbubClient.file_links`` makes relative URLs absolute."""
+
+    type: Literal["file"]
+    id: FileId
+    name: str
+    size: int
+    content_type: str
+    url: str
+    thumbnail: str | None
+    expires: int
+
+
 ServerFrame = (
     HelloFrame | JoinedFrame | LeftFrame | MessageFrame | EditedFrame | DeletedFrame
     | ReactionFrame | PresenceFrame | TypingNoticeFrame | ReceiptFrame | ReceiptsFrame
     | AckFrame | ErrorFrame | RefreshFrame | AuthenticatedFrame | HistoryFrame | InboxFrame
-    | RoomFrame | RoomsFrame | MemberFrame | InvitedFrame | SearchFrame | PingFrame | PongFrame
+    | RoomFrame | RoomsFrame | MemberFrame | InvitedFrame | SearchFrame | UploadFrame | FileFrame
+    | PingFrame | PongFrame
 )  # fmt: skip
 """Every frame a server sends (a newer server may send more types: they are ignored)."""
 
