@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import io
 import json
 import os
 import re
@@ -501,3 +502,62 @@ async def test_files_are_attached_with_progress_and_shown_to_the_other_person(
         finally:
             await ada.close()
             await bob.close()
+
+
+async def test_files_dropped_on_the_conversation_or_pasted_are_attached(
+    browser: Browser, tmp_path: Path
+) -> None:
+    """A file dropped on the conversation and a screenshot pasted into the composer each
+    become a chip that uploads, and Send sends both; a paste of rich text (HTML beside the
+    file) is left to the browser: no chip."""
+    settings = make_settings(database_url=f"sqlite:///{tmp_path}/data/hubbub.db")
+    async with run_server(settings) as live:
+        ada = await ChatPage.open(browser, live.http_url, "ada", "lobby")
+        try:
+            await expect(ada.page.get_by_role("button", name="Attach files")).to_be_enabled()
+            await ada.page.evaluate(
+                """() => {
+                  const drop = new DataTransfer();
+                  drop.items.add(new File(["dropped notes"], "notes.txt", {type: "text/plain"}));
+                  const chat = document.querySelector("main.chat");
+                  for (const type of ["dragenter", "dragover", "drop"]) {
+                    chat.dispatchEvent(new DragEvent(type, {dataTransfer: drop, bubbles: true,
+                                                            cancelable: true}));
+                  }
+                  const rich = new DataTransfer();
+                  rich.items.add(new File(["x"], "inline.png", {type: "image/png"}));
+                  rich.setData("text/html", "<p>copied from a page</p>");
+                  const box = document.querySelector("#composer-input");
+                  box.dispatchEvent(new ClipboardEvent("paste", {clipboardData: rich,
+                                                                 bubbles: true, cancelable: true}));
+                }"""
+            )
+            chips = ada.page.locator("#uploads .upload")
+            await expect(chips.locator(".upload-name")).to_have_text(["notes.txt"])
+            shot = io.BytesIO()
+            Image.new("RGB", (64, 48), (20, 90, 200)).save(shot, "PNG")
+            await ada.page.evaluate(
+                """(bytes) => {
+                  const paste = new DataTransfer();
+                  paste.items.add(new File([new Uint8Array(bytes)], "image.png",
+                                           {type: "image/png"}));
+                  document.querySelector("#composer-input").dispatchEvent(
+                    new ClipboardEvent("paste", {clipboardData: paste, bubbles: true,
+                                                 cancelable: true}));
+                }""",
+                list(shot.getvalue()),
+            )
+            await expect(chips.locator(".upload-name")).to_have_text(["notes.txt", "image.png"])
+            for n in range(2):
+                await expect(chips.nth(n)).to_have_class("upload done", timeout=UI_TIMEOUT_MS)
+            await ada.page.locator("#send-button").click()
+            await expect(chips).to_have_count(0)
+            sent = frames_sent(ada, "send")[-1]
+            assert len(sent["attachments"]) == 2  # type: ignore[arg-type]
+            message = ada.page.locator("#messages .message").last
+            await expect(message.locator(".attachment-file .file-name")).to_have_text("notes.txt")
+            await expect(message.locator("a.attachment-image img")).to_have_attribute(
+                "alt", "image.png"
+            )
+        finally:
+            await ada.close()
