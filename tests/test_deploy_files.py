@@ -215,7 +215,9 @@ async def test_compose_sentinel_override_runs_the_app_on_sentinels(
 
 def test_compose_stack_is_wired_together() -> None:
     services = _compose()["services"]
-    assert set(services) == {"redis", "postgres", "app", "nginx", "prometheus", "grafana"}
+    assert set(services) == {
+        "redis", "postgres", "seaweedfs", "app", "nginx", "prometheus", "grafana"
+    }  # fmt: skip
     app = services["app"]
     assert app["deploy"]["replicas"] == 2
     for store in ("redis", "postgres"):
@@ -226,6 +228,17 @@ def test_compose_stack_is_wired_together() -> None:
     assert "postgres-data:/var/lib/postgresql/data" in services["postgres"]["volumes"]
     assert "@postgres:5432/hubbub" in app["environment"]["CHAT_DATABASE_URL"]
     assert "ports" not in app  # reachable through nginx only
+    # Files: the app's bucket is SeaweedFS's, made at start, with the app's key.
+    files = services["seaweedfs"]
+    assert app["environment"]["CHAT_FILE_STORAGE"] == "s3"
+    assert app["environment"]["CHAT_S3_ENDPOINT_URL"] == "http://seaweedfs:8333"
+    assert f"-bucket={app['environment']['CHAT_S3_BUCKET']}" in files["command"]
+    assert "-s3.port=8333" in files["command"] and files["ports"] == ["8333:8333"]
+    assert files["environment"]["AWS_ACCESS_KEY_ID"] == app["environment"]["CHAT_S3_ACCESS_KEY_ID"]
+    assert (
+        files["environment"]["AWS_SECRET_ACCESS_KEY"]
+        == app["environment"]["CHAT_S3_SECRET_ACCESS_KEY"]
+    )
     assert services["nginx"]["ports"] == ["8080:8080"]
     assert "./nginx/nginx.conf:/etc/nginx/nginx.conf:ro" in services["nginx"]["volumes"]
     # The drain finishes before compose's SIGKILL.
@@ -252,7 +265,7 @@ def test_compose_takes_its_secrets_from_the_environment(monkeypatch: pytest.Monk
     no default admin password (compose refuses to start without one) and, like Prometheus, is
     published on loopback only."""
     secret = "5f" * 32
-    database = {"POSTGRES_PASSWORD": "d0" * 16}
+    database = {"POSTGRES_PASSWORD": "d0" * 16, "S3_SECRET_KEY": "5e" * 20}
     env = {"CHAT_JWT_SECRET": secret, "GRAFANA_ADMIN_PASSWORD": "g" * 32} | database
     with pytest.raises(ComposeRefuses, match="GRAFANA_ADMIN_PASSWORD"):
         _interpolate(_compose(), {"CHAT_JWT_SECRET": secret} | database)
@@ -298,10 +311,13 @@ def test_compose_takes_its_secrets_from_the_environment(monkeypatch: pytest.Monk
     )
     if grafana.get("GF_AUTH_ANONYMOUS_ENABLED") == "true":
         assert grafana["GF_AUTH_ANONYMOUS_ORG_ROLE"] == "Viewer"  # read-only
-    # Published ports: the chat (nginx) on every address, the monitoring on loopback only.
+    # Published ports: the chat (nginx) and the files' bucket (browsers use its presigned
+    # links; every object in it is private) on every address, the monitoring on loopback only.
     for name, service in services.items():
         for port in service.get("ports", []):
-            assert name == "nginx" or port.startswith("127.0.0.1:"), f"{name}: {port}"
+            assert name in ("nginx", "seaweedfs") or port.startswith("127.0.0.1:"), (
+                f"{name}: {port}"
+            )
 
 
 # -- Kubernetes ---------------------------------------------------------------------------
