@@ -17,10 +17,10 @@ export UV_SYSTEM_CERTS := 1
 # lets Chromium draw the page's reactions in its screenshots.
 DEB_TEST_DEPS := node:nodejs npm:npm redis-server:redis-server promtool:prometheus nginx:nginx kubectl:kubernetes-client chromium:chromium pg_ctlcluster:postgresql /usr/share/fonts/truetype/noto/NotoColorEmoji.ttf:fonts-noto-color-emoji
 
-.PHONY: help install run test bench bench-core bench-redis bench-scale bench-search bench-100k chaos attack k8s-check lint typecheck check deb-deps node-deps docs-config dashboard clean
+.PHONY: help install run test bench bench-core bench-redis bench-scale bench-search bench-100k chaos attack k8s-check lint typecheck check deb-deps node-deps s3-deps docs-config dashboard clean
 
 help:  ## list the targets
-	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
+	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
 
 $(UV):
 	$(PYTHON) -m venv $(TOOLS)
@@ -58,7 +58,12 @@ node-deps: deb-deps  ## npm ci in each Node project that has a package-lock.json
 	  fi; \
 	done
 
-test: $(STAMP) deb-deps node-deps  ## install everything the tests need, then run the whole suite
+# The S3 store the file-attachment tests run (SeaweedFS, not packaged by Debian): built once into
+# .tools/bin/weed from its pinned Go module, fetching a Go toolchain if needed (a few minutes).
+s3-deps:  ## build .tools/bin/weed (SeaweedFS, the tests' S3 server), when missing
+	@bash scripts/seaweedfs.sh
+
+test: $(STAMP) deb-deps node-deps s3-deps  ## install everything the tests need, then run the whole suite
 	$(VENV)/bin/python -m pytest
 
 bench: $(STAMP) deb-deps  ## every load-test scenario vs the baseline (~14 min); rewrites docs/benchmarks.md

@@ -13,7 +13,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.store.database import engine_for, migrate
 from tests.helpers import LiveServer, make_settings, run_server
-from tests.processes import PostgresServer, RedisServer
+from tests.processes import PostgresServer, RedisServer, S3Server
 
 
 def pytest_asyncio_loop_factories(config: Any, item: Any) -> Mapping[str, Callable[[], Any]]:
@@ -52,6 +52,18 @@ async def redis(redis_server: RedisServer) -> AsyncIterator[Redis]:
 async def postgres_server() -> AsyncIterator[PostgresServer]:
     """A real PostgreSQL cluster on a free port, for this test only (it may kill it)."""
     server = PostgresServer()
+    await server.start()
+    try:
+        yield server
+    finally:
+        await server.stop()
+
+
+@pytest.fixture
+async def s3_server(tmp_path: Path) -> AsyncIterator[S3Server]:
+    """A real S3 store (SeaweedFS) on free ports, its bucket created, authentication on, for
+    this test only (it may pause, kill and restart it); its data and log in ``tmp_path``."""
+    server = S3Server(tmp_path / "s3")
     await server.start()
     try:
         yield server

@@ -8,6 +8,7 @@ import contextlib
 import json
 import os
 import resource
+import secrets
 import shutil
 import signal
 import socket
@@ -15,13 +16,16 @@ import sys
 import tempfile
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import httpx2 as httpx
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
 from tests.helpers import free_port
+
+if TYPE_CHECKING:
+    from types_aiobotocore_s3 import S3Client
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -705,3 +709,159 @@ def upstream_client_ports(port: int) -> set[int]:
                 if int(remote.rsplit(":", 1)[1], 16) == port:
                     ports.add(int(local.rsplit(":", 1)[1], 16))
     return ports
+
+
+WEED = ROOT / ".tools/bin/weed"
+
+
+def _grpc_paired_ports(count: int) -> list[int]:
+    """``count`` free loopback ports whose gRPC ports (+10000, SeaweedFS' convention) are
+    valid and free too, none of the ``2 * count`` the same."""
+    ports: list[int] = []
+    while len(ports) < count:
+        port = _cluster_port()
+        taken = {*ports, *(p + 10000 for p in ports)}
+        if port not in taken and port + 10000 not in taken:
+            ports.append(port)
+    return ports
+
+
+class S3Server:
+    """SeaweedFS as the S3 store: ``weed mini`` (master, volume server, filer, S3 gateway and
+    its admin server, in one process) from ``.tools/bin/weed`` (``make s3-deps`` builds it),
+    every port on loopback, keeping its data and logs in ``directory`` (a temporary one by
+    default). Authentication is on: one identity (``access_key``, ``secret_key``) may do
+    anything; unsigned or badly signed requests, presigned URLs past their expiry and POST
+    uploads outside their policy are refused. :meth:`start` creates ``bucket`` and returns once
+    it takes writes (about 4 s).
+
+    The store can fail two ways: :meth:`pause` freezes the process (SIGSTOP: connections are
+    accepted, nothing answers, as with a stuck store; a client waits for its read timeout)
+    until :meth:`resume`; :meth:`kill` takes it away (connections refused at once) and
+    :meth:`start` brings it back, on the same ports and data.
+    """
+
+    SERVICES = ("master", "volume", "filer", "s3", "admin")
+
+    def __init__(self, directory: Path | None = None, bucket: str = "hubbub-files") -> None:
+        assert WEED.exists(), f"{WEED} is missing: `make s3-deps` builds it"
+        self.bucket = bucket
+        self.access_key = "hubbub-test"
+        self.secret_key = secrets.token_urlsafe(30)
+        self.ports = dict(zip(self.SERVICES, _grpc_paired_ports(len(self.SERVICES)), strict=True))
+        self.port = self.ports["s3"]
+        self.own_dir = directory is None
+        self.dir = Path(tempfile.mkdtemp(prefix="hubbub-s3-")) if directory is None else directory
+        (self.dir / "data").mkdir(parents=True, exist_ok=True)
+        identity = {
+            "name": "hubbub",
+            "credentials": [{"accessKey": self.access_key, "secretKey": self.secret_key}],
+            "actions": ["Admin", "Read", "Write", "List", "Tagging"],
+        }
+        (self.dir / "s3.json").write_text(json.dumps({"identities": [identity]}))
+        self.log = self.dir / "weed.log"
+        self.proc: asyncio.subprocess.Process | None = None
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def settings(self) -> dict[str, Any]:
+        """The settings that keep the app's files in this store's bucket."""
+        return {
+            "file_storage": "s3",
+            "s3_endpoint_url": self.endpoint,
+            "s3_bucket": self.bucket,
+            "s3_access_key_id": self.access_key,
+            "s3_secret_access_key": self.secret_key,
+        }
+
+    def client(self, timeout: float = 5) -> contextlib.AbstractAsyncContextManager[S3Client]:
+        """An aiobotocore S3 client of this store (``async with``), signing as the identity:
+        ``timeout`` seconds to connect and to read, no retries."""
+        from aiobotocore.config import AioConfig
+        from aiobotocore.session import get_session
+
+        config = AioConfig(
+            connect_timeout=timeout, read_timeout=timeout, retries={"max_attempts": 1},
+            signature_version="s3v4", s3={"addressing_style": "path"},
+        )  # fmt: skip
+        return get_session().create_client(
+            "s3", endpoint_url=self.endpoint, region_name="us-east-1", config=config,
+            aws_access_key_id=self.access_key, aws_secret_access_key=self.secret_key,
+        )  # fmt: skip
+
+    def command(self) -> list[str]:
+        # Every port explicit (weed mini moves a default one that is taken elsewhere); no
+        # WebDAV, Iceberg or Lance servers, no telemetry. -logtostderr: its whole log, as it
+        # goes, in weed.log (glog's own files, in /tmp, are flushed every 30 s).
+        flags = [
+            f"-dir={self.dir / 'data'}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
+            f"-s3.config={self.dir / 's3.json'}", "-master.telemetry=false",
+            "-webdav=false", "-s3.port.iceberg=0", "-s3.port.lance=0",
+            "-admin.ui=false", "-admin.port.legacy=0",
+        ]  # fmt: skip
+        for service, port in self.ports.items():
+            flags += [f"-{service}.port={port}", f"-{service}.port.grpc={port + 10000}"]
+        return [str(WEED), "-logtostderr", "mini", *flags]
+
+    async def start(self, timeout: float = 60) -> None:
+        """Start (or start again, after :meth:`kill`); returns once the bucket takes writes."""
+        with self.log.open("ab") as log:
+            self.proc = await asyncio.create_subprocess_exec(
+                *self.command(), cwd=self.dir, stdout=log, stderr=log, start_new_session=True
+            )
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        error: Exception | None = None
+        try:
+            async with asyncio.timeout(timeout), self.client(timeout=2) as s3:
+                while self.proc.returncode is None:
+                    try:
+                        with contextlib.suppress(s3.exceptions.BucketAlreadyOwnedByYou):
+                            await s3.create_bucket(Bucket=self.bucket)
+                        await s3.put_object(Bucket=self.bucket, Key=".probe", Body=b"probe")
+                        await s3.delete_object(Bucket=self.bucket, Key=".probe")
+                        return
+                    except (BotoCoreError, ClientError) as exc:
+                        error = exc
+                        await asyncio.sleep(0.1)
+        except TimeoutError:
+            raise AssertionError(
+                f"SeaweedFS is not ready after {timeout} s ({error}):\n{self.output()}"
+            ) from None
+        raise AssertionError(f"weed exited ({self.proc.returncode}):\n{self.output()}")
+
+    def output(self, lines: int = 200) -> str:
+        """The end of weed's log."""
+        if not self.log.exists():
+            return ""
+        return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
+
+    async def pause(self) -> None:
+        """SIGSTOP: the store stops answering (connections are still accepted)."""
+        assert self.proc is not None and self.proc.returncode is None, "not running"
+        self.proc.send_signal(signal.SIGSTOP)
+
+    async def resume(self) -> None:
+        """SIGCONT, after :meth:`pause`."""
+        assert self.proc is not None and self.proc.returncode is None, "not running"
+        self.proc.send_signal(signal.SIGCONT)
+
+    async def kill(self) -> None:
+        """SIGKILL (weed takes 15 s to stop on SIGTERM): the store is gone until
+        :meth:`start`, which brings it back with what it had."""
+        if self.proc is not None and self.proc.returncode is None:
+            self.proc.send_signal(signal.SIGKILL)
+            await self.proc.wait()
+        self.proc = None
+        # The Unix sockets weed also serves on, named by port in /tmp.
+        for service, port in self.ports.items():
+            for socket_name in (f"{service}-grpc-{port + 10000}", f"{service}-{port}"):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(f"/tmp/seaweedfs-{socket_name}.sock")
+
+    async def stop(self) -> None:
+        await self.kill()
+        if self.own_dir:
+            shutil.rmtree(self.dir, ignore_errors=True)
