@@ -329,9 +329,19 @@ class Settings(BaseSettings):
     search_index: bool = Field(
         True,
         description=(
-            "Index messages for search as they are archived. Off: archiving skips it and "
+            "Index messages for search as they are stored (the archiver queues them, the "
+            "indexer applies the queue). Off: nothing is queued and "
             "`search` is refused (`no_store`); what was indexed stays until it expires."
         ),
+    )
+    search_index_interval_s: float = Field(
+        0.5,
+        gt=0,
+        description="How often the search indexer looks for stored messages to index, when "
+        "it has caught up (a message is found by search about this long after it is stored).",
+    )
+    search_index_batch_max: int = Field(
+        10_000, ge=1, description="Most stored rows the search indexer applies in one transaction."
     )
     search_page_max: int = Field(
         50, ge=1, le=500, description="Most results a `search` frame or `GET /search` returns."

@@ -7,8 +7,11 @@ a temporary directory. For each database:
 
 1. **Archiving with and without the index**: ``--compare`` messages stored through
    :class:`app.store.messages.MessageStore` in batches of ``--batch`` (what the archivers
-   call), once with search indexing and once without (``CHAT_SEARCH_INDEX=false``), each into
-   a fresh database, timed; reported as messages a second and their ratio.
+   call), once with search indexing (the archiver queues, and
+   :class:`app.store.search.SearchIndexer` runs beside it, in the same process and database,
+   as a worker runs them) and once without (``CHAT_SEARCH_INDEX=false``), each into a fresh
+   database, timed; reported as messages a second, their ratio, and how long the indexer
+   took after the last batch to catch up (``index_catch_up_s``).
 2. **Search latency**: ``--messages`` messages (words drawn from a vocabulary of 5,000 with
    a Zipf-like skew, 4 to 16 words each; 1,000 rooms of which 5 % private, and direct
    conversations) stored with the index, then ``--queries`` searches timed one at a time
@@ -24,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import random
 import statistics
@@ -36,10 +40,11 @@ from typing import Any
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.conversations.names import direct
+from app.settings import Settings
 from app.store.database import engine_for, migrate
 from app.store.messages import MessageStore, StoredMessage
 from app.store.rooms import Role, Room, RoomStore
-from app.store.search import SearchStore
+from app.store.search import SearchIndexer, SearchStore
 from tests.processes import PostgresServer
 
 VOCABULARY = 5_000
@@ -76,18 +81,44 @@ def _messages(count: int, start_id: int) -> list[StoredMessage]:
     return out
 
 
-async def _store(engine: AsyncEngine, count: int, batch: int, index: bool) -> float:
-    """Store ``count`` messages in batches (made before the clock starts, a million at
-    most at a time); the rate in messages a second."""
+async def _store(engine: AsyncEngine, count: int, batch: int, index: bool) -> tuple[float, float]:
+    """Store ``count`` messages in batches (made before the clock starts, 200,000 at most at
+    a time), with the search indexer running beside the archiving as a worker runs it (same
+    process and database, CHAT_SEARCH_INDEX_* defaults) when ``index``: the archiving rate in
+    messages a second, and how long the indexer took to catch up after the last batch."""
     store = MessageStore(engine, search_index=index)
+    defaults = Settings.model_fields
+    indexer = SearchIndexer(engine)
+    stop = asyncio.Event()
+
+    async def indexing() -> None:  # as app.store.running.RunningStore._keep_indexing
+        limit = defaults["search_index_batch_max"].default
+        while not stop.is_set():
+            if await indexer.index(limit) < limit:
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(defaults["search_index_interval_s"].default):
+                        await stop.wait()
+
+    task = asyncio.create_task(indexing()) if index else None
     spent = 0.0
-    for chunk in range(0, count, 200_000):
-        made = _messages(min(200_000, count - chunk), 1_000_000 + chunk)
+    try:
+        for chunk in range(0, count, 200_000):
+            made = _messages(min(200_000, count - chunk), 1_000_000 + chunk)
+            started = time.perf_counter()
+            for first in range(0, len(made), batch):
+                await store.add(made[first : first + batch])
+            spent += time.perf_counter() - started
         started = time.perf_counter()
-        for first in range(0, len(made), batch):
-            await store.add(made[first : first + batch])
-        spent += time.perf_counter() - started
-    return count / spent
+        if task is not None:
+            stop.set()
+            await task
+            while await indexer.index(10_000):
+                pass
+        catch_up = time.perf_counter() - started
+    finally:
+        if task is not None and not task.done():
+            task.cancel()
+    return count / spent, catch_up
 
 
 async def _rooms(engine: AsyncEngine) -> None:
@@ -151,17 +182,19 @@ async def run(kind: str, messages: int, compare: int, batch: int, queries: int) 
             await server.start()
         try:
             rates = {}
+            catch_up = 0.0
             for label, index in (("without_index", False), ("with_index", True)):
                 engine = await _database(kind, Path(folder), label, server)
                 try:
-                    rates[label] = round(await _store(engine, compare, batch, index))
+                    rate, catch_up = await _store(engine, compare, batch, index)
+                    rates[label] = round(rate)
                 finally:
                     await engine.dispose()
             engine = await _database(kind, Path(folder), "big", server)
             try:
                 await _rooms(engine)
                 started = time.perf_counter()
-                await _store(engine, messages, batch, True)
+                await _store(engine, messages, batch, True)  # and indexed, all of it
                 filled_s = time.perf_counter() - started
                 latency = await _latencies(engine, _queries(queries))
             finally:
@@ -173,6 +206,7 @@ async def run(kind: str, messages: int, compare: int, batch: int, queries: int) 
         "database": kind, "messages": messages, "queries": queries,
         "archive_per_s": rates,
         "archive_ratio": round(rates["with_index"] / rates["without_index"], 2),
+        "index_catch_up_s": round(catch_up, 2),
         "fill_s": round(filled_s, 1), **latency,
     }  # fmt: skip
 

@@ -21,7 +21,7 @@ from playwright.async_api import Browser, Route, expect
 
 from tests.helpers import ChatClient, LiveServer, make_settings, run_server
 from tests.test_browser import UI_TIMEOUT_MS, ChatPage, browser, frames_sent, label
-from tests.test_durable import store_of, wait_stored
+from tests.test_durable import store_of, wait_indexed, wait_stored
 from tests.test_rooms import answer
 
 __all__ = ["browser"]  # the fixture, imported for these tests
@@ -373,7 +373,7 @@ async def test_a_search_result_opens_its_conversation_at_the_message(
             await answer(bob, {"type": "join", "room": "vault"}, "joined")
             await bob.say("vault", "zebra in the vault")
             await wait_stored(store_of(live), "archive", 61, timeout=20)
-            await wait_stored(store_of(live), "vault", 1, timeout=20)
+            await wait_indexed(live, "vault", 1, timeout=20)
         page = await ChatPage.open(browser, live.http_url, "eve", "lobby")
         try:
             await page.page.locator("#search-input").fill("ZEBRA")

@@ -372,7 +372,9 @@ async def test_rooms_with_members_and_the_inbox(tmp_path: Path) -> None:
                     await asyncio.sleep(0.05)
             assert entry.last is not None
             assert entry.unread == 1 and entry.last.id == sent.id
-            found = await bob.search("UNREAD", peer="ada")
+            async with asyncio.timeout(10):  # indexed a moment after it is stored
+                while not (found := await bob.search("UNREAD", peer="ada"))["results"]:
+                    await asyncio.sleep(1)  # within the search rate (1/s)
             assert [(r["with"], r["id"], r["highlights"]) for r in found["results"]] == [
                 ("ada", sent.id, [[0, 6]])
             ]  # fmt: skip

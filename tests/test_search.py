@@ -5,6 +5,7 @@ through the store, the ``search`` frame and ``GET /search``."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -18,15 +19,30 @@ from app.conversations.names import direct
 from app.store.database import engine_for, migrate
 from app.store.messages import MessageStore, StoredMessage
 from app.store.rooms import Role, Room, RoomStore
-from app.store.search import SearchStore, fts5_query
+from app.store.search import SearchIndexer, SearchStore, fts5_query
 from tests.helpers import ChatClient, make_settings, run_server
 from tests.test_access import as_user, bearer, jwt_settings
-from tests.test_durable import store_of, wait_stored
+from tests.test_durable import store_of, wait_indexed, wait_stored
 from tests.test_rooms import answer
 
 pytestmark = pytest.mark.timeout(90)
 
 TS = 1_795_000_000_000
+
+
+class IndexedStore(MessageStore):
+    """The store as the archiver and the indexer together keep it: each batch stored, then
+    indexed (in a transaction of the indexer's own, as the running indexer does)."""
+
+    def __init__(self, engine: AsyncEngine) -> None:
+        super().__init__(engine)
+        self.indexer = SearchIndexer(engine)
+
+    async def add(self, batch: Sequence[StoredMessage]) -> int:
+        added = await super().add(batch)
+        while await self.indexer.index(1_000):
+            pass
+        return added
 
 
 def row(conversation: str, n: int, user: str, said: str, kind: Kind = Kind.MESSAGE,
@@ -40,7 +56,7 @@ async def test_the_index_follows_archiving_edits_deletions_and_expiry(
     """A stored message is found by its words (any case; newest first, or best match
     first); an edit replaces what it is found by (an older edit archived again does not undo
     it); a deleted or expired message is not found; archiving a batch twice indexes once."""
-    store, search = MessageStore(engine), SearchStore(engine)
+    store, search = IndexedStore(engine), SearchStore(engine)
     batch = [
         row("lobby", 1, "ada", "The budget meeting is on Friday"),
         row("lobby", 2, "bob", "budget budget budget, again the budget"),
@@ -81,7 +97,7 @@ async def test_the_index_follows_archiving_edits_deletions_and_expiry(
 )
 async def test_raw_input_is_never_query_syntax(engine: AsyncEngine, query: str) -> None:
     """Any input is searched for, never parsed as the database's query language: no error."""
-    await MessageStore(engine).add([row("lobby", 1, "ada", "near the col: x AND y")])
+    await IndexedStore(engine).add([row("lobby", 1, "ada", "near the col: x AND y")])
     found = await SearchStore(engine).search("eve", query, None, "newest", 10, 0)
     assert all(hit.conversation == "lobby" for hit in found)
 
@@ -99,7 +115,7 @@ async def test_only_what_the_user_may_read_is_found(engine: AsyncEngine) -> None
     rooms = RoomStore(engine)
     await rooms.create(Room("plans", True, created_by="ada", created_ms=TS))
     await rooms.set_role("plans", "bob", Role.MEMBER, TS)
-    await MessageStore(engine).add([
+    await IndexedStore(engine).add([
         row("lobby", 1, "ada", "secret word in public"),
         row("plans", 1, "ada", "secret word in private"),
         row(direct("ada", "bob"), 1, "ada", "secret word between us"),
@@ -123,7 +139,7 @@ async def test_messages_stored_before_the_migration_are_found(tmp_path: Path) ->
     engine = engine_for(f"sqlite:///{tmp_path}/chat.db")
     try:
         await migrate(engine)
-        store = MessageStore(engine)
+        store = IndexedStore(engine)
         await store.add([
             row("lobby", 1, "ada", "old words"), row("lobby", 2, "ada", "gone words"),
             row("lobby", 3, "ada", "new words", Kind.EDITED, 1),
@@ -136,6 +152,9 @@ async def test_messages_stored_before_the_migration_are_found(tmp_path: Path) ->
             await connection.execute(text("DROP TRIGGER search_documents_au"))
             await connection.execute(text("DROP TABLE search_fts"))
             await connection.execute(text("DROP TABLE search_documents"))
+            await connection.execute(text("DROP TABLE search_backlog"))  # 0007
+            await connection.execute(text("DROP TABLE files"))  # 0006
+            await connection.execute(text("ALTER TABLE messages DROP COLUMN attachments"))
             await connection.execute(text("UPDATE alembic_version SET version_num = '0004'"))
         await migrate(engine)
         hits = await SearchStore(engine).search("eve", "words", None, "newest", 10, 0)
@@ -164,7 +183,7 @@ async def test_search_through_the_frame_and_http_honours_the_access_decision(
             await ada.say("plans", "the launch date is secret")
             await ada.say("lobby", "launch party on friday")
         await wait_stored(store_of(live), "plans", 1, timeout=20)
-        await wait_stored(store_of(live), "lobby", 1, timeout=20)
+        await wait_indexed(live, "lobby", 1, timeout=20)
 
         async def ask(user: str, **params: Any) -> dict[str, Any]:
             claims = params.pop("claims", {})
@@ -245,3 +264,21 @@ async def test_a_result_opens_in_its_context_history_around_an_id(tmp_path: Path
                 eve, {"type": "history", "room": "team", "around": ids[8]}, "history"
             )
             assert refused["code"] == "not_found"
+
+
+async def test_indexing_is_off_the_archivers_transaction(engine: AsyncEngine) -> None:
+    """Archiving only queues: nothing is found until the indexer applies the queue, in
+    order and in batches of its limit; a message deleted before the indexer's turn is never
+    indexed; what it applied is gone from the queue."""
+    store, search, indexer = MessageStore(engine), SearchStore(engine), SearchIndexer(engine)
+    await store.add([row("lobby", 1, "ada", "queued words"), row("lobby", 2, "bob", "more words"),
+                     row("lobby", 3, "bob", "doomed words"),
+                     row("lobby", 4, "bob", "", Kind.DELETED, 3)])  # fmt: skip
+    assert await search.search("eve", "words", None, "newest", 10, 0) == []
+    assert await indexer.index(2) == 2
+    assert [h.id for h in await search.search("eve", "words", None, "newest", 10, 0)] == [2, 1]
+    assert indexer.backlog == 2
+    assert await indexer.index(10) == 2
+    assert indexer.backlog == 0
+    assert [h.id for h in await search.search("eve", "words", None, "newest", 10, 0)] == [2, 1]
+    assert await indexer.index(10) == 0

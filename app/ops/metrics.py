@@ -284,6 +284,12 @@ class Metrics:
             "Messages the store refused for their data (a value it cannot hold): left out, "
             "never retried; the rest of their batch is stored.",
         )
+        self.search_backlog = gauge(
+            "hubbub_search_backlog",
+            "Stored messages, edits and deletions the search indexer has not applied yet (they "
+            "are not found by search until it has), on the worker that indexes.",
+            "liveall",
+        )
         self.archive_leading = gauge(
             "hubbub_archive_leader",
             "1 on the worker that archives (one per deployment), else 0.",
@@ -504,6 +510,7 @@ class Metrics:
         self.archive_lag_messages.set(archive.lag_messages)
         self.archive_lag.set(archive.lag_seconds)
         self.archive_leading.set(1 if archive.leading else 0)
+        self.search_backlog.set(archive.search_backlog)
         counts = (archive.stored, archive.failures, archive.dropped, archive.rejected)
         for counter, now, before in zip(
             (self.archived, self.archive_failures, self.archive_dropped, self.archive_rejected),

@@ -55,6 +55,7 @@ class ArchiveStats:
     dropped: int = 0
     leading: bool = False
     rejected: int = 0
+    search_backlog: int = 0  # stored rows the search indexer has not applied yet
 
 
 def report_refused(refused: list[tuple[StoredMessage, str]]) -> None:

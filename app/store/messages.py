@@ -39,7 +39,6 @@ from app.conversations.lifecycle import Kind, Target, fold
 from app.conversations.names import is_direct, members_of_direct
 from app.store.database import StoreError
 from app.store.schema import messages, participants, search_documents
-from app.store.search import index_batch
 
 # What a failing database raises through SQLAlchemy and its drivers.
 DATABASE_ERRORS = (SQLAlchemyError, OSError, TimeoutError)
@@ -110,6 +109,10 @@ def row_of(conversation: str, frame: dict[str, Any]) -> StoredMessage:
     )  # fmt: skip
 
 
+# The rows the search indexer applies: messages, edits, deletions (not reactions).
+_INDEXED: Final = frozenset({Kind.MESSAGE, Kind.EDITED, Kind.DELETED})
+_QUEUE_SQLITE: Final = "INSERT INTO search_backlog (conversation, id) VALUES (?, ?)"
+
 _KINDS: Final = {
     "message": Kind.MESSAGE, "edited": Kind.EDITED, "deleted": Kind.DELETED,
     "reaction": Kind.REACTION_ON,
@@ -120,12 +123,9 @@ class MessageStore:
     """Messages of every conversation, on ``engine`` (migrated: see
     :func:`app.store.database.migrate`)."""
 
-    def __init__(
-        self, engine: AsyncEngine, search_language: str = "simple", search_index: bool = True
-    ) -> None:
+    def __init__(self, engine: AsyncEngine, search_index: bool = True) -> None:
         self._engine = engine
-        self._search_language = search_language
-        self._search_index = search_index
+        self._search_index = search_index  # queue new rows for the search indexer
 
     async def add(self, batch: Sequence[StoredMessage]) -> int:
         """Store ``batch``; returns how many of its messages were not stored yet."""
@@ -144,9 +144,8 @@ class MessageStore:
                 postgres = self._engine.dialect.name == "postgresql"
                 new_keys: set[tuple[str, int]] = set()
                 if postgres:
-                    language = self._search_language if self._search_index else None
                     added = await _add_on_postgresql(
-                        connection, batch, sorted(taking_part), language
+                        connection, batch, sorted(taking_part), self._search_index
                     )
                 else:
                     result = await connection.execute(
@@ -160,24 +159,16 @@ class MessageStore:
                     rows = cast(list[tuple[str, int]], result.all())
                     new_keys = {(str(c), int(i)) for c, i in rows}
                     added = len(new_keys)
+                    if self._search_index:
+                        queued = [
+                            (m.conversation, m.id)
+                            for m in batch
+                            if (m.conversation, m.id) in new_keys and m.kind in _INDEXED
+                        ]
+                        if queued:  # the driver's executemany, in C
+                            await connection.exec_driver_sql(_QUEUE_SQLITE, queued)
                 if deleted:
                     await _empty_deleted(connection, deleted)
-                if self._search_index:
-                    await index_batch(
-                        connection,
-                        [(m.conversation, m.id, m.kind, m.target, m.text) for m in batch],
-                        self._search_language,
-                        # PostgreSQL: by _INSERT_MESSAGES_INDEXED; SQLite: those new here.
-                        new=None
-                        if postgres
-                        else [
-                            (m.conversation, m.id, m.user, m.ts_ms, m.text)
-                            for m in batch
-                            if (m.conversation, m.id) in new_keys
-                            and m.kind == Kind.MESSAGE
-                            and m.text
-                        ],
-                    )
                 return added
         except (*DATABASE_ERRORS, *_UNSENDABLE) as exc:
             refusal = _refusal(exc)
@@ -367,20 +358,19 @@ WITH new AS (
 )
 SELECT count(*) FROM new
 """
-# The same, and the new messages' search documents in the same statement (app.store.search):
-# only rows new to ``messages`` are indexed, so a deleted message archived again stays out.
-_INSERT_MESSAGES_INDEXED: Final = """
+# The same, and the new messages, edits and deletions queued for the search indexer in the
+# same statement (app.store.search): only rows new to ``messages`` are queued, so a deleted
+# message archived again stays out of the index.
+_INSERT_MESSAGES_QUEUED: Final = """
 WITH new AS (
   INSERT INTO messages (conversation, id, "user", text, ts_ms, kind, target, attachments)
   SELECT * FROM unnest($1::varchar[], $2::bigint[], $3::varchar[], $4::text[], $5::bigint[],
                        $6::smallint[], $7::bigint[], $8::text[])
   ON CONFLICT DO NOTHING
-  RETURNING conversation, id, "user", text, ts_ms, kind
-), indexed AS (
-  INSERT INTO search_documents (conversation, id, "user", ts_ms, text, version, document)
-  SELECT conversation, id, "user", ts_ms, text, id, to_tsvector($9::text::regconfig, text)
-  FROM new WHERE kind = 0 AND text <> ''
-  ON CONFLICT DO NOTHING
+  RETURNING conversation, id, kind
+), queued AS (
+  INSERT INTO search_backlog (conversation, id)
+  SELECT conversation, id FROM new WHERE kind IN (0, 1, 2) ORDER BY id
 )
 SELECT count(*) FROM new
 """
@@ -395,16 +385,12 @@ async def _add_on_postgresql(
     connection: AsyncConnection,
     batch: Sequence[StoredMessage],
     taking_part: Sequence[tuple[str, str]],
-    search_language: str | None,
+    queue: bool,
 ) -> int:
-    """Store ``batch`` (and index its new messages in ``search_language``: None, not)."""
+    """Store ``batch`` (and, if ``queue``, queue its new rows for the search indexer)."""
     columns = tuple(list(column) for column in zip(*batch, strict=True))
-    if search_language is None:
-        result = await connection.exec_driver_sql(_INSERT_MESSAGES, columns)
-    else:
-        result = await connection.exec_driver_sql(
-            _INSERT_MESSAGES_INDEXED, (*columns, search_language)
-        )
+    statement = _INSERT_MESSAGES_QUEUED if queue else _INSERT_MESSAGES
+    result = await connection.exec_driver_sql(statement, columns)
     if taking_part:
         users, conversations = zip(*taking_part, strict=True)
         await connection.exec_driver_sql(_INSERT_PARTICIPANTS, (list(users), list(conversations)))

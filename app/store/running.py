@@ -13,6 +13,8 @@ time.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import dataclasses
 import functools
 import logging
 import time
@@ -25,7 +27,7 @@ from app.store.files import FileStore
 from app.store.inbox import Inbox
 from app.store.messages import MessageStore
 from app.store.rooms import RoomStore
-from app.store.search import SearchStore
+from app.store.search import SearchIndexer, SearchStore
 
 logger = logging.getLogger(__name__)
 
@@ -38,10 +40,15 @@ class RunningStore:
         assert settings.database_url is not None
         self._settings = settings
         self.engine = engine_for(settings.database_url, settings.database_timeout_s)
-        self.messages = MessageStore(self.engine, settings.search_language, settings.search_index)
+        self.messages = MessageStore(self.engine, settings.search_index)
         self.search = (
             SearchStore(self.engine, settings.search_language) if settings.search_index else None
         )
+        self.indexer = (
+            SearchIndexer(self.engine, settings.search_language) if settings.search_index else None
+        )
+        self._indexing: asyncio.Task[None] | None = None
+        self._stopping = asyncio.Event()
         self.inbox = Inbox(self.engine)
         self.rooms = RoomStore(self.engine)
         self.files = FileStore(self.engine)
@@ -68,7 +75,10 @@ class RunningStore:
         return self.archiver
 
     def archive_stats(self) -> ArchiveStats:
-        return self._stats()
+        stats = self._stats()
+        if self.indexer is None:
+            return stats
+        return dataclasses.replace(stats, search_backlog=self.indexer.backlog)
 
     def start(self) -> None:
         settings = self._settings
@@ -87,6 +97,26 @@ class RunningStore:
             self._tasks.append(asyncio.create_task(streamer.run(), name="archiver"))
         if settings.retention_days > 0:
             self._tasks.append(asyncio.create_task(self._keep_retention(), name="retention"))
+        if self.indexer is not None:
+            self._indexing = asyncio.create_task(self._keep_indexing(self.indexer), name="indexer")
+
+    async def _keep_indexing(self, indexer: SearchIndexer) -> None:
+        """Search indexing, on the worker that archives (one per deployment): batch after
+        batch while there is a backlog, else every ``CHAT_SEARCH_INDEX_INTERVAL_S``; a batch is
+        never cut short (stop() waits for it)."""
+        settings = self._settings
+        while not self._stopping.is_set():
+            applied = 0
+            if self.archive_stats().leading:
+                try:
+                    applied = await indexer.index(settings.search_index_batch_max)
+                except StoreError as exc:
+                    logger.warning("search indexing: %s", exc)
+                    applied = 0
+            if applied < settings.search_index_batch_max:
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(settings.search_index_interval_s):
+                        await self._stopping.wait()
 
     async def _keep_retention(self) -> None:
         days = self._settings.retention_days
@@ -106,6 +136,12 @@ class RunningStore:
         if self.archiver is not None:
             # Not cancelled mid-batch (SQLite would keep its write lock): it stops after one.
             await self.archiver.close(self._settings.close_timeout_s)
+        if self._indexing is not None:  # likewise: after its batch
+            self._stopping.set()
+            with contextlib.suppress(TimeoutError, asyncio.CancelledError):
+                async with asyncio.timeout(self._settings.close_timeout_s):
+                    await asyncio.shield(self._indexing)
+            self._tasks.append(self._indexing)
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)

@@ -9,6 +9,7 @@ from sqlalchemy import (
     BigInteger,
     Boolean,
     Column,
+    Identity,
     Index,
     Integer,
     MetaData,
@@ -114,8 +115,9 @@ Index("ix_members_user", members.c.user)
 
 # What search reads (app.store.search): one row per message, with its text as it is now (its
 # newest edit; ``version`` is the id of the row that text came from, so an edit archived twice
-# or late never undoes a newer one), gone when the message is deleted or expires. Written in
-# the archiver's transaction, off the delivery path. On PostgreSQL ``document`` is the text's
+# or late never undoes a newer one), gone when the message is deleted or expires. Written by
+# the search indexer from ``search_backlog``, off the delivery path and the archiver's
+# transaction. On PostgreSQL ``document`` is the text's
 # tsvector in CHAT_SEARCH_LANGUAGE (written with it), under a GIN index; SQLite keeps an FTS5
 # index, ``search_fts``, in step by triggers (migration 0005), and leaves ``document`` empty.
 search_documents: Final = Table(
@@ -136,6 +138,17 @@ Index(
     search_documents.c.document,
     postgresql_using="gin",
     sqlite_where=search_documents.c.document.is_not(None),
+)
+
+# What the search indexer (app.store.search.SearchIndexer) has still to apply to
+# ``search_documents``: the messages, edits and deletions the archiver stored (queued in its
+# transaction, a row each, which costs it far less than indexing), oldest first.
+search_backlog: Final = Table(
+    "search_backlog",
+    metadata,
+    Column("seq", BigInteger().with_variant(Integer(), "sqlite"), Identity(), primary_key=True),
+    Column("conversation", String(200), nullable=False),
+    Column("id", BigInteger, nullable=False),
 )
 
 # One row per upload (app.store.files): the conversation it is for, who uploaded it, its name

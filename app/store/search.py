@@ -1,10 +1,14 @@
 """Full-text search over the stored messages (table ``search_documents``).
 
 Contract:
-- :func:`index_batch` keeps the index in step with a batch the archiver stores, in the same
-  transaction: a new message is indexed with its text as stored (a message deleted before it
-  was archived again is not: its text is empty), an edit replaces its message's text unless a
-  newer edit already did (``version``), a deletion removes it. Idempotent, as the archiving.
+- Indexing is off the archiver's transaction: the archiver queues each new message, edit and
+  deletion in ``search_backlog`` (one small row, in the same statement or transaction), and
+  :class:`SearchIndexer` applies the queue, oldest first, in batches of its own transactions:
+  a new message is indexed with its text as stored (a message deleted before its turn is
+  not: its text is empty), an edit replaces its message's text unless a newer edit already
+  did (``version``), a deletion removes it. Idempotent; on PostgreSQL one indexer works at a
+  time (an advisory lock), whichever worker runs it. A message is found once the indexer
+  has reached it, a fraction of a second after it is stored (``hubbub_search_backlog``).
 - :meth:`SearchStore.search` finds the messages whose text matches ``query`` among the
   conversations a user may read, as the SQL below narrows them: public rooms, private rooms the
   user is a member of, and the user's direct conversations. The caller still asks the one
@@ -19,6 +23,7 @@ Contract:
 
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import Sequence
 from typing import Any, Final, Literal, NamedTuple
@@ -37,6 +42,7 @@ from sqlalchemy import (
     or_,
     select,
     table,
+    text,
     update,
 )
 from sqlalchemy.dialects.postgresql import REGCONFIG
@@ -46,7 +52,16 @@ from sqlalchemy.sql.elements import ColumnClause, UnaryExpression
 
 from app.conversations.lifecycle import Kind
 from app.store.database import StoreError
-from app.store.schema import members, participants, rooms, search_documents
+from app.store.schema import (
+    members,
+    messages,
+    participants,
+    rooms,
+    search_backlog,
+    search_documents,
+)
+
+logger = logging.getLogger(__name__)
 
 # What marks a matched word in the text the databases return (then turned into offsets):
 # control characters (a text that holds them itself gets no highlights).
@@ -103,46 +118,129 @@ def _offsets(marked: str) -> tuple[str, tuple[tuple[int, int], ...]]:
     return "".join(plain), tuple(spans)
 
 
-async def index_batch(
-    connection: AsyncConnection,
-    batch: Sequence[tuple[str, int, int, int | None, str]],
-    language: str,
-    new: Sequence[tuple[str, int, str, int, str]] | None,
-) -> None:
-    """Keep ``search_documents`` in step with ``batch`` (conversation, id, kind, target, text
-    of each row just stored, in id order), in the caller's transaction. ``new``: the messages
-    that were new to the store in it (conversation, id, user, ts_ms, text; not empty), to
-    index on SQLite; None on PostgreSQL, where the statement that stored them indexed them
-    (app.store.messages)."""
-    postgres = connection.dialect.name == "postgresql"
-    if new:
-        # The driver's own executemany (sqlite3, in C). SQLAlchemy's costs its per-row
-        # binding, a multi-row INSERT its compiling, and an INSERT … SELECT matching
-        # (conversation, id) IN (VALUES …) scans all messages: each measured slower with
-        # loadtest/search.py.
-        await connection.exec_driver_sql(
-            _INDEX_NEW_SQLITE, [(c, i, u, t, x, i) for c, i, u, t, x in new]
-        )
-    for conversation, row_id, kind, target, new_text in batch:
-        if target is None:
-            continue
-        key = and_(search_documents.c.conversation == conversation, search_documents.c.id == target)
-        if kind == Kind.EDITED:
-            values: dict[str, object] = {"text": new_text, "version": row_id}
-            if postgres:
-                values["document"] = func.to_tsvector(cast(literal(language), REGCONFIG), new_text)
-            await connection.execute(
-                update(search_documents)
-                .where(key, search_documents.c.version < row_id)
-                .values(values)
+class SearchIndexer:
+    """Applies ``search_backlog`` to ``search_documents``, oldest first, a batch a
+    transaction (see the module's contract), in ``language`` (PostgreSQL)."""
+
+    def __init__(self, engine: AsyncEngine, language: str = "simple") -> None:
+        self._engine = engine
+        self._language = language
+        self.backlog = 0  # rows waiting, as the last batch found them
+
+    async def index(self, limit: int) -> int:
+        """Apply up to ``limit`` queued rows; returns how many were applied (0: none left).
+        Raises :class:`~app.store.database.StoreError`."""
+        postgres = self._engine.dialect.name == "postgresql"
+        try:
+            async with self._engine.begin() as connection:
+                if postgres:  # one indexer at a time, whichever worker runs it
+                    locked = await connection.scalar(
+                        text("SELECT pg_try_advisory_xact_lock(:key)"), {"key": _INDEXER_LOCK}
+                    )
+                    if not locked:
+                        return 0
+                seqs = (
+                    (
+                        await connection.execute(
+                            select(search_backlog.c.seq).order_by(search_backlog.c.seq).limit(limit)
+                        )
+                    )
+                    .scalars()
+                    .all()
+                )
+                if not seqs:
+                    self.backlog = 0
+                    return 0
+                low, high = seqs[0], seqs[-1]
+                queued = search_backlog.c.seq.between(low, high)
+                # New messages, in one statement, the text never leaving the database.
+                language = {"language": self._language} if postgres else {}
+                await connection.execute(
+                    text(_INDEX_NEW_POSTGRES if postgres else _INDEX_NEW_SQLITE),
+                    {"low": low, "high": high, **language},
+                )
+                # Edits and deletions (few), one by one in the order they were stored.
+                changes = (
+                    await connection.execute(
+                        select(
+                            messages.c.conversation,
+                            messages.c.id,
+                            messages.c.kind,
+                            messages.c.target,
+                            messages.c.text,
+                        )
+                        .join_from(
+                            search_backlog,
+                            messages,
+                            and_(
+                                messages.c.conversation == search_backlog.c.conversation,
+                                messages.c.id == search_backlog.c.id,
+                            ),
+                        )
+                        .where(queued, messages.c.kind.in_([Kind.EDITED, Kind.DELETED]))
+                        .order_by(search_backlog.c.seq)
+                    )
+                ).all()
+                await self._apply(connection, changes, postgres)
+                await connection.execute(delete(search_backlog).where(queued))
+                if len(seqs) == limit:
+                    self.backlog = int(
+                        await connection.scalar(select(func.count()).select_from(search_backlog))
+                        or 0
+                    )
+                else:
+                    self.backlog = 0
+                return len(seqs)
+        except _DATABASE_ERRORS as exc:
+            raise StoreError(f"indexing for search failed: {exc!r}") from exc
+
+    async def _apply(
+        self, connection: AsyncConnection, rows: Sequence[Any], postgres: bool
+    ) -> None:
+        """Edits and deletions: an edit replaces its message's text unless a newer edit already
+        did (``version``); a deletion removes it."""
+        for row in rows:
+            key = and_(
+                search_documents.c.conversation == row.conversation,
+                search_documents.c.id == row.target,
             )
-        elif kind == Kind.DELETED:
-            await connection.execute(delete(search_documents).where(key))
+            if row.kind == Kind.EDITED:
+                changed: dict[str, object] = {"text": row.text, "version": row.id}
+                if postgres:
+                    changed["document"] = func.to_tsvector(
+                        cast(literal(self._language), REGCONFIG), row.text
+                    )
+                await connection.execute(
+                    update(search_documents)
+                    .where(key, search_documents.c.version < row.id)
+                    .values(changed)
+                )
+            else:
+                await connection.execute(delete(search_documents).where(key))
 
 
+# Any constant: the advisory lock of PostgreSQL's single indexer.
+_INDEXER_LOCK: Final = 0x48554242  # "HUBB"
+
+
+# A new message is indexed with its text as stored now: one deleted before its turn has an
+# empty text, and is not.
+_INDEX_NEW_POSTGRES: Final = """
+INSERT INTO search_documents (conversation, id, "user", ts_ms, text, version, document)
+SELECT m.conversation, m.id, m."user", m.ts_ms, m.text, m.id,
+       to_tsvector(CAST(:language AS regconfig), m.text)
+FROM search_backlog b JOIN messages m ON m.conversation = b.conversation AND m.id = b.id
+WHERE b.seq BETWEEN :low AND :high AND m.kind = 0 AND m.text <> ''
+ON CONFLICT DO NOTHING
+"""
+# (WHERE true: SQLite's upsert after a SELECT needs it to parse.)
 _INDEX_NEW_SQLITE: Final = """
 INSERT INTO search_documents (conversation, id, "user", ts_ms, text, version)
-VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING
+SELECT m.conversation, m.id, m."user", m.ts_ms, m.text, m.id
+FROM search_backlog b JOIN messages m ON m.conversation = b.conversation AND m.id = b.id
+WHERE b.seq BETWEEN :low AND :high AND m.kind = 0 AND m.text <> '' AND true
+ORDER BY b.seq
+ON CONFLICT DO NOTHING
 """
 
 

@@ -364,7 +364,8 @@ def build() -> dict[str, Any]:
         "Archiving",
         "Messages stored per second, batches the store failed to take (each retried), "
         "messages dropped past CHAT_ARCHIVE_BACKLOG_MAX (never stored), and messages the "
-        "store refused for their data (left out, alert HubbubArchiveRejected).",
+        "store refused for their data (left out, alert HubbubArchiveRejected), and stored "
+        "rows the search indexer has not reached yet.",
         [
             _q(f"sum(rate(hubbub_archived_total{{{SEL}}}[{RATE}]))", "stored/s"),
             _q(f"sum(rate(hubbub_archive_failures_total{{{SEL}}}[{RATE}]))", "failures/s"),
@@ -372,6 +373,7 @@ def build() -> dict[str, Any]:
             _q(f"sum(rate(hubbub_archive_rejected_total{{{SEL}}}[{RATE}]))", "rejected/s"),
             _q(f"max(hubbub_archive_lag_messages{{{SEL}}})", "waiting"),
             _q(f"sum(hubbub_archive_leader{{{SEL}}})", "archiving workers (should be 1)"),
+            _q(f"max(hubbub_search_backlog{{{SEL}}})", "waiting to be indexed for search"),
         ],
         "short",
     )
