@@ -181,6 +181,9 @@ async def chat_in_the_lobby(viewer: ChatPage, bob: ChatPage) -> None:
     await expect(bob.page.locator("#uploads .upload.done")).to_have_count(2, timeout=UI_TIMEOUT_MS)
     await bob.page.locator("#send-button").click()
     shown = ada.page.locator("#messages .message").last
+    await expect(shown.locator(".attachment-file")).to_have_count(1, timeout=UI_TIMEOUT_MS)
+    # Links are asked for once a file is on screen (near it): the view may rest higher up.
+    await shown.scroll_into_view_if_needed()
     await expect(shown.locator(".file-download[href]")).to_have_count(1, timeout=UI_TIMEOUT_MS)
     await ada.page.wait_for_function(
         "img => img.complete && img.naturalWidth > 0",
