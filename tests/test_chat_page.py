@@ -20,6 +20,7 @@ from PIL import Image
 from playwright.async_api import Browser, Route, expect
 
 from tests.helpers import ChatClient, LiveServer, make_settings, run_server
+from tests.processes import S3Server
 from tests.test_browser import UI_TIMEOUT_MS, ChatPage, browser, frames_sent, label
 from tests.test_durable import store_of, wait_indexed, wait_stored
 from tests.test_rooms import answer
@@ -561,3 +562,49 @@ async def test_files_dropped_on_the_conversation_or_pasted_are_attached(
             )
         finally:
             await ada.close()
+
+
+async def test_files_go_to_an_s3_bucket_and_show_from_it(
+    browser: Browser, tmp_path: Path, s3_server: S3Server
+) -> None:
+    """With S3 storage (as docker compose runs it): the page uploads straight to the bucket
+    (a presigned POST, across origins, allowed by the page's CSP and the bucket's CORS), and
+    the other person's page shows the thumbnail from the bucket and downloads the original
+    from it."""
+    settings = make_settings(
+        database_url=f"sqlite:///{tmp_path}/data/hubbub.db", **s3_server.settings()
+    )
+    photo = tmp_path / "photo.png"
+    Image.new("RGB", (640, 480), (30, 120, 60)).save(photo)
+    async with run_server(settings) as live:
+        ada = await ChatPage.open(browser, live.http_url, "ada", "lobby")
+        bob = await ChatPage.open(browser, live.http_url, "bob", "lobby")
+        try:
+            posted: list[str] = []
+            ada.page.on(
+                "requestfinished",
+                lambda request: posted.append(request.url) if request.method == "POST" else None,
+            )
+            await ada.page.locator("#file-input").set_input_files(photo)
+            chip = ada.page.locator("#uploads .upload")
+            await expect(chip).to_have_class("upload done", timeout=UI_TIMEOUT_MS)
+            assert any(url.startswith(s3_server.endpoint) for url in posted), posted
+            await ada.page.locator("#composer-input").fill("from the bucket")
+            await ada.page.locator("#send-button").click()
+            await bob.shows(["from the bucket"])
+            image = bob.page.locator("#messages .message").last.locator("a.attachment-image img")
+            await expect(image).to_have_attribute(
+                "src", re.compile(re.escape(s3_server.endpoint)), timeout=UI_TIMEOUT_MS
+            )
+            await bob.page.wait_for_function(
+                "img => img.complete && img.naturalWidth > 0",
+                arg=await image.element_handle(),
+                timeout=UI_TIMEOUT_MS,
+            )
+            full = await bob.page.locator("a.attachment-image").last.get_attribute("href")
+            assert full is not None and full.startswith(s3_server.endpoint)
+            got = await bob.page.request.get(full)
+            assert got.ok and await got.body() == photo.read_bytes()
+        finally:
+            await ada.close()
+            await bob.close()
