@@ -132,7 +132,14 @@ class SearchIndexer:
         Raises :class:`~app.store.database.StoreError`."""
         postgres = self._engine.dialect.name == "postgresql"
         try:
-            async with self._engine.begin() as connection:
+            async with self._engine.connect() as connection, connection.begin():
+                if postgres:
+                    # One snapshot for the whole batch: the range deleted at the end is the one
+                    # read, never a row an archiver committed meanwhile (SQLite's single writer
+                    # gives the same).
+                    await connection.exec_driver_sql(
+                        "SET TRANSACTION ISOLATION LEVEL REPEATABLE READ"
+                    )
                 if postgres:  # one indexer at a time, whichever worker runs it
                     locked = await connection.scalar(
                         text("SELECT pg_try_advisory_xact_lock(:key)"), {"key": _INDEXER_LOCK}
