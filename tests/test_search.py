@@ -163,6 +163,26 @@ async def test_messages_stored_before_the_migration_are_found(tmp_path: Path) ->
         await engine.dispose()
 
 
+async def test_rows_queued_before_the_kind_column_keep_their_kind(engine: AsyncEngine) -> None:
+    """Migration 0008 gives the rows already queued their kind from ``messages``: an edit
+    queued before it still replaces its message's text in the index."""
+    await MessageStore(engine).add([
+        row("lobby", 1, "ada", "old words"),
+        row("lobby", 2, "ada", "new words", Kind.EDITED, 1),
+    ])  # fmt: skip
+    async with engine.begin() as connection:  # the queue as a database at 0007 holds it
+        await connection.execute(text("ALTER TABLE search_backlog DROP COLUMN kind"))
+        await connection.execute(text("UPDATE alembic_version SET version_num = '0007'"))
+    await migrate(engine)
+    while await SearchIndexer(engine).index(10):
+        pass
+    search = SearchStore(engine)
+    assert [h.text for h in await search.search("eve", "words", None, "newest", 10, 0)] == [
+        "new words"
+    ]
+    assert await search.search("eve", "old", None, "newest", 10, 0) == []
+
+
 async def test_search_through_the_frame_and_http_honours_the_access_decision(
     tmp_path: Path,
 ) -> None:

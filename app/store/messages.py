@@ -111,7 +111,7 @@ def row_of(conversation: str, frame: dict[str, Any]) -> StoredMessage:
 
 # The rows the search indexer applies: messages, edits, deletions (not reactions).
 _INDEXED: Final = frozenset({Kind.MESSAGE, Kind.EDITED, Kind.DELETED})
-_QUEUE_SQLITE: Final = "INSERT INTO search_backlog (conversation, id) VALUES (?, ?)"
+_QUEUE_SQLITE: Final = "INSERT INTO search_backlog (conversation, id, kind) VALUES (?, ?, ?)"
 
 _KINDS: Final = {
     "message": Kind.MESSAGE, "edited": Kind.EDITED, "deleted": Kind.DELETED,
@@ -161,7 +161,7 @@ class MessageStore:
                     added = len(new_keys)
                     if self._search_index:
                         queued = [
-                            (m.conversation, m.id)
+                            (m.conversation, m.id, m.kind)
                             for m in batch
                             if (m.conversation, m.id) in new_keys and m.kind in _INDEXED
                         ]
@@ -369,8 +369,8 @@ WITH new AS (
   ON CONFLICT DO NOTHING
   RETURNING conversation, id, kind
 ), queued AS (
-  INSERT INTO search_backlog (conversation, id)
-  SELECT conversation, id FROM new WHERE kind IN (0, 1, 2) ORDER BY id
+  INSERT INTO search_backlog (conversation, id, kind)
+  SELECT conversation, id, kind FROM new WHERE kind IN (0, 1, 2) ORDER BY id
 )
 SELECT count(*) FROM new
 """

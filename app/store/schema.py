@@ -142,13 +142,15 @@ Index(
 
 # What the search indexer (app.store.search.SearchIndexer) has still to apply to
 # ``search_documents``: the messages, edits and deletions the archiver stored (queued in its
-# transaction, a row each, which costs it far less than indexing), oldest first.
+# transaction, a row each, which costs it far less than indexing), oldest first; ``kind`` is
+# the stored row's (app.conversations.lifecycle.Kind: 0 message, 1 edit, 2 deletion).
 search_backlog: Final = Table(
     "search_backlog",
     metadata,
     Column("seq", BigInteger().with_variant(Integer(), "sqlite"), Identity(), primary_key=True),
     Column("conversation", String(200), nullable=False),
     Column("id", BigInteger, nullable=False),
+    Column("kind", SmallInteger, nullable=False, server_default="0"),
 )
 
 # One row per upload (app.store.files): the conversation it is for, who uploaded it, its name

@@ -146,19 +146,21 @@ class SearchIndexer:
                     )
                     if not locked:
                         return 0
-                seqs = (
-                    (
-                        await connection.execute(
-                            select(search_backlog.c.seq).order_by(search_backlog.c.seq).limit(limit)
-                        )
-                    )
-                    .scalars()
-                    .all()
+                # The batch: the oldest ``limit`` queued rows, as a range (one row back).
+                oldest = (
+                    select(search_backlog.c.seq)
+                    .order_by(search_backlog.c.seq)
+                    .limit(limit)
+                    .subquery()
                 )
-                if not seqs:
+                count, low, high = (
+                    await connection.execute(
+                        select(func.count(), func.min(oldest.c.seq), func.max(oldest.c.seq))
+                    )
+                ).one()
+                if not count:
                     self.backlog = 0
                     return 0
-                low, high = seqs[0], seqs[-1]
                 queued = search_backlog.c.seq.between(low, high)
                 # New messages, in one statement, the text never leaving the database.
                 language = {"language": self._language} if postgres else {}
@@ -166,7 +168,8 @@ class SearchIndexer:
                     text(_INDEX_NEW_POSTGRES if postgres else _INDEX_NEW_SQLITE),
                     {"low": low, "high": high, **language},
                 )
-                # Edits and deletions (few), one by one in the order they were stored.
+                # Edits and deletions (few, found by their queued kind), one by one in the
+                # order they were stored.
                 changes = (
                     await connection.execute(
                         select(
@@ -184,20 +187,20 @@ class SearchIndexer:
                                 messages.c.id == search_backlog.c.id,
                             ),
                         )
-                        .where(queued, messages.c.kind.in_([Kind.EDITED, Kind.DELETED]))
+                        .where(queued, search_backlog.c.kind.in_([Kind.EDITED, Kind.DELETED]))
                         .order_by(search_backlog.c.seq)
                     )
                 ).all()
                 await self._apply(connection, changes, postgres)
                 await connection.execute(delete(search_backlog).where(queued))
-                if len(seqs) == limit:
+                if count == limit:
                     self.backlog = int(
                         await connection.scalar(select(func.count()).select_from(search_backlog))
                         or 0
                     )
                 else:
                     self.backlog = 0
-                return len(seqs)
+                return int(count)
         except _DATABASE_ERRORS as exc:
             raise StoreError(f"indexing for search failed: {exc!r}") from exc
 
@@ -237,7 +240,7 @@ INSERT INTO search_documents (conversation, id, "user", ts_ms, text, version, do
 SELECT m.conversation, m.id, m."user", m.ts_ms, m.text, m.id,
        to_tsvector(CAST(:language AS regconfig), m.text)
 FROM search_backlog b JOIN messages m ON m.conversation = b.conversation AND m.id = b.id
-WHERE b.seq BETWEEN :low AND :high AND m.kind = 0 AND m.text <> ''
+WHERE b.seq BETWEEN :low AND :high AND b.kind = 0 AND m.kind = 0 AND m.text <> ''
 ON CONFLICT DO NOTHING
 """
 # (WHERE true: SQLite's upsert after a SELECT needs it to parse.)
@@ -245,7 +248,7 @@ _INDEX_NEW_SQLITE: Final = """
 INSERT INTO search_documents (conversation, id, "user", ts_ms, text, version)
 SELECT m.conversation, m.id, m."user", m.ts_ms, m.text, m.id
 FROM search_backlog b JOIN messages m ON m.conversation = b.conversation AND m.id = b.id
-WHERE b.seq BETWEEN :low AND :high AND m.kind = 0 AND m.text <> '' AND true
+WHERE b.seq BETWEEN :low AND :high AND b.kind = 0 AND m.kind = 0 AND m.text <> '' AND true
 ORDER BY b.seq
 ON CONFLICT DO NOTHING
 """
