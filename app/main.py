@@ -31,6 +31,9 @@ from app.conversations.history import ConversationHistory
 from app.conversations.rooms import RoomDirectory
 from app.files.service import Files
 from app.files.storage import storage_for
+from app.notify.notifier import Notifier
+from app.notify.service import Notifications
+from app.notify.webpush import push_sender
 from app.ops.descriptors import connection_cap, raise_soft_limit
 from app.ops.gc_tuning import GcTuning, keep_freezing
 from app.ops.metrics import Metrics, run_metrics_sync
@@ -139,6 +142,20 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         storage = await storage_for(settings) if store is not None else None
         if storage is not None and store is not None:
             state.files = Files(settings, storage, store.files, state.access, quotas, metrics)
+        notifier = None
+        sender = push_sender(settings) if store is not None and settings.notifications else None
+        if store is not None and settings.notifications:
+            state.notifications = Notifications(
+                settings, store.notifications, state.access, presence,
+                sender.public_key if sender is not None else None,
+            )  # fmt: skip
+            notifier = Notifier(
+                settings, store.notifications, state.access, presence, metrics, sender,
+                dispatcher.queue.enqueue if dispatcher is not None else None,
+                lambda: store.archive_stats().leading,
+            )  # fmt: skip
+        if sender is not None:
+            await sender.start()
         await broker.start(hub)
         await presence.start()
         if store is not None:
@@ -166,6 +183,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             background.append(asyncio.create_task(dispatcher.run(), name="webhooks"))
         if state.files is not None:
             background.append(asyncio.create_task(state.files.run_sweeps(), name="file-sweeps"))
+        if notifier is not None:
+            background.append(asyncio.create_task(notifier.run(), name="notifier"))
         if authenticator is not None:
             background.append(
                 asyncio.create_task(
@@ -206,6 +225,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             steps = [hub.close, presence.stop, broker.stop, quotas.close]
             if storage is not None:
                 steps.append(storage.close)
+            if sender is not None:
+                steps.append(sender.close)
             if store is not None:
                 steps.append(store.stop)  # after the broker: nothing more is offered
             for step in steps:

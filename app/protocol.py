@@ -26,6 +26,7 @@ from pydantic import (
 
 from app.conversations.lifecycle import FRAME_TYPES, NUMBERED_TYPES, Kind
 from app.errors import ErrorCode, FrameError
+from app.notify.mentions import from_stored
 
 ROOM_PATTERN: Final = r"^[A-Za-z0-9][A-Za-z0-9_.:\-]{0,63}$"
 USER_PATTERN: Final = r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,31}$"
@@ -241,6 +242,75 @@ class SearchRequest(_Frame):
         return self
 
 
+class MentionsRequest(_Frame):
+    """The messages that mention you, newest first: sent before ``before`` (a ``ts``, to page
+    back), at most ``limit``."""
+
+    type: Literal["mentions"]
+    before: Annotated[int, Field(ge=0)] | None = None
+    limit: Annotated[int, Field(ge=1, le=500)] = 20
+
+
+class NotificationsRequest(_Frame):
+    """Your notification level of one conversation (``room`` or ``with``): read it, or set
+    ``level`` and/or ``mute_until`` (epoch ms; 0 unmutes); without a conversation, every
+    level you chose."""
+
+    model_config = ConfigDict(strict=True, extra="ignore", frozen=True, populate_by_name=True)
+    CONVERSATION_OPTIONAL: ClassVar[bool] = True  # room and with: at most one (AsyncAPI)
+    type: Literal["notifications"]
+    room: RoomName | None = None
+    peer: UserName | None = Field(None, alias="with")
+    level: Literal["all", "mentions", "none"] | None = None
+    mute_until: Annotated[int, Field(ge=0, le=2**53)] | None = None
+
+    @model_validator(mode="after")
+    def _a_conversation_to_set(self) -> NotificationsRequest:
+        if self.room is not None and self.peer is not None:
+            raise ValueError("give at most one of room or with")
+        if (
+            self.room is None
+            and self.peer is None
+            and (self.level is not None or self.mute_until is not None)
+        ):
+            raise ValueError("give room or with to set a level")
+        return self
+
+
+class Visibility(_Frame):
+    """Whether this connection shows the chat to someone now (the page: visible and used)."""
+
+    type: Literal["visibility"]
+    visible: bool
+
+
+PushKey = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_\-]{16,200}={0,2}$")]
+
+
+class PushKeys(BaseModel):
+    model_config = ConfigDict(strict=True, extra="ignore", frozen=True)
+    p256dh: PushKey
+    auth: PushKey
+
+
+class PushSubscriptionJson(BaseModel):
+    """A browser's ``PushSubscription.toJSON()`` (``expirationTime`` is ignored)."""
+
+    model_config = ConfigDict(strict=True, extra="ignore", frozen=True)
+    endpoint: Annotated[str, StringConstraints(min_length=8, max_length=2048)]
+    keys: PushKeys
+
+
+class PushSubscribe(_Frame):
+    type: Literal["push_subscribe"]
+    subscription: PushSubscriptionJson
+
+
+class PushUnsubscribe(_Frame):
+    type: Literal["push_unsubscribe"]
+    endpoint: Annotated[str, StringConstraints(min_length=8, max_length=2048)]
+
+
 Title = Annotated[str, StringConstraints(max_length=200), AfterValidator(storable)]
 Topic = Annotated[str, StringConstraints(max_length=1000), AfterValidator(storable)]
 
@@ -312,6 +382,11 @@ ClientFrame = (
     | SearchRequest
     | Upload
     | FileRequest
+    | MentionsRequest
+    | NotificationsRequest
+    | Visibility
+    | PushSubscribe
+    | PushUnsubscribe
 )
 _CLIENT_FRAME: Final[TypeAdapter[ClientFrame]] = TypeAdapter(
     Annotated[ClientFrame, Field(discriminator="type")]
@@ -319,7 +394,8 @@ _CLIENT_FRAME: Final[TypeAdapter[ClientFrame]] = TypeAdapter(
 CLIENT_TYPES: Final = (
     "join", "leave", "send", "typing", "auth", "ping", "pong", "history", "read", "inbox",
     "edit", "delete", "react", "create", "describe", "invite", "remove", "rooms", "search",
-    "upload", "file",
+    "upload", "file", "mentions", "notifications", "visibility", "push_subscribe",
+    "push_unsubscribe",
 )  # fmt: skip
 
 
@@ -367,12 +443,14 @@ def message_frame_parts(
     text: str,
     reply_to: int | None = None,
     attachments: str | None = None,
+    mentions: str | None = None,
 ) -> tuple[bytes, bytes]:
     """The parts of a ``message`` frame that do not depend on its id and timestamp: the head
     (up to ``"id":``) and the body (from after the id up to ``"ts":``). ``target`` is
     ``room`` (a room message, to room ``name``) or ``to`` (a direct message to user ``name``);
     ``reply_to``: the id of the message this one answers; ``attachments``: its files, the JSON
-    list :mod:`app.files.attachments` made (inserted as it is).
+    list :mod:`app.files.attachments` made (inserted as it is); ``mentions``: who it mentions, in
+    the stored form of :mod:`app.notify.mentions` (``mentions`` and ``here`` in the frame).
 
     Both brokers build every message frame from these parts with :func:`message_frame`; the
     Redis PUBLISH script does the same concatenation in Lua, since only Redis knows the id.
@@ -383,6 +461,12 @@ def message_frame_parts(
         body += b',"reply_to":%d' % reply_to
     if attachments is not None:
         body += b',"attachments":' + attachments.encode()
+    if mentions is not None:
+        users, here = from_stored(mentions)
+        if users:
+            body += b',"mentions":' + orjson.dumps(users)
+        if here:
+            body += b',"here":true'
     return head, body + b',"ts":'
 
 
@@ -476,6 +560,7 @@ def hello_frame(
     limits: dict[str, int | float],
     expires_at: float | None = None,
     guest_key: str | None = None,
+    push_key: str | None = None,
 ) -> str:
     """``hello``: who you are, which server process you reached, and the limits that apply
     (plus ``exp``, when your token expires, in ``jwt`` mode; ``guest``, the key the server
@@ -487,6 +572,8 @@ def hello_frame(
         frame["exp"] = int(expires_at)
     if guest_key is not None:
         frame["guest"] = guest_key
+    if push_key is not None:
+        frame["push_key"] = push_key
     return encode(frame)
 
 

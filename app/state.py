@@ -14,6 +14,7 @@ from app.broker import Broker
 from app.conversations.history import ConversationHistory
 from app.conversations.rooms import RoomDirectory
 from app.files.service import Files
+from app.notify.service import Notifications
 from app.ops.metrics import Metrics
 from app.presence import Presence
 from app.settings import Settings
@@ -39,6 +40,8 @@ class ChatState:
     flusher: Flusher = field(default_factory=Flusher)  # writes every connection's outbox
     # Attached files (None: CHAT_FILE_STORAGE=off, or no store).
     files: Files | None = None
+    # Mentions, levels and push subscriptions (None: no store, or CHAT_NOTIFICATIONS=false).
+    notifications: Notifications | None = None
     # Failed attempts at the admin and service tokens (app.web.bearer), from the settings.
     failed_logins: FailedLogins = field(init=False)
     # Who may do what to which conversation (every path asks it).

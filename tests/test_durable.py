@@ -175,7 +175,7 @@ async def test_messages_and_direct_messages_survive_a_restart_of_the_embedded_se
         async with ChatClient.connect(live.ws_url("bob")) as bob:
             inbox = await bob.expect("inbox")
             assert inbox["conversations"] == [
-                {"with": "alice", "unread": 2, "read": 0, "peer_read": 0,
+                {"with": "alice", "unread": 2, "mentions": 0, "read": 0, "peer_read": 0,
                  "last": {"type": "message", "to": "bob", "id": dm[1], "user": "alice",
                           "text": "6", "ts": inbox["conversations"][0]["last"]["ts"]}},
             ]  # fmt: skip

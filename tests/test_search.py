@@ -12,7 +12,7 @@ from typing import Any
 import httpx2 as httpx
 import pytest
 from sqlalchemy import text
-from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from app.conversations.lifecycle import Kind
 from app.conversations.names import direct
@@ -43,6 +43,13 @@ class IndexedStore(MessageStore):
         while await self.indexer.index(1_000):
             pass
         return added
+
+
+async def undo_0009(connection: AsyncConnection) -> None:
+    """Take a database back to before migration 0009 (notifications)."""
+    for table in ("mentions", "notification_levels", "notify_state", "push_subscriptions"):
+        await connection.execute(text(f"DROP TABLE {table}"))
+    await connection.execute(text("ALTER TABLE messages DROP COLUMN mentions"))
 
 
 def row(conversation: str, n: int, user: str, said: str, kind: Kind = Kind.MESSAGE,
@@ -152,7 +159,8 @@ async def test_messages_stored_before_the_migration_are_found(tmp_path: Path) ->
             await connection.execute(text("DROP TRIGGER search_documents_au"))
             await connection.execute(text("DROP TABLE search_fts"))
             await connection.execute(text("DROP TABLE search_documents"))
-            await connection.execute(text("DROP TABLE search_backlog"))  # 0007
+            await undo_0009(connection)
+            await connection.execute(text("DROP TABLE search_backlog"))  # 0007, 0008
             await connection.execute(text("DROP TABLE files"))  # 0006
             await connection.execute(text("ALTER TABLE messages DROP COLUMN attachments"))
             await connection.execute(text("UPDATE alembic_version SET version_num = '0004'"))
@@ -171,6 +179,7 @@ async def test_rows_queued_before_the_kind_column_keep_their_kind(engine: AsyncE
         row("lobby", 2, "ada", "new words", Kind.EDITED, 1),
     ])  # fmt: skip
     async with engine.begin() as connection:  # the queue as a database at 0007 holds it
+        await undo_0009(connection)
         await connection.execute(text("ALTER TABLE search_backlog DROP COLUMN kind"))
         await connection.execute(text("UPDATE alembic_version SET version_num = '0007'"))
     await migrate(engine)

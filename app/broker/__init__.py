@@ -181,10 +181,12 @@ class Broker(Protocol):
         reply_to: int | None = None,
         quota: tuple[float, int] | None = None,
         attachments: str | None = None,
+        mentions: str | None = None,
     ) -> Published:
         """Number, store and deliver a message (``reply_to``: the message it answers, which
         the caller checked; ``attachments``: its files, as :mod:`app.files.attachments` made
-        them). Raises :class:`~app.errors.QuotaExceeded` (nothing is published)
+        them; ``mentions``: who it mentions, as :mod:`app.notify.mentions` keeps them).
+        Raises :class:`~app.errors.QuotaExceeded` (nothing is published)
         when ``user`` has no message token left (``quota``: its rate per second and burst,
         the users' by default)."""
         ...
@@ -198,6 +200,7 @@ class Broker(Protocol):
         reply_to: int | None = None,
         quota: tuple[float, int] | None = None,
         attachments: str | None = None,
+        mentions: str | None = None,
     ) -> Published:
         """As :meth:`publish`, in the direct conversation of ``sender`` and ``to``
         (:func:`app.conversations.names.direct`: ids, history and archiving like a room's),

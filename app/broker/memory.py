@@ -129,8 +129,11 @@ class MemoryBroker:
         reply_to: int | None = None,
         quota: tuple[float, int] | None = None,
         attachments: str | None = None,
+        mentions: str | None = None,
     ) -> Published:
-        return await self._publish_message(room, user, text, cid, reply_to, quota, attachments)
+        return await self._publish_message(
+            room, user, text, cid, reply_to, quota, attachments, mentions
+        )
 
     async def publish_direct(
         self,
@@ -141,10 +144,11 @@ class MemoryBroker:
         reply_to: int | None = None,
         quota: tuple[float, int] | None = None,
         attachments: str | None = None,
+        mentions: str | None = None,
     ) -> Published:
         conversation = direct(sender, to)
         return await self._publish_message(
-            conversation, sender, text, cid, reply_to, quota, attachments
+            conversation, sender, text, cid, reply_to, quota, attachments, mentions
         )
 
     async def _publish_message(
@@ -156,6 +160,7 @@ class MemoryBroker:
         reply_to: int | None,
         quota: tuple[float, int] | None,
         attachments: str | None = None,
+        mentions: str | None = None,
     ) -> Published:
         handler = self._running()
         if quota is None:
@@ -168,7 +173,7 @@ class MemoryBroker:
         if duplicate:
             return Published(message_id, duplicate=True)
         target, name = addressed(conversation, user)
-        parts = message_frame_parts(target, name, user, text, reply_to, attachments)
+        parts = message_frame_parts(target, name, user, text, reply_to, attachments, mentions)
         payload = message_frame(parts, message_id, ts_ms)
         self._remember(conversation, message_id, payload)
         log.authors[message_id] = user
@@ -183,6 +188,7 @@ class MemoryBroker:
                     Kind.MESSAGE,
                     reply_to,
                     attachments,
+                    mentions,
                 )
             )
         self._deliver(handler, conversation, message_id, payload)

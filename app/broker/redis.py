@@ -692,8 +692,9 @@ class RedisBroker:
         reply_to: int | None = None,
         quota: tuple[float, int] | None = None,
         attachments: str | None = None,
+        mentions: str | None = None,
     ) -> Published:
-        head, body = message_frame_parts("room", room, user, text, reply_to, attachments)
+        head, body = message_frame_parts("room", room, user, text, reply_to, attachments, mentions)
         keys = [*self._publish_keys(room, user, cid), *self._webhook_keys]
         return await self._publish(
             keys, room, self._room_channel(room), head, body, "", extra=self._webhook_args,
@@ -709,8 +710,9 @@ class RedisBroker:
         reply_to: int | None = None,
         quota: tuple[float, int] | None = None,
         attachments: str | None = None,
+        mentions: str | None = None,
     ) -> Published:
-        head, body = message_frame_parts("to", to, sender, text, reply_to, attachments)
+        head, body = message_frame_parts("to", to, sender, text, reply_to, attachments, mentions)
         conversation = direct(sender, to)
         keys = [*self._publish_keys(conversation, sender, cid), *self._webhook_keys]
         channel, copy = self._user_channel(to), self._user_channel(sender)

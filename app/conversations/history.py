@@ -115,6 +115,7 @@ def inbox_entry(entry: InboxEntry, user: str) -> dict[str, Any]:
     last = None if entry.last is None else with_state(frame_of(entry.last), entry.last_state)
     item["last"] = None if last is None else orjson.loads(last)
     item["unread"] = entry.unread
+    item["mentions"] = entry.mentions
     item["read"] = entry.last_read
     if is_direct(conversation):
         item["peer_read"] = entry.peer_read

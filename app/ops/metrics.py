@@ -316,6 +316,26 @@ class Metrics:
         for operation in ("upload", "attach", "link", "delete"):
             self.file_storage_errors.labels(operation)
 
+        # -- notifications (app.notify)
+        self.notifications = counter(
+            "hubbub_notifications_total",
+            "Pending notifications decided, by outcome: sent (pushed and/or to the webhook), "
+            "read (the user read it first), visible (a visible connection of theirs), "
+            "unwanted (level or mute), forbidden (may no longer read the conversation), "
+            "deleted (the message was), deferred (within CHAT_NOTIFY_INTERVAL_S of the last).",
+            ("outcome",),
+        )
+        for outcome in ("sent", "read", "visible", "unwanted", "forbidden", "deleted", "deferred"):
+            self.notifications.labels(outcome)
+        self.pushes = counter(
+            "hubbub_web_pushes_total",
+            "Web Push requests by outcome: delivered (2xx), gone (404/410: the subscription "
+            "was removed), failed (an error, a timeout, any other status).",
+            ("outcome",),
+        )
+        for outcome in ("delivered", "gone", "failed"):
+            self.pushes.labels(outcome)
+
         # -- webhooks
         self.webhook_deliveries = counter(
             "hubbub_webhook_deliveries_total",

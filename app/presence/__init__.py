@@ -53,6 +53,10 @@ class Presence(Protocol):
         """Who is in ``room`` now."""
         ...
 
+    async def is_present(self, room: str, user: str) -> bool:
+        """Whether ``user`` is in ``room`` now, on any worker."""
+        ...
+
     def on_internal(self, listener: Callable[[str, str, str], Awaitable[None]]) -> None:
         """Call ``listener(room, "join" | "leave", user)`` for every arrival and departure in
         an internal room (a name starting with ``~``: who is online, for webhooks) instead of

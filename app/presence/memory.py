@@ -48,6 +48,9 @@ class MemoryPresence:
     async def _count(self, room: str) -> int:
         return len(self._present.get(room, ()))
 
+    async def is_present(self, room: str, user: str) -> bool:
+        return user in self._present.get(room, ())
+
     async def of(self, room: str) -> RoomPresence:
         users = self._present.get(room, set())
         if len(users) > self._max_members:

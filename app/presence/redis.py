@@ -166,6 +166,11 @@ class RedisPresence:
             await call_redis(lambda: self._pipeline.command(key, "ZCOUNT", key, now, "+inf"))
         )
 
+    async def is_present(self, room: str, user: str) -> bool:
+        key = self._room_key(room, "present")
+        score = await call_redis(lambda: self._pipeline.command(key, "ZSCORE", key, user))
+        return score is not None and float(score) >= time.time() * 1000
+
     async def of(self, room: str) -> RoomPresence:
         """The count and, up to ``presence_max_members``, the users: asked together (one
         round trip), the list no longer than one past the most it may show."""

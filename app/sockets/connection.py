@@ -69,6 +69,7 @@ class Connection:
         "refresh_asked",
         "rooms",
         "user",
+        "visible",
     )
 
     def __init__(
@@ -94,6 +95,8 @@ class Connection:
         self.close_code: CloseCode | None = None
         # True once the client has its `hello`: the heartbeat pings only greeted connections.
         self.greeted = False
+        # The client said it shows the chat to someone now (`visibility`): no push meanwhile.
+        self.visible = False
         self._ws = ws
         self._outbox = outbox
         self._close_timeout_s = close_timeout_s

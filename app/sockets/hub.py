@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 
 from app.broker import Broker, History
 from app.errors import BrokerUnavailable, CloseCode, ErrorCode
+from app.notify import VISIBLE_ROOM
 from app.ops.metrics import HubSnapshot, Metrics
 from app.presence import Presence
 from app.protocol import error_frame, joined_frame, left_frame
@@ -89,6 +90,9 @@ class Hub:
         # Users with a connection here are present in the internal room app.webhooks.ONLINE_ROOM
         # (user.online / user.offline webhooks) when this is set.
         self.online_room: str | None = None
+        # Users with a visible connection here (`visibility`) are present in the internal room
+        # app.notify.VISIBLE_ROOM: the notifier pushes nothing to them.
+        self._visible: dict[str, int] = {}
         # Told of every room whose record changed (None: any may have: app.conversations.rooms
         # rechecks).
         self.rooms_changed: Callable[[str | None], None] = lambda room: None
@@ -328,10 +332,29 @@ class Hub:
                 with contextlib.suppress(BrokerUnavailable):  # the next connection tries again
                     await self._presence.join(self.online_room, conn.user)
 
+    async def set_visible(self, conn: Connection, visible: bool) -> None:
+        """Record whether ``conn`` shows the chat to someone now; a user's first visible
+        connection here enters :data:`app.notify.VISIBLE_ROOM`, the last one leaves it."""
+        if conn.visible == visible:
+            return
+        conn.visible = visible
+        count = self._visible.get(conn.user, 0) + (1 if visible else -1)
+        if count > 0:
+            self._visible[conn.user] = count
+        else:
+            self._visible.pop(conn.user, None)
+        if count == (1 if visible else 0):
+            with contextlib.suppress(BrokerUnavailable):  # else it expires, or the next tries
+                if visible:
+                    await self._presence.join(VISIBLE_ROOM, conn.user)
+                else:
+                    await self._presence.leave(VISIBLE_ROOM, conn.user)
+
     async def remove(self, conn: Connection) -> None:
         """Unregister ``conn``: out of every room, and out of its user's routing. Every step
         is taken even when the broker fails one (it is logged)."""
         self.connections.discard(conn)
+        await self.set_visible(conn, False)
         for room in list(conn.rooms):
             try:
                 await self.leave(conn, room)

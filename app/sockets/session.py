@@ -53,7 +53,11 @@ from app.protocol import (
     Invite,
     Join,
     Leave,
+    MentionsRequest,
+    NotificationsRequest,
     Ping,
+    PushSubscribe,
+    PushUnsubscribe,
     React,
     Read,
     Remove,
@@ -62,8 +66,10 @@ from app.protocol import (
     Send,
     Typing,
     Upload,
+    Visibility,
     ack_frame,
     authenticated_frame,
+    encode,
     error_frame,
     file_frame,
     hello_frame,
@@ -136,7 +142,12 @@ class Session:
                 received["invalid"] += 1
                 raise
             received[frame.type] += 1
-            if isinstance(frame, Send) and frame.reply_to is None and frame.attachments is None:
+            if (
+                isinstance(frame, Send)
+                and frame.reply_to is None
+                and frame.attachments is None
+                and "@" not in frame.text  # mentions are resolved first: not pipelined
+            ):
                 await self._sends.admit()
                 self._sends.start(self._send_answer(frame, text))
                 return
@@ -171,6 +182,12 @@ class Session:
                 if not await self._state.quotas.allow("history", self.conn.user):
                     raise FrameError(ErrorCode.RATE_LIMITED, "too many inbox reads, slow down")
                 await self.send_inbox()
+            elif isinstance(frame, Visibility):
+                await self._hub.set_visible(self.conn, frame.visible)
+            elif isinstance(
+                frame, MentionsRequest | NotificationsRequest | PushSubscribe | PushUnsubscribe
+            ):
+                await self._notifications(frame)
             elif isinstance(frame, Ping):
                 self.conn.offer(PONG_FRAME)
             # Pong: nothing to do; receiving it already refreshed last_seen.
@@ -326,7 +343,7 @@ class Session:
         conn.offer(authenticated_frame(identity.user, identity.expires_at))
 
     async def _conversation(
-        self, frame: HistoryRequest | Read | Edit | Delete | React | Upload
+        self, frame: HistoryRequest | Read | Edit | Delete | React | Upload | NotificationsRequest
     ) -> str:
         """The conversation a frame names, if this user may read it."""
         room = frame.room
@@ -522,6 +539,68 @@ class Session:
             upload_frame(file_id, frame.cid, target.method, target.url, target.fields, expires)
         )
 
+    async def _notifications(
+        self, frame: MentionsRequest | NotificationsRequest | PushSubscribe | PushUnsubscribe
+    ) -> None:
+        """Mentions, levels and Web Push subscriptions (app.notify.service)."""
+        notifications = self._state.notifications
+        if notifications is None:
+            raise FrameError(
+                ErrorCode.NO_STORE, "this server keeps no notifications (no store, or off)"
+            )
+        identity = self.conn.identity
+        try:
+            if isinstance(frame, MentionsRequest):
+                if not await self._state.quotas.allow("history", self.conn.user):
+                    raise FrameError(ErrorCode.RATE_LIMITED, "too many mention reads, slow down")
+                limit = min(frame.limit, self.settings.history_page_max)
+                page = await notifications.mentions_page(identity, frame.before, limit)
+                self.conn.offer(encode({"type": "mentions", **page}))
+            elif isinstance(frame, NotificationsRequest):
+                if frame.room is None and frame.peer is None:
+                    levels = await notifications.levels(identity)
+                    self.conn.offer(encode({"type": "notifications", "conversations": levels}))
+                    return
+                conversation = await self._conversation(frame)
+                if frame.level is None and frame.mute_until is None:
+                    level = await notifications.level(identity, conversation)
+                else:
+                    level = await notifications.set_level(
+                        identity, conversation, frame.level, frame.mute_until
+                    )
+                self.conn.offer(encode({"type": "notifications", **level}))
+            elif isinstance(frame, PushSubscribe):
+                subscription = frame.subscription
+                await notifications.subscribe(
+                    identity, subscription.endpoint, subscription.keys.p256dh,
+                    subscription.keys.auth,
+                )  # fmt: skip
+                self.conn.offer(
+                    encode({"type": "push_subscribed", "endpoint": subscription.endpoint})
+                )
+            else:
+                await notifications.unsubscribe(identity, frame.endpoint)
+                self.conn.offer(encode({"type": "push_unsubscribed", "endpoint": frame.endpoint}))
+        except RoomError as exc:
+            raise _frame_error(exc) from None
+
+    async def _mentions(self, frame: Send) -> str | None:
+        """Who ``frame``'s text mentions (app.notify.service), in the stored form."""
+        notifications = self._state.notifications
+        if notifications is None or "@" not in frame.text:
+            return None
+        conn = self.conn
+        if frame.room is not None:
+            conversation, record = frame.room, await self._room_for(frame.room)
+        else:
+            conversation, record = direct(conn.user, frame.to or ""), None
+        try:
+            return await notifications.mentions_for_send(
+                conn.identity, conversation, record, frame.text
+            )
+        except RoomError as exc:
+            raise _frame_error(exc) from None
+
     def _check_text(self, text: str) -> None:
         if len(text) > self.settings.max_text_chars:
             raise FrameError(
@@ -611,6 +690,7 @@ class Session:
             target, _ = await self._find(conversation, frame.reply_to)
             if target.deleted:
                 raise FrameError(ErrorCode.NOT_FOUND, f"message {frame.reply_to} was deleted")
+        mentions = await self._mentions(frame)
         attachments: str | None = None
         if frame.attachments is not None:
             files = self._files()
@@ -629,13 +709,13 @@ class Session:
             if frame.room is not None:
                 published = await self._broker.publish(
                     frame.room, conn.user, frame.text, frame.cid, frame.reply_to,
-                    attachments=attachments,
+                    attachments=attachments, mentions=mentions,
                 )  # fmt: skip
             else:
                 assert frame.to is not None  # the model guarantees room xor to
                 published = await self._broker.publish_direct(
                     conn.user, frame.to, frame.text, frame.cid, frame.reply_to,
-                    attachments=attachments,
+                    attachments=attachments, mentions=mentions,
                 )  # fmt: skip
         except QuotaExceeded:
             raise FrameError(ErrorCode.RATE_LIMITED, _TOO_MANY_MESSAGES) from None
@@ -781,6 +861,7 @@ async def serve(ws: WebSocket, state: ChatState) -> None:
                 },
                 conn.identity.expires_at,
                 conn.identity.guest_key,
+                state.notifications.push_key if state.notifications is not None else None,
             )
         )
         # From now on the heartbeat pings it (never before `hello`, the first frame).

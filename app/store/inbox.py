@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import and_, func, select, tuple_
+from sqlalchemy import and_, exists, func, select, tuple_
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -24,7 +24,7 @@ from app.conversations.lifecycle import Kind, fold
 from app.conversations.names import is_direct
 from app.store.database import StoreError
 from app.store.messages import DATABASE_ERRORS, StoredMessage, insert_ignoring_duplicates
-from app.store.schema import messages, participants, read_state
+from app.store.schema import mentions, messages, participants, read_state
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,6 +41,7 @@ class InboxEntry:
     last_state: dict[str, Any] | None = (
         None  # what events did to ``last`` (app.conversations.lifecycle)
     )
+    mentions: int = 0  # of the unread messages, how many mention the user
 
 
 class Inbox:
@@ -106,12 +107,31 @@ class Inbox:
             .subquery()
         )
         unread = select(func.count()).select_from(unread_rows).scalar_subquery()
+        gone = messages.alias("gone")
+        mentioned_rows = (
+            select(mentions.c.id)
+            .where(
+                mentions.c.user == participants.c.user,
+                mentions.c.conversation == participants.c.conversation,
+                mentions.c.id > func.coalesce(read_state.c.last_read_id, 0),
+                ~exists().where(
+                    gone.c.conversation == mentions.c.conversation,
+                    gone.c.target == mentions.c.id,
+                    gone.c.kind == Kind.DELETED,
+                ),
+            )
+            .limit(unread_cap + 1)
+            .correlate(participants, read_state)
+            .subquery()
+        )
+        mentioned = select(func.count()).select_from(mentioned_rows).scalar_subquery()
         query = (
             select(
                 participants.c.conversation,
                 func.coalesce(read_state.c.last_read_id, 0),
                 last_id,
                 unread,
+                mentioned,
             )
             .select_from(
                 participants.outerjoin(
@@ -171,8 +191,9 @@ class Inbox:
                 int(count),
                 peers.get(conversation, 0),
                 states.get((conversation, newest)) if newest is not None else None,
+                int(mentioned_count),
             )
-            for conversation, read, newest, count in rows
+            for conversation, read, newest, count, mentioned_count in rows
         ]
 
     async def positions(self, conversation: str, limit: int) -> dict[str, int]:

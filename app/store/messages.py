@@ -37,8 +37,10 @@ from sqlalchemy.sql.dml import ReturningInsert
 
 from app.conversations.lifecycle import Kind, Target, fold
 from app.conversations.names import is_direct, members_of_direct
+from app.notify.mentions import stored_form
 from app.store.database import StoreError
-from app.store.schema import messages, participants, search_documents
+from app.store.notify_queue import queue_notifications
+from app.store.schema import mentions, messages, participants, search_documents
 
 # What a failing database raises through SQLAlchemy and its drivers.
 DATABASE_ERRORS = (SQLAlchemyError, OSError, TimeoutError)
@@ -89,6 +91,7 @@ class StoredMessage(NamedTuple):
     kind: int = Kind.MESSAGE
     target: int | None = None
     attachments: str | None = None  # a message's files: its frame's JSON list (app.files)
+    mentions: str | None = None  # who a message mentions (app.notify.mentions.stored_form)
 
 
 def row_of(conversation: str, frame: dict[str, Any]) -> StoredMessage:
@@ -102,10 +105,15 @@ def row_of(conversation: str, frame: dict[str, Any]) -> StoredMessage:
         frame["emoji"] if kind in (Kind.REACTION_ON, Kind.REACTION_OFF) else frame.get("text", "")
     )
     attachments = frame.get("attachments") if kind is Kind.MESSAGE else None
+    mentioned = (
+        stored_form([str(u) for u in frame.get("mentions", ())], frame.get("here") is True)
+        if kind is Kind.MESSAGE
+        else None
+    )
     return StoredMessage(
         conversation, int(frame["id"]), str(frame["user"]), str(text), int(frame["ts"]),
         int(kind), None if target is None else int(target),
-        None if attachments is None else orjson.dumps(attachments).decode(),
+        None if attachments is None else orjson.dumps(attachments).decode(), mentioned,
     )  # fmt: skip
 
 
@@ -123,9 +131,13 @@ class MessageStore:
     """Messages of every conversation, on ``engine`` (migrated: see
     :func:`app.store.database.migrate`)."""
 
-    def __init__(self, engine: AsyncEngine, search_index: bool = True) -> None:
+    def __init__(
+        self, engine: AsyncEngine, search_index: bool = True, notify_grace_ms: int | None = None
+    ) -> None:
         self._engine = engine
         self._search_index = search_index  # queue new rows for the search indexer
+        # Record mentions and queue notifications, due this long after a message (None: off).
+        self._notify_grace_ms = notify_grace_ms
 
     async def add(self, batch: Sequence[StoredMessage]) -> int:
         """Store ``batch``; returns how many of its messages were not stored yet."""
@@ -167,6 +179,13 @@ class MessageStore:
                         ]
                         if queued:  # the driver's executemany, in C
                             await connection.exec_driver_sql(_QUEUE_SQLITE, queued)
+                if self._notify_grace_ms is not None:
+                    fresh = (
+                        batch
+                        if postgres  # (idempotent: nothing already notified is queued again)
+                        else [m for m in batch if (m.conversation, m.id) in new_keys]
+                    )
+                    await queue_notifications(connection, fresh, self._notify_grace_ms)
                 if deleted:
                     await _empty_deleted(connection, deleted)
                 return added
@@ -263,6 +282,7 @@ class MessageStore:
                 await connection.execute(
                     search_documents.delete().where(search_documents.c.ts_ms < ts_ms, gone)
                 )
+                await connection.execute(mentions.delete().where(mentions.c.ts_ms < ts_ms))
                 return int(result.rowcount)
         except DATABASE_ERRORS as exc:
             raise StoreError(f"deleting old messages failed: {exc!r}") from exc
@@ -350,9 +370,10 @@ def insert_ignoring_duplicates(
 # worker ~13 us a message; arrays are encoded by asyncpg in C (loadtest/archive.py measures it).
 _INSERT_MESSAGES: Final = """
 WITH new AS (
-  INSERT INTO messages (conversation, id, "user", text, ts_ms, kind, target, attachments)
+  INSERT INTO messages (conversation, id, "user", text, ts_ms, kind, target, attachments,
+                        mentions)
   SELECT * FROM unnest($1::varchar[], $2::bigint[], $3::varchar[], $4::text[], $5::bigint[],
-                       $6::smallint[], $7::bigint[], $8::text[])
+                       $6::smallint[], $7::bigint[], $8::text[], $9::text[])
   ON CONFLICT DO NOTHING
   RETURNING 1
 )
@@ -363,9 +384,10 @@ SELECT count(*) FROM new
 # message archived again stays out of the index.
 _INSERT_MESSAGES_QUEUED: Final = """
 WITH new AS (
-  INSERT INTO messages (conversation, id, "user", text, ts_ms, kind, target, attachments)
+  INSERT INTO messages (conversation, id, "user", text, ts_ms, kind, target, attachments,
+                        mentions)
   SELECT * FROM unnest($1::varchar[], $2::bigint[], $3::varchar[], $4::text[], $5::bigint[],
-                       $6::smallint[], $7::bigint[], $8::text[])
+                       $6::smallint[], $7::bigint[], $8::text[], $9::text[])
   ON CONFLICT DO NOTHING
   RETURNING conversation, id, kind
 ), queued AS (
@@ -404,6 +426,11 @@ async def _empty_deleted(
     stay, so the log keeps its order and the deletion its target)."""
     for conversation, target in deleted:
         await connection.execute(
+            mentions.delete().where(
+                mentions.c.conversation == conversation, mentions.c.id == target
+            )
+        )
+        await connection.execute(
             update(messages)
             .where(
                 messages.c.conversation == conversation,
@@ -412,5 +439,5 @@ async def _empty_deleted(
                     and_(messages.c.target == target, messages.c.kind == Kind.EDITED),
                 ),
             )
-            .values(text="", attachments=None)
+            .values(text="", attachments=None, mentions=None)
         )

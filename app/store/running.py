@@ -26,6 +26,7 @@ from app.store.database import StoreError, engine_for, migrate
 from app.store.files import FileStore
 from app.store.inbox import Inbox
 from app.store.messages import MessageStore
+from app.store.notifications import NotificationStore
 from app.store.rooms import RoomStore
 from app.store.search import SearchIndexer, SearchStore
 
@@ -40,7 +41,12 @@ class RunningStore:
         assert settings.database_url is not None
         self._settings = settings
         self.engine = engine_for(settings.database_url, settings.database_timeout_s)
-        self.messages = MessageStore(self.engine, settings.search_index)
+        self.messages = MessageStore(
+            self.engine,
+            settings.search_index,
+            int(settings.notify_grace_s * 1000) if settings.notifications else None,
+        )
+        self.notifications = NotificationStore(self.engine)
         self.search = (
             SearchStore(self.engine, settings.search_language) if settings.search_index else None
         )

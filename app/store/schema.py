@@ -51,6 +51,9 @@ messages: Final = Table(
     Column("target", BigInteger, nullable=True),
     # A message's files, as its frame carries them (JSON: app.files.service); NULL for none.
     Column("attachments", Text, nullable=True),
+    # The users a message mentions, as its frame carries them (a JSON list; "@here" for
+    # ``here``: app.notify.mentions); NULL for none.
+    Column("mentions", Text, nullable=True),
 )
 # Retention deletes by time.
 Index("ix_messages_ts_ms", messages.c.ts_ms)
@@ -182,3 +185,65 @@ Index("ix_files_state_created_ms", files.c.state, files.c.created_ms)
 Index("ix_files_conversation_message_id", files.c.conversation, files.c.message_id)
 # A user's bytes kept (CHAT_USER_FILE_BYTES_MAX).
 Index("ix_files_uploader", files.c.uploader)
+
+# Each user's mentions (app.store.notifications): written by the archiver with the message,
+# listed newest first, counted as unread after the user's read position. A deleted message's
+# rows go with its text; retention removes them with the messages.
+mentions: Final = Table(
+    "mentions",
+    metadata,
+    Column("user", String(100), primary_key=True),
+    Column("conversation", String(200), primary_key=True),
+    Column("id", BigInteger, primary_key=True, autoincrement=False),
+    Column("ts_ms", BigInteger, nullable=False),
+)
+Index("ix_mentions_user_ts_ms", mentions.c.user, mentions.c.ts_ms)
+
+# A user's notification level of a conversation (app.notify.rules.Level), and a mute until
+# ``muted_until_ms``; no row: the default (rooms: mentions, direct conversations: all).
+notification_levels: Final = Table(
+    "notification_levels",
+    metadata,
+    Column("user", String(100), primary_key=True),
+    Column("conversation", String(200), primary_key=True),
+    Column("level", SmallInteger, nullable=False),
+    Column("muted_until_ms", BigInteger, nullable=True),
+)
+# The users who asked for every message of a room (queued as the archiver stores it).
+Index(
+    "ix_notification_levels_conversation_level",
+    notification_levels.c.conversation,
+    notification_levels.c.level,
+)
+
+# Per user and conversation: the pending notification (the newest message not notified yet,
+# the strongest reason among those pending, when it is due, how many messages it tells of),
+# when the last one was sent and up to which message it told of (a batch archived again
+# queues nothing already told).
+# Queued by the archiver in the transaction that stores the message; settled by the notifier
+# (app.notify.notifier).
+notify_state: Final = Table(
+    "notify_state",
+    metadata,
+    Column("user", String(100), primary_key=True),
+    Column("conversation", String(200), primary_key=True),
+    Column("pending_id", BigInteger, nullable=True),
+    Column("reason", SmallInteger, nullable=True),
+    Column("due_ms", BigInteger, nullable=True),
+    Column("pending_count", Integer, nullable=False, server_default="0"),
+    Column("sent_ms", BigInteger, nullable=False, server_default="0"),
+    Column("notified_id", BigInteger, nullable=False, server_default="0"),
+)
+Index("ix_notify_state_due_ms", notify_state.c.due_ms)
+
+# Web Push subscriptions (app.notify.webpush): a browser's endpoint and keys, for one user.
+push_subscriptions: Final = Table(
+    "push_subscriptions",
+    metadata,
+    Column("endpoint", String(2048), primary_key=True),
+    Column("user", String(100), nullable=False),
+    Column("p256dh", String(200), nullable=False),
+    Column("auth", String(100), nullable=False),
+    Column("created_ms", BigInteger, nullable=False),
+)
+Index("ix_push_subscriptions_user", push_subscriptions.c.user)

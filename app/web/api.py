@@ -1,5 +1,5 @@
 """HTTP routes (``/rooms/{room}/messages``, ``/dms/{peer}/messages``, ``/inbox``, ``/search``,
-``/healthz``, ``/readyz``) and the chat socket, ``/ws``."""
+``/mentions``, ``/healthz``, ``/readyz``) and the chat socket, ``/ws``."""
 
 from __future__ import annotations
 
@@ -178,6 +178,31 @@ async def search_messages(
     except RoomError as exc:
         status = 404 if exc.code is ErrorCode.NO_STORE else http_status(exc)
         raise HTTPException(status, exc.message) from None
+    return Response(orjson.dumps(page), media_type="application/json")
+
+
+@router.get("/mentions")
+async def mentions(
+    request: Request,
+    before: Annotated[int | None, Query(ge=0)] = None,
+    limit: Annotated[int, Query(ge=1, le=500)] = 20,
+) -> Response:
+    """The messages that mention the token's user, newest first, in conversations it may read
+    now, as the ``mentions`` frame answers (docs/protocol.md): ``{"mentions", "unread",
+    "more"}``. Needs ``jwt`` mode and a bearer token; 404 without a store (or with
+    ``CHAT_NOTIFICATIONS=false``), 429 over the user's history rate, 503 while the store
+    cannot be read."""
+    state = _state(request)
+    identity = await _reader(state, request)
+    if state.notifications is None:
+        raise HTTPException(404, "this server keeps no mentions (no store, or notifications off)")
+    if not await state.quotas.allow("history", identity.user):
+        raise HTTPException(429, "too many mention reads, slow down")
+    limit = min(limit, state.settings.history_page_max)
+    try:
+        page = await state.notifications.mentions_page(identity, before, limit)
+    except RoomError as exc:
+        raise HTTPException(http_status(exc), exc.message) from None
     return Response(orjson.dumps(page), media_type="application/json")
 
 

@@ -65,6 +65,7 @@ class WebhookDispatcher:
         assert settings.webhook_url is not None and settings.webhook_secret is not None
         self._redis = redis
         self._queue = queue
+        self.queue = queue  # (others queue events too: app.notify.notifier)
         self._settings = settings
         self._consumer = consumer
         self._url = str(settings.webhook_url)
