@@ -45,13 +45,16 @@ see the markers and the title, which proves they are there to be leaked. So is t
 (on a marker message's id), ``typing``, ``describe``, ``invite`` (of a new user), ``remove``
 (of a member, and of a user who is not one), ``rooms``, ``inbox``, ``dm history`` (the
 ``history`` frame ``with`` the member), ``upload`` (a file into the room), ``file`` (the
-links to a file of the room, whose name and bytes hold the marker), ``live`` (what reaches
+links to a file of the room, whose name and bytes hold the marker), ``mentions`` (the owner
+mentioned every identity in the room while they were members), ``notifications`` (the
+level of the room), ``live`` (what reaches
 the identity's sockets: one joined before its removal, ban, narrowing or expiry, and a fresh
 one per instance that tries to join, while the owner and the member keep posting, editing,
 reacting, typing, describing the room, adding and removing someone, and writing to each
 other; for the removed member,
 after the removal's own notice: ``left`` and the ``member`` frame naming it and who removed
-it), ``GET /rooms/{room}/messages``, ``GET /inbox``, ``GET /dms/{peer}/messages``; for the
+it), ``GET /rooms/{room}/messages``, ``GET /inbox``, ``GET /dms/{peer}/messages``,
+``GET /search``, ``GET /mentions``; for the
 service, ``GET /api/v1/rooms/{room}`` and ``GET /api/v1/rooms/{room}/messages`` (the backend
 API with a user's token is left out: its failed attempts would lock the address out, and
 tests/test_backend.py covers it).
@@ -310,19 +313,22 @@ HTTP_MESSAGES = "GET /rooms/{room}/messages"
 HTTP_INBOX = "GET /inbox"
 HTTP_DM = "GET /dms/{peer}/messages"
 HTTP_SEARCH = "GET /search?q=owner+message&order=best&limit=50"
+HTTP_MENTIONS = "GET /mentions?limit=50"
 API_ROOM = "GET /api/v1/rooms/{room}"
 API_MESSAGES = "GET /api/v1/rooms/{room}/messages"
 FRAME_PATHS = ("join", "join since", "history before", "history after", "read", "send", "edit",
                "delete", "react", "typing", "describe", "invite", "remove", "rooms", "directory",
-               "inbox", "dm history", "search", "search room", "upload", "file")  # fmt: skip
-HTTP_PATHS = (HTTP_MESSAGES, HTTP_INBOX, HTTP_DM, HTTP_SEARCH)
+               "inbox", "dm history", "search", "search room", "upload", "file", "mentions",
+               "notifications")  # fmt: skip
+HTTP_PATHS = (HTTP_MESSAGES, HTTP_INBOX, HTTP_DM, HTTP_SEARCH, HTTP_MENTIONS)
 API_PATHS = (API_ROOM, API_MESSAGES)
 PATHS = (CONNECT, *FRAME_PATHS, LIVE, *HTTP_PATHS, *API_PATHS)
 # Paths that name the room, where a stranger's answers are compared with a never-used name's
 # (not join: rooms share one namespace, see the docstring).
 ORACLE_PATHS = frozenset(
     {"history before", "history after", "read", "send", "edit", "delete", "react", "typing",
-     "describe", "invite", "remove", "search room", "upload", "file", HTTP_MESSAGES}
+     "describe", "invite", "remove", "search room", "upload", "file", "notifications",
+     HTTP_MESSAGES}
 )  # fmt: skip
 # What the member must see on a path (a control); HTTP's per-user routes need jwt mode.
 MEMBER_SEES: dict[str, tuple[str, ...]] = {
@@ -330,10 +336,11 @@ MEMBER_SEES: dict[str, tuple[str, ...]] = {
     "history before": ("marker",), "history after": ("marker",), "rooms": ("title",),
     "inbox": ("marker", "dm marker"), "dm history": ("dm marker",), LIVE: ("marker",),
     "search": ("marker",), "search room": ("marker",), "file": ("marker",),
+    "mentions": ("marker",),
 }  # fmt: skip
 MEMBER_SEES_JWT: dict[str, tuple[str, ...]] = {
     HTTP_MESSAGES: ("marker",), HTTP_INBOX: ("marker", "dm marker"), HTTP_DM: ("dm marker",),
-    HTTP_SEARCH: ("marker",),
+    HTTP_SEARCH: ("marker",), HTTP_MENTIONS: ("marker",),
 }  # fmt: skip
 SERVICE_SEES: dict[str, tuple[str, ...]] = {API_ROOM: ("title",), API_MESSAGES: ("marker",)}
 
@@ -814,6 +821,8 @@ class Attack:
             await sockets[REMOVED].exchange({"type": "history", "room": room, "limit": 50}),
             "history", "the member-to-be-removed reads",
         )  # fmt: skip
+        named = " ".join(f"@{users[who].user}" for who in IDENTITIES if who in users)
+        await self.post(owner, f"{marker} the owner's message mentions {named}")
         edit = {"type": "edit", "room": room, "id": self.ids.first,
                 "text": f"{marker} the owner's first message, edited", "cid": "edit"}  # fmt: skip
         _expect(await owner.exchange(edit), "ack", "the owner edits")
@@ -1014,6 +1023,10 @@ class Attack:
                                    "size": 5})],
             "file": [("file", {"type": "file", "id": ids.file if room == self.room
                                                     else secrets.token_urlsafe(16)})],
+            # Mentions: every identity was mentioned in the room (members then); and the
+            # notification level of the room.
+            "mentions": [("mentions", {"type": "mentions", "limit": 50})],
+            "notifications": [("notifications", {"type": "notifications", "room": room})],
         }  # fmt: skip
         return frames[path]
 

@@ -338,6 +338,7 @@ TEST_SECRETS = {
     "CHAT_WEBHOOK_SECRET": "3b" * 32,
     "CHAT_S3_ACCESS_KEY_ID": "hubbub-files",
     "CHAT_S3_SECRET_ACCESS_KEY": "5a" * 20,
+    "CHAT_VAPID_PRIVATE_KEY": "h-PbO99X1Qh-iNUsddu7Nq9EsVZSP_1jz12q0XCKYaA",
     "CHAT_REDIS_URL": "redis://:external-redis-password@redis.example.internal:6379/0",
     "REDIS_PASSWORD": "0123456789abcdef0123456789abcdef",
     "CHAT_DATABASE_URL": "postgresql://hubbub:external-pg-password@pg.example.internal:5432/chat",
@@ -746,7 +747,8 @@ async def test_ingress_routes_only_what_clients_use() -> None:
     assert not [key for key in annotations if "snippet" in key or "use-regex" in key]
     assert "defaultBackend" not in ingress["spec"]
     app = create_app(DEFAULTS)
-    client_paths = {"/", "/rooms/{room}/messages", "/dms/{peer}/messages", "/inbox", "/search"}
+    client_paths = {"/", "/rooms/{room}/messages", "/dms/{peer}/messages", "/inbox", "/search",
+                    "/mentions", "/static/sw.js"}  # fmt: skip
     internal_paths = {"/healthz", "/readyz", app.openapi_url, app.docs_url, app.redoc_url}
     app_paths = set(app.openapi()["paths"])
     backend_api = {path for path in app_paths if path.startswith("/api/v1/")}
@@ -764,7 +766,7 @@ async def test_ingress_routes_only_what_clients_use() -> None:
     assert admin.router.prefix == "/admin"
 
     routed = ["/", "/ws", "/rooms/lobby/messages", "/rooms/team-1/messages"]
-    routed += ["/dms/alice/messages", "/inbox", "/search"]
+    routed += ["/dms/alice/messages", "/inbox", "/search", "/mentions"]
     routed += [f"/static/{f.name}" for f in (ROOT / "app/static").iterdir()]
     static = (ROOT / "app/static/index.html").read_text()
     assert set(re.findall(r'(?:href|src)="(/[^"]*)"', static)) <= set(routed)
@@ -777,7 +779,7 @@ async def test_ingress_routes_only_what_clients_use() -> None:
         "/admin", "/admin/", "/admin/users/troll/kick", "/admin/users/troll/ban",
         DEFAULTS.metrics_path, "/metrics", "/healthz", "/readyz", "/openapi.json", "/redoc",
         "/docs", "/docs/oauth2-redirect", "/index.html", "/wsx", "/ws/x", "/staticx", "/rooms-x",
-        "/dmsx", "/inbox/x", "/search/x", "/api/", "/api/v1/rooms", "/api/v1/users/ada/messages",
+        "/dmsx", "/inbox/x", "/search/x", "/mentions/x", "/api/", "/api/v1/rooms", "/api/v1/users/ada/messages",
     ]  # fmt: skip
     for path in refused:
         assert _ingress_backend(ingress, path) is None, path
