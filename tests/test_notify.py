@@ -19,6 +19,7 @@ import httpx2 as httpx
 import orjson
 import pytest
 
+from app.conversations.names import direct as direct_of
 from app.notify.mentions import from_stored, named, stored_form
 from app.notify.webpush import generate_keys
 from tests.helpers import ChatClient, LiveServer, make_settings, run_server, wait_until
@@ -169,7 +170,7 @@ async def test_the_mentions_list_counts_unread_and_follows_reads_deletes_and_acc
             await answer(bob, {"type": "read", "room": "lobby", "id": 1}, "receipt")
             first = await sent(ada, {"room": "lobby", "text": "@bob first"})
             doomed = await sent(ada, {"room": "lobby", "text": "@bob doomed"})
-            secret = await sent(ada, {"room": "plans", "text": "@bob secret"})
+            await sent(ada, {"room": "plans", "text": "@bob secret"})
             await ada.send({"type": "edit", "room": "lobby", "id": first["id"],
                             "text": "@bob first, edited"})  # fmt: skip
             await ada.send({"type": "delete", "room": "lobby", "id": doomed["id"]})
@@ -406,3 +407,20 @@ async def test_notification_needed_goes_to_the_webhook(tmp_path: Path) -> None:
                 "id": message["id"], "user": "ada", "ts": message["ts"], "reason": "mention",
                 "count": 1, "text": "@bob look",
             }, event  # fmt: skip
+
+
+async def test_a_pending_notification_survives_a_restart(tmp_path: Path) -> None:
+    """The server stops while a notification waits out its grace period: started again on
+    the same store, it sends it."""
+    async with running_push_service() as push:
+        settings = notify_settings(tmp_path, push, notify_grace_s=1.5)
+        async with run_server(settings) as live:
+            async with user(live, "bob") as bob:
+                endpoint = await subscribed(bob, push)
+            async with user(live, "ada") as ada:
+                await sent(ada, {"to": "bob", "text": "before the restart"})
+            await wait_stored(store_of(live), direct_of("ada", "bob"), 1, timeout=10)
+        assert push.to(endpoint) == []  # stopped before it was due
+        async with run_server(settings):
+            [delivered] = await push.received(endpoint, timeout=10)
+        assert orjson.loads(delivered.payload)["text"] == "before the restart"

@@ -68,7 +68,8 @@ class Notifier:
 
     async def run(self) -> None:
         """Decide what is due, every ``CHAT_NOTIFY_POLL_S``, while this worker archives; until
-        cancelled (store errors are logged and retried)."""
+        cancelled (store errors are logged and retried; anything else is logged with its
+        traceback, and the notifier goes on)."""
         while True:
             decided = 0
             if self._leading():
@@ -76,6 +77,8 @@ class Notifier:
                     decided = await self.decide_due()
                 except StoreError as exc:
                     logger.warning("notifications: %s", exc)
+                except Exception:
+                    logger.exception("notifications: deciding what is due failed")
             if decided < self._settings.notify_batch_max:
                 await asyncio.sleep(self._settings.notify_poll_s)
 
