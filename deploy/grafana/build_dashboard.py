@@ -487,6 +487,37 @@ def build() -> dict[str, Any]:
         "short",
     )
 
+    d.row("Notifications")
+    d.graph(
+        "Notifications decided",
+        "Pending notifications the notifier (on the archiving worker) decided per second: sent "
+        "(pushed and/or to the notification.needed webhook), or why not: read (the user read "
+        "it first), visible (a visible connection of theirs), unwanted (level or mute), "
+        "forbidden (may no longer read the conversation), deleted (the message was), deferred "
+        "(within CHAT_NOTIFY_INTERVAL_S of the last, or presence unknown: decided later).",
+        [
+            _q(
+                f"sum by (outcome) (rate(hubbub_notifications_total{{{SEL}}}[{RATE}]))",
+                "{{outcome}}/s",
+            ),
+        ],
+        "short",
+        stacked=True,
+    )
+    d.graph(
+        "Web Pushes",
+        "Requests to the browsers' push services per second, by outcome: delivered (2xx), gone "
+        "(404/410: the subscription was removed), failed (an error, a timeout, any other "
+        "status; not retried). Alert HubbubWebPushFailing.",
+        [
+            _q(
+                f"sum by (outcome) (rate(hubbub_web_pushes_total{{{SEL}}}[{RATE}]))",
+                "{{outcome}}/s",
+            ),
+        ],
+        "short",
+    )
+
     return {
         "uid": "hubbub",
         "title": "Hubbub",
