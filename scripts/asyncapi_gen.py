@@ -127,6 +127,28 @@ CLIENT_FRAMES: Final[dict[str, ClientEntry]] = {
         ("upload", "error"),
     ),
     "file": ClientEntry("Links to read a file of a message you may read now.", ("file", "error")),
+    "mentions": ClientEntry(
+        "The messages that mention you, newest first (needs a store).", ("mentions", "error")
+    ),
+    "notifications": ClientEntry(
+        "Your notification level of a conversation; with `level` and/or `mute_until`, set it; "
+        "with no conversation, every one whose level you changed (needs a store).",
+        ("notifications", "error"),
+    ),
+    "visibility": ClientEntry(
+        "Whether this connection shows the chat to someone now: while one of your connections "
+        "is visible, nothing is pushed to you.",
+        ("error",),
+    ),
+    "push_subscribe": ClientEntry(
+        "Deliver Web Push notifications to this browser's subscription (needs a store and "
+        "`CHAT_VAPID_PRIVATE_KEY`; the endpoint must be on a push service of "
+        "`CHAT_PUSH_SERVICES`).",
+        ("push_subscribed", "error"),
+    ),
+    "push_unsubscribe": ClientEntry(
+        "Stop pushing to a subscription of yours.", ("push_unsubscribed", "error")
+    ),
 }
 
 # The first frame of `guest` and `names` mode (connected with ?auth=frame): read as raw JSON by
@@ -159,8 +181,7 @@ def client_models() -> dict[str, type[BaseModel]]:
     """Every model of the ``ClientFrame`` union, by its ``type``."""
     models: dict[str, type[BaseModel]] = {}
     for model in typing.get_args(protocol.ClientFrame):
-        (kind,) = typing.get_args(model.model_fields["type"].annotation)
-        models[kind] = model
+        models[kind_of(model)] = model
     if set(models) != set(protocol.CLIENT_TYPES):
         raise SystemExit(f"ClientFrame and CLIENT_TYPES disagree: {sorted(models)}")
     return models
@@ -218,11 +239,35 @@ def client_schema(model: type[BaseModel], components: dict[str, Schema]) -> Sche
     if "before" in properties and "after" in properties:
         both = {name: _not_null(properties[name]) for name in ("before", "after")}
         rules.append({"not": {"required": ["before", "after"], "properties": both}})
+    if kind_of(model) == "notifications":  # a level or a mute is set on a conversation
+        setting = {name: _not_null(properties[name]) for name in ("level", "mute_until")}
+        rules.append(
+            {
+                "if": {
+                    "anyOf": [
+                        {"required": [name], "properties": {name: setting[name]}}
+                        for name in setting
+                    ]
+                },
+                "then": {
+                    "anyOf": [
+                        {"required": [name], "properties": {name: _not_null(properties[name])}}
+                        for name in ("room", "with")
+                    ]
+                },
+            }
+        )
     if len(rules) == 1:
         schema |= rules[0]
     elif rules:
         schema["allOf"] = rules
     return schema
+
+
+def kind_of(model: type[BaseModel]) -> str:
+    """The ``type`` a client frame model fixes."""
+    (kind,) = typing.get_args(model.model_fields["type"].annotation)
+    return str(kind)
 
 
 # -- server frames ---------------------------------------------------------------------------
@@ -340,6 +385,20 @@ SHARED_SCHEMAS: Final[dict[str, Schema]] = {
                 "description": "emoji -> the users who reacted with it, in order",
                 "additionalProperties": {"type": "array", "items": USER},
             },
+            "mentions": {
+                "type": "array",
+                "items": USER,
+                "minItems": 1,
+                "uniqueItems": True,
+                "description": "the users it mentions (`@name`: each may read the conversation "
+                "and takes part in it; never the sender; at most "
+                "`CHAT_MENTIONS_PER_MESSAGE_MAX`)",
+            },
+            "here": {
+                "type": "boolean",
+                "const": True,
+                "description": "`@here`: it is for everyone present in the room",
+            },
         },
         "required": ["type", "id", "user", "text", "ts"],
         **ROOM_OR_TO,
@@ -366,6 +425,7 @@ SHARED_SCHEMAS: Final[dict[str, Schema]] = {
                 "anyOf": [ref("MessageFrame"), {"type": "null"}],
             },
             "unread": COUNT,
+            "mentions": {"allOf": [COUNT], "description": "how many of the unread mention you"},
             "read": {"allOf": [ID], "description": "your read position (0: none)"},
             "peer_read": {"allOf": [ID], "description": "the other user's (direct only)"},
         },
@@ -394,6 +454,65 @@ SHARED_SCHEMAS: Final[dict[str, Schema]] = {
             },
         },
         "required": ["id", "user", "ts", "text", "highlights"],
+        **ROOM_OR_WITH,
+    },
+    "Mention": {
+        "type": "object",
+        "description": "A message that mentions you, with its text as it is now",
+        "properties": {
+            "room": ROOM,
+            "with": WITH,
+            "id": ID,
+            "user": USER,
+            "text": {"type": "string"},
+            "ts": ref("Timestamp"),
+            "unread": {"type": "boolean", "description": "after your read position"},
+        },
+        "required": ["id", "user", "text", "ts", "unread"],
+        **ROOM_OR_WITH,
+    },
+    "NotificationLevel": {
+        "type": "string",
+        "enum": ["all", "mentions", "none"],
+        "description": "what notifies you: every message, mentions and direct messages (rooms' "
+        "default), or nothing; direct conversations default to `all`",
+    },
+    "NotificationSetting": {
+        "type": "object",
+        "description": "Your notification level of a conversation, and its mute",
+        "properties": {
+            "room": ROOM,
+            "with": WITH,
+            "level": ref("NotificationLevel"),
+            "mute_until": {
+                "anyOf": [ref("Timestamp"), {"type": "null"}],
+                "description": "nothing notifies you before then (null: not muted)",
+            },
+        },
+        "required": ["level", "mute_until"],
+        **ROOM_OR_WITH,
+    },
+    "Notification": {
+        "type": "object",
+        "description": (
+            "Not a frame: what a notification carries, the JSON payload of a Web Push to a "
+            "subscription of `push_subscribe`, and (with `user`, the recipient) the data of "
+            "the `notification.needed` webhook (docs/backend.md). `text` is cut to "
+            "`CHAT_PUSH_TEXT_MAX_CHARS` and left out with `CHAT_PUSH_TEXT=false`; `count`: "
+            "the unread messages it stands for."
+        ),
+        "properties": {
+            "type": {"type": "string", "const": "notification"},
+            "user": {"allOf": [USER], "description": "the webhook's: who is to be notified"},
+            "room": ROOM,
+            "with": WITH,
+            "id": ID,
+            "text": {"type": "string"},
+            "ts": ref("Timestamp"),
+            "reason": {"type": "string", "enum": ["mention", "direct", "all"]},
+            "count": {"type": "integer", "minimum": 1},
+        },
+        "required": ["id", "ts", "reason", "count"],
         **ROOM_OR_WITH,
     },
 }
@@ -452,6 +571,12 @@ SERVER_FRAMES: Final[dict[str, ServerEntry]] = {
                 },
                 "exp": EPOCH_S,
                 "guest": {"type": "string", "pattern": KEY_PATTERN},
+                "push_key": {
+                    "type": "string",
+                    "pattern": r"^[A-Za-z0-9_\-]+$",
+                    "description": "with Web Push on: the application server key "
+                    "(base64url) for `pushManager.subscribe`",
+                },
             },
             ("user", "conn", "node", "limits"),
         ),
@@ -722,6 +847,55 @@ SERVER_FRAMES: Final[dict[str, ServerEntry]] = {
             },
             ("id", "name", "size", "content_type", "url", "thumbnail", "expires"),
         ),
+    ),
+    "mentions": ServerEntry(
+        "The answer to `mentions`: messages that mention you, newest first.",
+        "Only in conversations you may read now, their text as it is now (deleted ones gone). "
+        "`unread` (top level): how many of all are unread (up to `CHAT_UNREAD_COUNT_CAP` + 1); "
+        "`more`: older ones follow (ask with `before` = the last `ts`).",
+        frame(
+            "mentions",
+            {
+                "mentions": {"type": "array", "items": ref("Mention")},
+                "unread": COUNT,
+                "more": {"type": "boolean"},
+            },
+            ("mentions", "unread", "more"),
+        ),
+    ),
+    "notifications": ServerEntry(
+        "The answer to `notifications`: your level of a conversation, or those you changed.",
+        "For one conversation (`room` or `with`): its `level` and `mute_until`; without one, "
+        "`conversations` lists every one whose level or mute you changed.",
+        frame(
+            "notifications",
+            {
+                "room": ROOM,
+                "with": WITH,
+                "level": ref("NotificationLevel"),
+                "mute_until": {"anyOf": [ref("Timestamp"), {"type": "null"}]},
+                "conversations": {"type": "array", "items": ref("NotificationSetting")},
+            },
+            (),
+            oneOf=[
+                {
+                    "required": ["level", "mute_until"],
+                    "not": {"required": ["conversations"]},
+                    **ROOM_OR_WITH,
+                },
+                {"required": ["conversations"], "not": {"required": ["level"]}},
+            ],
+        ),
+    ),
+    "push_subscribed": ServerEntry(
+        "The answer to `push_subscribe`: notifications are pushed to `endpoint`.",
+        "At most `CHAT_PUSH_SUBSCRIPTIONS_PER_USER_MAX` per user: the oldest goes.",
+        frame("push_subscribed", {"endpoint": {"type": "string"}}, ("endpoint",)),
+    ),
+    "push_unsubscribed": ServerEntry(
+        "The answer to `push_unsubscribe`: nothing is pushed to `endpoint` any more.",
+        "",
+        frame("push_unsubscribed", {"endpoint": {"type": "string"}}, ("endpoint",)),
     ),
     "ping": ServerEntry(
         "Heartbeat: answer with `pong` within `heartbeat_timeout_s`.",

@@ -12,6 +12,7 @@ its payload schemas, while frames the server refuses as malformed do not.
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import json
 import re
@@ -28,9 +29,12 @@ import jwt
 import orjson
 import pytest
 import yaml
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 from websockets.asyncio.client import ClientConnection, connect
 
 from app.errors import CloseCode, ErrorCode
+from app.notify.webpush import generate_keys
 from app.protocol import CLIENT_TYPES
 from tests.helpers import ChatClient, Frame, make_settings, run_server
 
@@ -40,6 +44,7 @@ GENERATOR: Final = ROOT / "scripts" / "asyncapi_gen.py"
 CHECKER: Final = ROOT / "scripts" / "asyncapi"
 VALIDATE: Final = CHECKER / "validate.mjs"
 SECRET: Final = "a-test-secret-that-is-long-enough-for-hs256"
+PUSH_SERVICE: Final = "https://push.example.invalid/wp/"
 
 Record = tuple[str, Frame]  # ("send" | "receive", frame): the client's point of view
 
@@ -48,8 +53,8 @@ SERVER_TYPES_COVERED: Final = frozenset(
     {
         "hello", "joined", "presence", "left", "room", "rooms", "member", "invited", "message",
         "edited", "deleted", "reaction", "receipt", "receipts", "typing", "ack", "error",
-        "refresh", "authenticated", "history", "inbox", "search", "upload", "file", "ping",
-        "pong",
+        "refresh", "authenticated", "history", "inbox", "search", "upload", "file", "mentions",
+        "notifications", "push_subscribed", "push_unsubscribed", "ping", "pong",
     }
 )  # fmt: skip
 ERROR_CODES_COVERED: Final = frozenset(
@@ -327,6 +332,33 @@ async def chat_session(url: str, log: list[Record], refused: list[Record]) -> No
         page = await ada.ask({"type": "history", "room": "plans", "limit": 10}, "history")
         assert len(page["messages"]) == 2, page  # as they are now: edited, reactions, tombstone
 
+        # Mentions (bob, a member, and everyone present) and notification settings.
+        noted = {"type": "send", "room": "plans", "text": "@bob, @here: see", "cid": "n1"}
+        await ada.send(noted)
+        mention = await bob.until("message", text=noted["text"])
+        assert (mention["mentions"], mention["here"]) == (["bob"], True), mention
+        async with asyncio.timeout(10):  # listed once stored
+            while not (await bob.ask({"type": "mentions", "limit": 5}, "mentions"))["mentions"]:
+                await asyncio.sleep(0.1)
+        before = {"type": "mentions", "before": mention["ts"], "limit": 5}
+        assert (await bob.ask(before, "mentions"))["mentions"] == []
+        await bob.ask({"type": "notifications", "room": "plans"}, "notifications")
+        level = {"type": "notifications", "with": "ada", "level": "none", "mute_until": 0}
+        await bob.ask(level, "notifications", level="none")
+        mute = {"type": "notifications", "room": "plans", "mute_until": 2**42}
+        await bob.ask(mute, "notifications", mute_until=2**42)
+        listed = await bob.ask({"type": "notifications"}, "notifications")
+        assert len(listed["conversations"]) == 2, listed
+        await bob.send({"type": "visibility", "visible": True})
+        assert bob.hello["push_key"]
+        keys = {"p256dh": bob_push_key(), "auth": "AAECAwQFBgcICQoLDA0ODw"}
+        endpoint = PUSH_SERVICE + "bob-1"
+        subscribe = {"type": "push_subscribe", "subscription": {"endpoint": endpoint, "keys": keys}}
+        await bob.ask(subscribe, "push_subscribed", endpoint=endpoint)
+        await bob.ask({"type": "push_unsubscribe", "endpoint": endpoint}, "push_unsubscribed")
+        elsewhere = {"endpoint": "https://attacker.example/p", "keys": keys}
+        await bob.refused_with({**subscribe, "subscription": elsewhere}, "forbidden")
+
         await ada.send({"type": "send", "to": "bob", "text": "psst", "cid": "d1"})
         direct = await bob.until("message", to="bob")
         await ada.until("ack", cid="d1")
@@ -384,6 +416,13 @@ async def chat_session(url: str, log: list[Record], refused: list[Record]) -> No
             ({"type": "read", "room": "plans", "with": "bob", "id": 1}, "bad_frame"),
             ({"type": "invite", "room": "plans", "user": "bob", "role": "owner"}, "bad_frame"),
             ({"type": "send", "room": "plans", "text": "x", "cid": ""}, "bad_frame"),
+            ({"type": "mentions", "limit": 0}, "bad_frame"),
+            ({"type": "notifications", "level": "all"}, "bad_frame"),
+            ({"type": "notifications", "room": "plans", "level": "loud"}, "bad_frame"),
+            ({"type": "notifications", "room": "plans", "with": "bob"}, "bad_frame"),
+            ({"type": "visibility", "visible": "yes"}, "bad_frame"),
+            ({"type": "push_subscribe", "subscription": {"endpoint": PUSH_SERVICE}}, "bad_frame"),
+            ({"type": "push_unsubscribe"}, "bad_frame"),
         ]
         for frame, code in malformed:
             assert (await ada.send_malformed(frame))["code"] == code, frame
@@ -423,6 +462,13 @@ async def guest_session(url: str, log: list[Record], refused: list[Record]) -> N
         await gus.refused_with({"type": "typing", "room": "a"}, "rate_limited")
 
 
+def bob_push_key() -> str:
+    """A browser's ``p256dh``: a P-256 public key, uncompressed, base64url."""
+    point = ec.generate_private_key(ec.SECP256R1()).public_key()
+    raw = point.public_bytes(Encoding.X962, PublicFormat.UncompressedPoint)
+    return base64.urlsafe_b64encode(raw).rstrip(b"=").decode()
+
+
 def write_lines(path: Path, records: list[Record]) -> None:
     path.write_bytes(
         b"".join(orjson.dumps({"direction": d, "frame": f}) + b"\n" for d, f in records)
@@ -435,7 +481,11 @@ async def test_real_traffic_matches_the_document(tmp_path: Path) -> None:
     log: list[Record] = []
     refused: list[Record] = []
     names = make_settings(
-        database_url=f"sqlite:///{tmp_path}/data/chat.db", room_members_max=2, max_text_chars=200
+        database_url=f"sqlite:///{tmp_path}/data/chat.db",
+        room_members_max=2,
+        max_text_chars=200,
+        vapid_private_key=generate_keys()[0],  # Web Push on: push_key, push_subscribe
+        push_services=[PUSH_SERVICE],
     )
     async with run_server(names) as server:
         await chat_session(server.ws_url(), log, refused)

@@ -779,7 +779,8 @@ async def test_ingress_routes_only_what_clients_use() -> None:
         "/admin", "/admin/", "/admin/users/troll/kick", "/admin/users/troll/ban",
         DEFAULTS.metrics_path, "/metrics", "/healthz", "/readyz", "/openapi.json", "/redoc",
         "/docs", "/docs/oauth2-redirect", "/index.html", "/wsx", "/ws/x", "/staticx", "/rooms-x",
-        "/dmsx", "/inbox/x", "/search/x", "/mentions/x", "/api/", "/api/v1/rooms", "/api/v1/users/ada/messages",
+        "/dmsx", "/inbox/x", "/search/x", "/mentions/x", "/api/", "/api/v1/rooms",
+        "/api/v1/users/ada/messages",
     ]  # fmt: skip
     for path in refused:
         assert _ingress_backend(ingress, path) is None, path

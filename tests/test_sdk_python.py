@@ -5,19 +5,23 @@ stopped (SIGSTOP) and resumed. Nothing is mocked: every frame crosses a real soc
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import io
 import logging
+import os
 import signal
 import sys
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
 import httpx2 as httpx
 import jwt
 import pytest
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 from hubbub_client import (
     DM,
     ERROR_CODES,
@@ -33,13 +37,17 @@ from hubbub_client import (
     Hello,
     HubbubClient,
     HubbubError,
+    InboxEntry,
     Invited,
     Joined,
+    Mentioned,
     Message,
+    NotificationSetting,
     Presence,
     Reaction,
     Receipt,
     Resync,
+    ServerError,
     StateChange,
     Typing,
     apply_event,
@@ -48,6 +56,7 @@ from hubbub_client import (
 from PIL import Image
 
 from app.errors import CloseCode, ErrorCode
+from app.notify.webpush import generate_keys
 from app.sockets.connection import Connection
 from tests.helpers import (
     ChatClient,
@@ -60,6 +69,7 @@ from tests.helpers import (
 from tests.processes import ROOT, AppProcess, RedisServer
 
 E = TypeVar("E", bound=Event)
+T = TypeVar("T")
 SECRET = "a-test-secret-that-is-long-enough-for-hs256"
 ECHO_BOT = ROOT / "clients" / "python" / "examples" / "echo_bot.py"
 
@@ -470,6 +480,211 @@ async def test_files_are_uploaded_sent_received_and_read_through_their_links(
                         assert gone.code == "not_found"
                         break
                     await asyncio.sleep(0.05)
+
+
+async def until_true(check: Callable[[], Awaitable[T | None]], timeout: float = 10.0) -> T:
+    """Call ``check`` until it returns something (not None or False), every 0.05 s."""
+    async with asyncio.timeout(timeout):
+        while not (value := await check()):
+            await asyncio.sleep(0.05)
+    return value
+
+
+@pytest.mark.timeout(60)
+async def test_mentions_arrive_are_listed_and_counted_until_read(tmp_path: Path) -> None:
+    """With a store: a message naming bob carries ``mentions`` (not a user who takes no part
+    in the room), and bob's client emits ``Mentioned`` after the message (ada's none for her
+    own); ``mentions()`` lists his mentions newest first, unread, pages back with ``before``,
+    and the inbox counts them; once read (``read``), they are not unread any more. ``@here``
+    is ``here`` and a ``Mentioned`` too."""
+    settings = make_settings(database_url=f"sqlite:///{tmp_path}/data/chat.db")
+    async with run_server(settings) as live:
+        ada, bob = sdk(live.ws_url(), "ada"), sdk(live.ws_url(), "bob")
+        seen_ada, seen_bob = Seen(ada), Seen(bob)
+        async with ada, bob:
+            await ada.create_room("team")
+            await ada.invite("team", "bob")
+            await ada.join("team")
+            await bob.join("team")
+            plain = await ada.send("team", "no one in particular")
+            await wait_until(lambda: seen_bob.texts("team") == ["no one in particular"])
+            assert seen_bob.of(Message)[0].mentions == () and not seen_bob.of(Mentioned)
+            assert bob.read("team", plain.id)  # bob has the room in his inbox
+
+            first = await ada.send("team", "hey @bob, and @carol: look")
+            await wait_until(lambda: len(seen_bob.of(Mentioned)) == 1)
+            message = seen_bob.of(Message)[-1]
+            assert (message.id, message.mentions, message.here) == (first.id, ("bob",), False)
+            assert message.raw["mentions"] == ["bob"]  # carol takes no part: not mentioned
+            mentioned = seen_bob.of(Mentioned)[0]
+            assert mentioned.message == message and mentioned.conversation == "team"
+            assert not mentioned.here
+            tombstone = Deleted(room="team", id=first.id + 1, target=first.id, user="ada", ts=1)
+            assert apply_event(message, tombstone).mentions == ()  # as history shows it
+            await asyncio.sleep(0.005)  # a later ts
+            second = await ada.send("team", "again @bob.")
+
+            page = await until_true(
+                lambda: _if(bob.mentions(), lambda p: len(p.mentions) == 2)
+            )  # stored a fraction of a second after delivery
+            assert [(m.id, m.unread) for m in page.mentions] == [
+                (second.id, True), (first.id, True)
+            ]  # fmt: skip
+            oldest = page.mentions[1]
+            assert (oldest.room, oldest.peer, oldest.user, oldest.text, oldest.conversation) == (
+                "team", None, "ada", "hey @bob, and @carol: look", "team"
+            )  # fmt: skip
+            assert (page.unread, page.more) == (2, False)
+            newest = await bob.mentions(limit=1)
+            assert ([m.id for m in newest.mentions], newest.more) == ([second.id], True)
+            older = await bob.mentions(before=newest.mentions[0].ts, limit=1)
+            assert ([m.id for m in older.mentions], older.more) == ([first.id], False)
+            assert (await ada.mentions()).mentions == ()  # bob's, not ada's
+
+            async def inbox_mentions(count: int) -> InboxEntry | None:
+                inbox = await bob.inbox()
+                entry = next(e for e in inbox.conversations if e.room == "team")
+                return entry if entry.mentions == count else None
+
+            assert (await until_true(lambda: inbox_mentions(2))).unread == 2
+            assert bob.read("team", first.id)
+            half = await until_true(lambda: _if(bob.mentions(), lambda p: p.unread == 1))
+            assert [(m.id, m.unread) for m in half.mentions] == [
+                (second.id, True), (first.id, False)
+            ]  # fmt: skip
+            assert (await until_true(lambda: inbox_mentions(1))).unread == 1
+            assert bob.read("team", second.id)
+            await until_true(lambda: _if(bob.mentions(), lambda p: p.unread == 0))
+            assert (await until_true(lambda: inbox_mentions(0))).unread == 0
+
+            here = await ada.send("team", "@here standup")
+            await wait_until(lambda: len(seen_bob.of(Mentioned)) == 3)
+            assert seen_bob.of(Mentioned)[-1].message.id == here.id
+            assert seen_bob.of(Mentioned)[-1].here
+            assert [m.message.id for m in seen_bob.of(Mentioned)] == [first.id, second.id, here.id]
+            assert not seen_ada.of(Mentioned)  # never for one's own message
+
+
+async def _if(answer: Awaitable[T], condition: Callable[[T], bool]) -> T | None:
+    """``answer``'s value if it meets ``condition``, else None (for :func:`until_true`)."""
+    value = await answer
+    return value if condition(value) else None
+
+
+@pytest.mark.timeout(60)
+async def test_notification_levels_round_trip_and_visibility_is_said_again(
+    tmp_path: Path,
+) -> None:
+    """Levels: a room nobody uses is ``not_found``; a room's default is ``mentions``, a direct
+    conversation's ``all``; set (with a mute), read back, listed, unmuted with 0, per user;
+    asked at once, each request gets its own answer (a refusal too); a level that does not
+    exist never leaves the client. ``set_visible`` marks the connection on the server, and
+    the client says it again on the connection after a reconnect."""
+    settings = make_settings(database_url=f"sqlite:///{tmp_path}/data/chat.db")
+    async with run_server(settings) as live:
+        ada, bob = sdk(live.ws_url(), "ada"), sdk(live.ws_url(), "bob")
+        seen_ada = Seen(ada)
+        async with ada, bob:
+            with pytest.raises(HubbubError) as unused:  # as a private room to outsiders
+                await ada.notification_level("team")
+            assert unused.value.code == "not_found"
+            await ada.join("team")
+            room, peer, listed = await asyncio.gather(
+                ada.notification_level("team"), ada.notification_level(DM("bob")),
+                ada.notification_levels(),
+            )  # fmt: skip
+            assert room == NotificationSetting(room="team", level="mentions", mute_until=None)
+            assert peer == NotificationSetting(peer="bob", level="all", mute_until=None)
+            assert peer.conversation == DM("bob")
+            assert listed == []
+
+            until = int(time.time() * 1000) + 3_600_000
+            muted = await ada.set_notification_level("team", "all", mute_until=until)
+            assert (muted.room, muted.level, muted.mute_until) == ("team", "all", until)
+            quiet = await ada.set_notification_level(DM("bob"), "none")
+            assert (quiet.peer, quiet.level, quiet.mute_until) == ("bob", "none", None)
+            assert (await ada.notification_level("team")).level == "all"
+            assert sorted(await ada.notification_levels(), key=repr) == sorted(
+                [
+                    NotificationSetting(room="team", level="all", mute_until=until),
+                    NotificationSetting(peer="bob", level="none", mute_until=None),
+                ],
+                key=repr,
+            )
+            assert await bob.notification_levels() == []  # per user
+            unmuted = await ada.set_notification_level("team", mute_until=0)
+            assert (unmuted.level, unmuted.mute_until) == ("all", None)
+
+            # Refused: a conversation nobody uses (the refusal names it: each request gets its
+            # own answer); a level that does not exist, a negative time (never sent).
+            refused, after = await asyncio.gather(
+                ada.notification_level("nowhere"), ada.notification_level("team"),
+                return_exceptions=True,
+            )  # fmt: skip
+            assert isinstance(refused, HubbubError) and refused.code == "not_found"
+            assert isinstance(after, NotificationSetting) and after.level == "all"
+            with pytest.raises(ValueError):
+                await ada.set_notification_level("team", "loud")  # type: ignore[arg-type]
+            with pytest.raises(ValueError):
+                await ada.set_notification_level("team", mute_until=-1)
+            with pytest.raises(ValueError):
+                await ada.mentions(limit=0)
+            assert (await ada.notification_level("team")).level == "all"
+            assert not seen_ada.of(ServerError)  # each refusal answered its request
+
+            assert connection_of(live, "ada").visible is False
+            assert ada.set_visible(True) is True
+            await wait_until(lambda: connection_of(live, "ada").visible)
+            close_connections_of(live, "ada", CloseCode.SERVICE_RESTART)
+            await wait_until(lambda: len(seen_ada.of(Hello)) == 2)
+            # A new connection: not visible until the client says so, which it does.
+            await wait_until(
+                lambda: any(c.user == "ada" and c.visible for c in live.state.hub.connections)
+            )
+            assert ada.set_visible(False) is True
+            await wait_until(lambda: not connection_of(live, "ada").visible)
+            assert not seen_ada.of(ServerError)
+
+
+@pytest.mark.timeout(60)
+async def test_push_subscriptions_on_allowed_services_only(tmp_path: Path) -> None:
+    """With Web Push on, ``hello`` brings the server's ``push_key``; a subscription on an
+    allowed push service is taken and removed; one anywhere else is refused (``forbidden``),
+    as is one without keys (before it leaves the client). Without Web Push: ``no_store``."""
+    service = "https://push.example.invalid/wp/"
+    private, public = generate_keys()
+    settings = make_settings(
+        database_url=f"sqlite:///{tmp_path}/data/chat.db",
+        vapid_private_key=private,
+        push_services=[service],
+    )
+    user_agent = ec.generate_private_key(ec.SECP256R1()).public_key()
+    keys = {
+        "p256dh": _b64url(user_agent.public_bytes(Encoding.X962, PublicFormat.UncompressedPoint)),
+        "auth": _b64url(os.urandom(16)),
+    }
+    async with run_server(settings) as live:
+        async with sdk(live.ws_url(), "ada") as ada:
+            assert ada.hello is not None and ada.hello.push_key == public
+            endpoint = service + "abc123"
+            subscription = {"endpoint": endpoint, "keys": keys, "expirationTime": None}
+            assert await ada.subscribe_push(subscription) == endpoint
+            assert await ada.unsubscribe_push(endpoint) == endpoint
+            with pytest.raises(HubbubError) as elsewhere:
+                await ada.subscribe_push({"endpoint": "https://attacker.example/p/1", "keys": keys})
+            assert elsewhere.value.code == "forbidden"
+            with pytest.raises(ValueError):
+                await ada.subscribe_push({"endpoint": endpoint})
+    async with run_server(make_settings(database_url=f"sqlite:///{tmp_path}/2.db")) as live:
+        async with sdk(live.ws_url(), "ada") as ada:
+            assert ada.hello is not None and ada.hello.push_key is None
+            with pytest.raises(HubbubError) as off:
+                await ada.subscribe_push({"endpoint": service + "x", "keys": keys})
+            assert off.value.code == "no_store"
+
+
+def _b64url(data: bytes) -> str:
+    return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
 
 
 @pytest.mark.timeout(60)

@@ -11,10 +11,13 @@ import {
   type AckFrame, type AuthFrame, type AuthenticatedFrame, type Cid, type ClientFrame,
   type Conversation, type DeletedFrame, type EditedFrame, type ErrorFrame, type FileFrame,
   type FileId, type HelloFrame, type HistoryFrame, type InboxFrame, type InvitedFrame,
-  type JoinedFrame, type LeftFrame, type MemberFrame, type MessageEventFrame,
-  type MessageFrame, type PresenceFrame, type ReactionFrame, type ReceiptFrame,
-  type ReceiptsFrame, type RoomFrame, type RoomName, type RoomsFrame, type SearchFrame,
-  type SendFrame, type ServerFrame, type TypingNoticeFrame, type UploadFrame, type UserId,
+  type JoinedFrame, type LeftFrame, type MemberFrame, type MentionsFrame,
+  type MentionsRequestFrame, type MessageEventFrame, type MessageFrame, type NotificationLevel,
+  type NotificationSetting, type NotificationsFrame, type NotificationsListFrame,
+  type NotificationsRequestFrame, type PresenceFrame, type PushSubscriptionInput, type PushSubscribedFrame,
+  type PushUnsubscribedFrame, type ReactionFrame, type ReceiptFrame, type ReceiptsFrame,
+  type RoomFrame, type RoomName, type RoomsFrame, type SearchFrame, type SendFrame,
+  type ServerFrame, type TypingNoticeFrame, type UploadFrame, type UserId,
 } from "./frames.js";
 
 /** Where the connection stands. `idle`: before `connect()`; `closed`: for good (after
@@ -51,6 +54,9 @@ export interface HubbubEventMap {
   message: MessageFrame;
   /** A direct message: at most once per id; those missed while away are fetched. */
   direct: MessageFrame;
+  /** A room or direct message of someone else that mentions you (`mentions` holds your
+   * user) or everyone present (`here`): right after its `message` or `direct` event. */
+  mention: MessageFrame;
   edited: EditedFrame;
   deleted: DeletedFrame;
   reaction: ReactionFrame;
@@ -178,8 +184,33 @@ interface PendingSend {
 }
 
 /** What a request over the socket is answered with. */
-type Answer = HistoryFrame | SearchFrame | UploadFrame | FileFrame;
+type Answer =
+  | HistoryFrame | SearchFrame | UploadFrame | FileFrame | MentionsFrame | NotificationsFrame
+  | NotificationsListFrame | PushSubscribedFrame | PushUnsubscribedFrame;
+
+/** How `setNotificationLevel` changes a conversation's level: `level` what notifies you,
+ * `muteUntil` nothing until then (epoch ms, or a Date; 0 unmutes). Either may be left out. */
+export interface NotificationLevelOptions {
+  level?: NotificationLevel;
+  muteUntil?: number | Date;
+}
+
+/** The request frames whose refusals name no key of their own (the server answers a
+ * connection's frames in order: an error answers the oldest request of its type). */
+type OrderedRef = "file" | "notifications" | "push_subscribe" | "push_unsubscribe";
 interface Waiter { resolve: (frame: Answer) => void; reject: (error: Error) => void }
+
+const NOTIFICATION_LEVELS: readonly NotificationLevel[] = ["all", "mentions", "none"];
+// The largest page of mentions the server gives (its `limit` bound).
+const MENTIONS_PAGE_MAX = 500;
+
+/** `value` if it is an integer in [min, max] (a time in ms at most 2^53); else a RangeError. */
+function integer(name: string, value: number, min: number, max = 2 ** 53): number {
+  if (!Number.isSafeInteger(value) || value < min || value > max) {
+    throw new RangeError(`${name} must be an integer from ${min} to ${max}, not ${String(value)}`);
+  }
+  return value;
+}
 
 // Error codes after which a refused join is sent again (the server did not join the room).
 const RETRY_JOIN_CODES = new Set(["broker_unavailable", "rate_limited"]);
@@ -198,6 +229,8 @@ export function applyEvent(message: MessageFrame, event: MessageEventFrame): Mes
     delete next.reactions;
     delete next.reply_to;
     delete next.attachments;
+    delete next.mentions;
+    delete next.here;
   } else {
     const reactions = { ...(next.reactions ?? {}) };
     const users = (reactions[event.emoji] ?? []).filter((user) => user !== event.user);
@@ -276,9 +309,12 @@ export class HubbubClient extends EventTarget {
   private readonly pending = new Map<Cid, PendingSend>();
   private readonly seenDirect = new Set<number>();
   private readonly answers = new Map<string, Waiter[]>();
-  /** The ids of the `file` requests not answered yet, in the order asked: an error answers
-   * the oldest (the server answers a connection's frames in order). */
-  private readonly fileAsks: FileId[] = [];
+  /** Per request type, the keys of the requests not answered yet, in the order asked: an
+   * error that names none answers the oldest (the server answers a connection's frames in
+   * order). */
+  private readonly asked = new Map<OrderedRef, string[]>();
+  /** What `setVisible` said last (sent again on every new connection). */
+  private visible = false;
   private stopped = false;
   private readonly onOnline = (): void => {
     // The browser is back online: try now rather than at the end of the backoff.
@@ -509,12 +545,94 @@ export class HubbubClient extends EventTarget {
    * again after). Rejects with a {@link HubbubError} (`not_found` for a file you may not
    * read, `storage_unavailable`). */
   async fileLinks(id: FileId): Promise<FileFrame> {
-    if (this.state === "open") this.fileAsks.push(id);
-    const links = await this.ask<FileFrame>(`file:${id}`, { type: "file", id });
+    const links = await this.askInOrder<FileFrame>("file", `file:${id}`, { type: "file", id });
     return {
       ...links, url: this.resolve(links.url),
       thumbnail: links.thumbnail === null ? null : this.resolve(links.thumbnail),
     };
+  }
+
+  /** The messages that mention you (servers with a store), newest first, in conversations
+   * you may read now, with their text as it is now and whether each is `unread`; `unread`
+   * (top level) counts all the unread ones. Page back with `before` = the last one's `ts`
+   * while `more`. Rejects with a {@link HubbubError} (`no_store`, `rate_limited`), or a
+   * `RangeError` for a `limit` out of 1–500 or a negative `before`. */
+  async mentions(options: { before?: number; limit?: number } = {}): Promise<MentionsFrame> {
+    const frame: MentionsRequestFrame = { type: "mentions" };
+    if (options.before !== undefined) frame.before = integer("before", options.before, 0);
+    if (options.limit !== undefined) frame.limit = integer("limit", options.limit, 1, MENTIONS_PAGE_MAX);
+    return this.ask<MentionsFrame>("mentions", frame);
+  }
+
+  /** Your notification level of `conversation` (servers with a store): `level` and
+   * `mute_until` (epoch ms, null: not muted). Rooms default to `mentions`, direct
+   * conversations to `all`. */
+  notificationLevel(conversation: Conversation): Promise<NotificationsFrame> {
+    return this.askInOrder<NotificationsFrame>(
+      "notifications", notificationsKey(target(conversation)),
+      { type: "notifications", ...target(conversation) },
+    );
+  }
+
+  /** Change your notification level of `conversation`: `level` what notifies you (`all`,
+   * `mentions`: mentions and direct messages, `none`), `muteUntil` nothing until then (0
+   * unmutes). Resolves with the level as it is now; rejects with a {@link HubbubError}
+   * (`not_found` for a conversation you may not read, `no_store`...), or a `RangeError` for
+   * a level that does not exist or a time that is not one. */
+  async setNotificationLevel(conversation: Conversation, options: NotificationLevelOptions): Promise<NotificationsFrame> {
+    const frame: NotificationsRequestFrame = { type: "notifications", ...target(conversation) };
+    if (options.level !== undefined) {
+      // Checked here: the server's refusal of a malformed frame names no request to answer.
+      if (!NOTIFICATION_LEVELS.includes(options.level)) throw new RangeError(`no notification level ${String(options.level)}`);
+      frame.level = options.level;
+    }
+    if (options.muteUntil !== undefined) {
+      const ms = options.muteUntil instanceof Date ? options.muteUntil.getTime() : options.muteUntil;
+      frame.mute_until = integer("muteUntil", ms, 0);
+    }
+    return this.askInOrder<NotificationsFrame>("notifications", notificationsKey(frame), frame);
+  }
+
+  /** Every conversation whose notification level or mute you changed. */
+  async notificationLevels(): Promise<NotificationSetting[]> {
+    const answer = await this.askInOrder<NotificationsListFrame>(
+      "notifications", notificationsKey({}), { type: "notifications" },
+    );
+    return answer.conversations;
+  }
+
+  /** Say whether this connection shows the chat to someone now (a page: its tab visible and
+   * used in the last minutes). While one of your connections is visible, nothing is pushed
+   * to you. Remembered: a new connection starts not visible, so it is said again after every
+   * reconnect. */
+  setVisible(visible: boolean): void {
+    this.visible = visible;
+    this.write({ type: "visibility", visible });
+  }
+
+  /** Have the server push notifications to this browser (servers with a store and Web Push):
+   * `subscription` is what `registration.pushManager.subscribe({userVisibleOnly: true,
+   * applicationServerKey: hello.push_key})` gave, as `toJSON()` makes it. Resolves with its
+   * endpoint; rejects with a {@link HubbubError} (a push service the server does not allow,
+   * `no_store`...), or a `TypeError` for a subscription without endpoint or keys. */
+  async subscribePush(subscription: PushSubscriptionInput): Promise<string> {
+    const { endpoint, keys } = subscription;
+    const p256dh = keys?.["p256dh"];
+    const auth = keys?.["auth"];
+    if (!endpoint || !p256dh || !auth) throw new TypeError("a push subscription has an endpoint and keys p256dh and auth");
+    const answer = await this.askInOrder<PushSubscribedFrame>("push_subscribe", `push_subscribe:${endpoint}`, {
+      type: "push_subscribe", subscription: { endpoint, keys: { p256dh, auth } },
+    });
+    return answer.endpoint;
+  }
+
+  /** Stop pushing to `endpoint` (a subscription of yours, e.g. after
+   * `PushSubscription.unsubscribe()`). Resolves with the endpoint. */
+  async unsubscribePush(endpoint: string): Promise<string> {
+    const answer = await this.askInOrder<PushUnsubscribedFrame>(
+      "push_unsubscribe", `push_unsubscribe:${endpoint}`, { type: "push_unsubscribe", endpoint },
+    );
+    return answer.endpoint;
   }
 
   // -- internals ------------------------------------------------------------------------
@@ -641,6 +759,29 @@ export class HubbubClient extends EventTarget {
     });
   }
 
+  /** `ask`, noting the key in the order asked: a refusal of `ref` that names no key answers
+   * the oldest (see {@link answerInOrder}). */
+  private askInOrder<T extends Answer>(ref: OrderedRef, key: string, frame: ClientFrame): Promise<T> {
+    if (this.state === "open") {
+      const keys = this.asked.get(ref) ?? [];
+      keys.push(key);
+      this.asked.set(ref, keys);
+    }
+    return this.ask<T>(key, frame);
+  }
+
+  /** Hand `value` to the request of type `ref` waiting on `key`, or, for an error without a
+   * key (undefined), on the oldest request of that type. */
+  private answerInOrder(ref: OrderedRef, key: string | undefined, value: Answer | Error): boolean {
+    const keys = this.asked.get(ref) ?? [];
+    let found = key;
+    const at = key === undefined ? -1 : keys.indexOf(key);
+    if (at >= 0) keys.splice(at, 1);
+    else if (value instanceof Error) found = keys.shift(); // names no request asked: the oldest
+    if (!keys.length) this.asked.delete(ref);
+    return found !== undefined && this.answer(found, value);
+  }
+
   private answer(key: string, value: Answer | Error): boolean {
     const waiting = this.answers.get(key);
     const next = waiting?.shift();
@@ -652,7 +793,7 @@ export class HubbubClient extends EventTarget {
   }
 
   private failAnswers(error: Error): void {
-    this.fileAsks.length = 0;
+    this.asked.clear();
     for (const waiting of this.answers.values()) {
       for (const { reject } of waiting) reject(error);
     }
@@ -687,13 +828,27 @@ export class HubbubClient extends EventTarget {
     }
     const peer = frame.user === this.hello?.user ? frame.to : frame.user;
     if (peer !== undefined && frame.id > (this.lastDirect.get(peer) ?? 0)) this.lastDirect.set(peer, frame.id);
-    if (frame.type === "message") this.emit("direct", frame);
-    else this.emitEvent(frame);
+    if (frame.type === "message") {
+      this.emit("direct", frame);
+      this.emitMention(frame);
+    } else {
+      this.emitEvent(frame);
+    }
+  }
+
+  /** The `mention` event, for a message of someone else that mentions this user or `here`. */
+  private emitMention(frame: MessageFrame): void {
+    const me = this.hello?.user;
+    if (me === undefined || frame.user === me) return;
+    if (frame.here === true || frame.mentions?.includes(me)) this.emit("mention", frame);
   }
 
   private emitEvent(frame: MessageFrame | MessageEventFrame): void {
     switch (frame.type) {
-      case "message": this.emit("message", frame); break;
+      case "message":
+        this.emit("message", frame);
+        this.emitMention(frame);
+        break;
       case "edited": this.emit("edited", frame); break;
       case "deleted": this.emit("deleted", frame); break;
       case "reaction": this.emit("reaction", frame); break;
@@ -771,6 +926,7 @@ export class HubbubClient extends EventTarget {
         this.stableTimer = setTimeout(() => { this.attempt = 0; }, this.stableAfterMs);
         this.armWatchdog();
         this.emit("hello", frame);
+        if (this.visible) this.write({ type: "visibility", visible: true });
         for (const room of this.rooms) this.joinFrame(room);
         for (const cid of this.pending.keys()) this.writePending(cid);
         for (const user of this.lastDirect.keys()) {
@@ -806,12 +962,17 @@ export class HubbubClient extends EventTarget {
         break;
       case "search": this.answer("search", frame); break;
       case "upload": this.answer(`upload:${String(frame.cid)}`, frame); break;
-      case "file": {
-        const at = this.fileAsks.indexOf(frame.id);
-        if (at >= 0) this.fileAsks.splice(at, 1);
-        this.answer(`file:${frame.id}`, frame);
+      case "file": this.answerInOrder("file", `file:${frame.id}`, frame); break;
+      case "mentions": this.answer("mentions", frame); break;
+      case "notifications":
+        this.answerInOrder("notifications", notificationsKey("conversations" in frame ? {} : frame), frame);
         break;
-      }
+      case "push_subscribed":
+        this.answerInOrder("push_subscribe", `push_subscribe:${frame.endpoint}`, frame);
+        break;
+      case "push_unsubscribed":
+        this.answerInOrder("push_unsubscribe", `push_unsubscribe:${frame.endpoint}`, frame);
+        break;
       case "inbox":
         for (const entry of frame.conversations) {
           if (entry.with !== undefined && !this.lastDirect.has(entry.with)) {
@@ -878,10 +1039,16 @@ export class HubbubClient extends EventTarget {
         && this.answer(`upload:${String(frame.cid)}`, new HubbubError(frame.code, frame.message, frame))) {
       return;
     }
-    if (frame.ref === "file") {
-      // The error names no file: it answers the oldest request (frames are answered in order).
-      const id = this.fileAsks.shift();
-      if (id !== undefined && this.answer(`file:${id}`, new HubbubError(frame.code, frame.message, frame))) return;
+    if (frame.ref === "mentions" && this.answer("mentions", new HubbubError(frame.code, frame.message, frame))) {
+      return;
+    }
+    if (frame.ref === "file" || frame.ref === "notifications" || frame.ref === "push_subscribe"
+        || frame.ref === "push_unsubscribe") {
+      // Most name no request: the oldest is answered (frames are answered in order). A
+      // refused `notifications` of a conversation names it.
+      const named = frame.ref === "notifications" && (frame.room !== undefined || frame.with !== undefined);
+      const key = named ? notificationsKey(frame) : undefined;
+      if (this.answerInOrder(frame.ref, key, new HubbubError(frame.code, frame.message, frame))) return;
     }
     const room = frame.room;
     if (frame.ref === "join" && room && RETRY_JOIN_CODES.has(frame.code)) {
@@ -945,6 +1112,12 @@ function sendFrame(frame: SendFrame & { cid: Cid }, options: SendOptions): SendF
   if (options.replyTo !== undefined) frame.reply_to = options.replyTo;
   if (options.attachments?.length) frame.attachments = [...options.attachments];
   return frame;
+}
+
+/** Where the answers to `notifications` frames are paired: per conversation; `*` the list. */
+function notificationsKey(frame: { room?: RoomName | undefined; with?: UserId | undefined }): string {
+  if (frame.room !== undefined) return `notifications:${frame.room}`;
+  return frame.with !== undefined ? `notifications:@${frame.with}` : "notifications:*";
 }
 
 function target(conversation: Conversation): { room: RoomName } | { with: UserId } {

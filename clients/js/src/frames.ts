@@ -15,6 +15,9 @@ export type Cid = string | number;
 export type Conversation = RoomName | { with: UserId };
 /** A file's id, from an `upload` answer: `^[A-Za-z0-9_\-]{16,32}$`. */
 export type FileId = string;
+/** What notifies you of a conversation's messages: `all` of them (direct conversations'
+ * default), `mentions` (mentions and direct messages; rooms' default) or `none`. */
+export type NotificationLevel = "all" | "mentions" | "none";
 
 /** Error codes of `error` frames: the connection stays open after each. */
 export const ERROR_CODES = [
@@ -71,6 +74,33 @@ export interface UploadRequestFrame {
 }
 /** Links to read file `id` (answered with `file`). */
 export interface FileRequestFrame { type: "file"; id: FileId }
+/** The messages that mention you, newest first (answered with `mentions`): `before` a `ts` to
+ * page back from, `limit` default 20. */
+export interface MentionsRequestFrame { type: "mentions"; before?: number; limit?: number }
+/** Your notification level of a conversation (`room` or `with`); with `level` and/or
+ * `mute_until` (epoch ms, 0 unmutes), set it; with neither `room` nor `with`, every
+ * conversation whose level you changed. Answered with `notifications`. */
+export interface NotificationsRequestFrame {
+  type: "notifications"; room?: RoomName; with?: UserId; level?: NotificationLevel;
+  mute_until?: number;
+}
+/** Whether this connection shows the chat to someone now (a tab in view, used lately): while
+ * one of your connections is visible, nothing is pushed to you. No answer. */
+export interface VisibilityFrame { type: "visibility"; visible: boolean }
+/** A browser's Web Push subscription as the `push_subscribe` frame carries it. */
+export interface WebPushSubscription { endpoint: string; keys: { p256dh: string; auth: string } }
+/** A browser's Web Push subscription as `PushSubscription.toJSON()` gives it (the DOM's
+ * `PushSubscriptionJSON`), or any object of that shape. */
+export interface PushSubscriptionInput {
+  endpoint?: string | undefined;
+  expirationTime?: number | null | undefined;
+  keys?: Record<string, string> | undefined;
+}
+/** Deliver Web Push notifications to this subscription (made with `hello`'s `push_key`).
+ * Answered with `push_subscribed`. */
+export interface PushSubscribeFrame { type: "push_subscribe"; subscription: WebPushSubscription }
+/** Stop pushing to `endpoint` (answered with `push_unsubscribed`). */
+export interface PushUnsubscribeFrame { type: "push_unsubscribe"; endpoint: string }
 export interface PingFrame { type: "ping" }
 export interface PongFrame { type: "pong" }
 
@@ -79,7 +109,8 @@ export type ClientFrame =
   | JoinFrame | LeaveFrame | SendFrame | EditFrame | DeleteFrame | ReactFrame | TypingFrame
   | AuthFrame | HistoryRequestFrame | ReadFrame | InboxRequestFrame | CreateFrame
   | DescribeFrame | InviteFrame | RemoveFrame | RoomsRequestFrame | SearchRequestFrame
-  | UploadRequestFrame | FileRequestFrame | PingFrame | PongFrame;
+  | UploadRequestFrame | FileRequestFrame | MentionsRequestFrame | NotificationsRequestFrame
+  | VisibilityFrame | PushSubscribeFrame | PushUnsubscribeFrame | PingFrame | PongFrame;
 
 // -- server → client ------------------------------------------------------------------------
 
@@ -99,6 +130,9 @@ export interface HelloFrame {
   guest?: string;
   /** jwt mode: when the token expires (epoch seconds). */
   exp?: number;
+  /** When the server sends Web Push: its application server key (base64url), the
+   * `applicationServerKey` of `pushManager.subscribe`. */
+  push_key?: string;
 }
 export interface JoinedFrame {
   type: "joined"; room: RoomName; count: number; users?: UserId[];
@@ -123,6 +157,11 @@ export interface MessageFrame {
   attachments?: Attachment[];
   /** In history pages: the message as its events left it. */
   edited?: number; deleted?: boolean; reactions?: Record<string, UserId[]>;
+  /** The users it mentions (`@name`, each one who may read the conversation and takes part
+   * in it; never the sender). */
+  mentions?: UserId[];
+  /** `@here`: it is for everyone present in the room. */
+  here?: true;
 }
 interface EventBase { room?: RoomName; to?: UserId; id: number; target: number; user: UserId; ts: number }
 export interface EditedFrame extends EventBase { type: "edited"; text: string }
@@ -150,11 +189,15 @@ export interface HistoryFrame {
 /** A room in the inbox (its newest message and unread count when the server gives them). */
 export interface RoomInboxEntry {
   room: RoomName; with?: undefined; last?: MessageFrame | null; unread?: number; read?: number;
+  /** How many of the unread messages mention you. */
+  mentions?: number;
 }
 /** A direct conversation in the inbox: its newest message, unread count and read positions. */
 export interface DirectInboxEntry {
   with: UserId; room?: undefined; last: MessageFrame | null; unread: number; read: number;
   peer_read: number;
+  /** How many of the unread messages mention you. */
+  mentions?: number;
 }
 export type InboxEntry = RoomInboxEntry | DirectInboxEntry;
 export interface InboxFrame { type: "inbox"; conversations: InboxEntry[] }
@@ -198,10 +241,37 @@ export interface FileFrame {
   thumbnail: string | null; expires: number;
 }
 
+/** A message that mentions you, with its text as it is now; `unread`: after your read
+ * position. */
+export interface MentionEntry {
+  room?: RoomName; with?: UserId; id: number; user: UserId; text: string; ts: number;
+  unread: boolean;
+}
+/** The answer to `mentions`, newest first, in conversations you may read now: `unread` (top
+ * level) how many of all are unread; `more`: older ones follow (ask with `before` = the last
+ * `ts`). */
+export interface MentionsFrame {
+  type: "mentions"; mentions: MentionEntry[]; unread: number; more: boolean;
+}
+/** Your notification level of a conversation (`room` or `with`), and until when it is muted
+ * (epoch ms; null: not muted). */
+export interface NotificationSetting {
+  room?: RoomName; with?: UserId; level: NotificationLevel; mute_until: number | null;
+}
+/** The answer to `notifications` for one conversation. */
+export interface NotificationsFrame extends NotificationSetting { type: "notifications" }
+/** The answer to `notifications` without a conversation: those whose level you changed. */
+export interface NotificationsListFrame { type: "notifications"; conversations: NotificationSetting[] }
+/** The answer to `push_subscribe`: notifications are pushed to `endpoint`. */
+export interface PushSubscribedFrame { type: "push_subscribed"; endpoint: string }
+/** The answer to `push_unsubscribe`: nothing is pushed to `endpoint` any more. */
+export interface PushUnsubscribedFrame { type: "push_unsubscribed"; endpoint: string }
+
 /** Every frame a server sends (a newer server may send more types: ignore unknown ones). */
 export type ServerFrame =
   | HelloFrame | JoinedFrame | LeftFrame | MessageFrame | EditedFrame | DeletedFrame
   | ReactionFrame | PresenceFrame | TypingNoticeFrame | ReceiptFrame | ReceiptsFrame | AckFrame
   | ErrorFrame | RefreshFrame | AuthenticatedFrame | HistoryFrame | InboxFrame | RoomFrame
-  | RoomsFrame | MemberFrame | InvitedFrame | SearchFrame | UploadFrame | FileFrame | PingFrame
-  | PongFrame;
+  | RoomsFrame | MemberFrame | InvitedFrame | SearchFrame | UploadFrame | FileFrame
+  | MentionsFrame | NotificationsFrame | NotificationsListFrame | PushSubscribedFrame
+  | PushUnsubscribedFrame | PingFrame | PongFrame;

@@ -2,6 +2,7 @@
 // tests/test_sdk_js.py; and its link-health logic against a server that goes silent.
 // Run: HUBBUB_URL=ws://127.0.0.1:8000/ws node --test test/
 import assert from "node:assert/strict";
+import { createECDH, randomBytes } from "node:crypto";
 import { once } from "node:events";
 import { test } from "node:test";
 import WebSocket, { WebSocketServer } from "ws";
@@ -246,6 +247,210 @@ test("upload, a message with the file, links to read it (absolute, working); ref
   }
 });
 
+/** Polls `check` (an async function) until it returns a truthy value, every 100 ms, 10 s at
+ * most; resolves with that value. */
+async function until(check, what, ms = 10_000) {
+  const deadline = Date.now() + ms;
+  for (;;) {
+    const value = await check();
+    if (value) return value;
+    if (Date.now() > deadline) throw new Error(`not in ${ms} ms: ${what}`);
+    await new Promise((resolve) => setTimeout(resolve, 100));
+  }
+}
+
+/** A room made by `owner` with `member` invited, both in it. */
+async function sharedRoom(owner, member) {
+  const room = unique("room");
+  const made = next(owner, "room", (frame) => frame.room === room);
+  owner.createRoom(room);
+  await made;
+  const invited = next(member, "invited", (frame) => frame.room === room);
+  owner.invite(room, member.hello.user);
+  await invited;
+  await joined(owner, room);
+  await joined(member, room);
+  return room;
+}
+
+/** The entry of `room` in `client`'s inbox, asked for afresh. */
+async function inboxEntry(client, room) {
+  const inbox = next(client, "inbox");
+  client.refreshInbox();
+  return (await inbox).conversations.find((entry) => entry.room === room);
+}
+
+test("a mention: the message carries it, the mention event, mentions() unread then read, the inbox counts it", { skip: !URL_, timeout: 30_000 }, async () => {
+  const { client: ada } = await connected(unique("ada"));
+  const { client: bob } = await connected(unique("bob"));
+  try {
+    const room = await sharedRoom(ada, bob);
+    const me = bob.hello.user;
+    const mentioned = [];
+    bob.on("mention", (frame) => mentioned.push(frame));
+    const adaMentioned = [];
+    ada.on("mention", (frame) => adaMentioned.push(frame));
+    const plain = next(bob, "message", (frame) => frame.text === "no one here");
+    const { id: plainId } = await ada.send(room, "no one here");
+    assert.equal((await plain).mentions, undefined);
+    bob.markRead(room, plainId); // bob takes part in the room (and has it in his inbox)
+
+    const text = `hey @${me}, and @nobody${unique("x")}: look`;
+    const message = next(bob, "message", (frame) => frame.text === text);
+    const mention = next(bob, "mention");
+    const { id } = await ada.send(room, text);
+    const frame = await message;
+    assert.equal(frame.id, id);
+    assert.deepEqual(frame.mentions, [me]); // never a user who takes no part
+    assert.equal(frame.here, undefined);
+    assert.equal((await mention).id, id);
+    const deleted = applyEvent(frame, { type: "deleted", room, id: id + 1, target: id, user: ada.hello.user, ts: 1 });
+    assert.equal(deleted.mentions, undefined); // a tombstone mentions no one (as history shows it)
+    await new Promise((resolve) => setTimeout(resolve, 5)); // a later ts
+    const { id: id2 } = await ada.send(room, `again @${me}.`);
+
+    // Stored a fraction of a second after delivery: listed unread, newest first, counted in
+    // the inbox.
+    const listed = await until(async () => {
+      const page = await bob.mentions({ limit: 10 });
+      return page.mentions.length === 2 && page;
+    }, "the mentions listed");
+    assert.deepEqual(listed.mentions.map((m) => [m.id, m.unread]), [[id2, true], [id, true]]);
+    const entry = listed.mentions[1];
+    assert.deepEqual([entry.room, entry.user, entry.text], [room, ada.hello.user, text]);
+    assert.equal(entry.with, undefined);
+    assert.equal(typeof entry.ts, "number");
+    assert.deepEqual([listed.unread, listed.more], [2, false]);
+    const first = await bob.mentions({ limit: 1 });
+    assert.deepEqual([first.mentions.map((m) => m.id), first.more], [[id2], true]);
+    const second = await bob.mentions({ before: first.mentions[0].ts, limit: 1 });
+    assert.deepEqual([second.mentions.map((m) => m.id), second.more], [[id], false]);
+    assert.deepEqual((await ada.mentions()).mentions, []); // bob's, not ada's
+    const counted = await until(async () => {
+      const found = await inboxEntry(bob, room);
+      return found?.mentions === 2 && found;
+    }, "the inbox counting the mentions");
+    assert.equal(counted.unread, 2);
+
+    // Read up to the first: only the second is unread, in the list and in the inbox.
+    bob.markRead(room, id);
+    const half = await until(async () => {
+      const page = await bob.mentions();
+      return page.unread === 1 && page;
+    }, "the first mention read");
+    assert.deepEqual(half.mentions.map((m) => [m.id, m.unread]), [[id2, true], [id, false]]);
+    assert.equal((await until(async () => {
+      const found = await inboxEntry(bob, room);
+      return found?.mentions === 1 && found;
+    }, "the inbox counting one")).unread, 1);
+    bob.markRead(room, id2);
+    await until(async () => (await bob.mentions()).unread === 0, "both read");
+    assert.equal((await until(async () => {
+      const found = await inboxEntry(bob, room);
+      return found?.mentions === 0 && found;
+    }, "the inbox counting none")).unread, 0);
+
+    // @here: for everyone present (a mention event for bob, not for its sender).
+    const here = next(bob, "mention", (m) => m.here === true);
+    const { id: hereId } = await ada.send(room, "@here lunch");
+    assert.equal((await here).id, hereId);
+    assert.deepEqual(mentioned.map((m) => m.id), [id, id2, hereId]);
+    assert.deepEqual(adaMentioned, []);
+  } finally {
+    ada.close();
+    bob.close();
+  }
+});
+
+test("notification levels: defaults, set, list, unmute, a refusal; asked at once, each gets its own answer", { skip: !URL_, timeout: 20_000 }, async () => {
+  const room = unique("room");
+  const { client: ada } = await connected(unique("ada"));
+  const { client: bob } = await connected(unique("bob"));
+  try {
+    const peer = { with: bob.hello.user };
+    // A room nobody uses answers as a private room does to outsiders.
+    await assert.rejects(ada.notificationLevel(room), (error) => error instanceof HubbubError && error.code === "not_found");
+    await joined(ada, room);
+    const [ofRoom, ofPeer, none] = await Promise.all([
+      ada.notificationLevel(room), ada.notificationLevel(peer), ada.notificationLevels(),
+    ]);
+    assert.deepEqual([ofRoom.room, ofRoom.level, ofRoom.mute_until], [room, "mentions", null]);
+    assert.deepEqual([ofPeer.with, ofPeer.level, ofPeer.mute_until], [bob.hello.user, "all", null]);
+    assert.deepEqual(none, []);
+
+    const until_ = Date.now() + 3_600_000;
+    const set = await ada.setNotificationLevel(room, { level: "all", muteUntil: new Date(until_) });
+    assert.deepEqual([set.room, set.level, set.mute_until], [room, "all", until_]);
+    const quiet = await ada.setNotificationLevel(peer, { level: "none" });
+    assert.deepEqual([quiet.with, quiet.level, quiet.mute_until], [bob.hello.user, "none", null]);
+    assert.equal((await ada.notificationLevel(room)).level, "all");
+    const listed = await ada.notificationLevels();
+    const key = (s) => s.room ?? `@${s.with}`;
+    assert.deepEqual(
+      listed.map((s) => [key(s), s.level, s.mute_until]).sort(),
+      [[room, "all", until_], [`@${bob.hello.user}`, "none", null]].sort(),
+    );
+    // Levels are per user: bob's are untouched.
+    assert.deepEqual(await bob.notificationLevels(), []);
+    // Unmuted (0), the level kept.
+    const unmuted = await ada.setNotificationLevel(room, { muteUntil: 0 });
+    assert.deepEqual([unmuted.level, unmuted.mute_until], ["all", null]);
+
+    // Refused: a conversation nobody uses (the server's refusal names it: each request gets
+    // its own answer); a level that does not exist (never sent).
+    const [refused, after] = await Promise.allSettled([
+      ada.notificationLevel(unique("nowhere")), ada.notificationLevel(room),
+    ]);
+    assert.equal(refused.status, "rejected");
+    assert.ok(refused.reason instanceof HubbubError);
+    assert.equal(refused.reason.code, "not_found");
+    assert.equal(after.status, "fulfilled");
+    assert.deepEqual([after.value.room, after.value.level], [room, "all"]);
+    await assert.rejects(ada.setNotificationLevel(room, { level: "loud" }), RangeError);
+    await assert.rejects(ada.setNotificationLevel(room, { muteUntil: -1 }), RangeError);
+    await assert.rejects(ada.mentions({ limit: 0 }), RangeError);
+    assert.equal((await ada.notificationLevel(room)).level, "all");
+  } finally {
+    ada.close();
+    bob.close();
+  }
+});
+
+test("setVisible is taken; push subscriptions: one on an allowed push service, one elsewhere refused", { skip: !URL_, timeout: 20_000 }, async () => {
+  const { client: ada } = await connected(unique("ada"));
+  const errors = [];
+  ada.on("error", (error) => errors.push(error));
+  try {
+    ada.setVisible(true);
+    ada.setVisible(false);
+    ada.setVisible(true);
+    await ada.notificationLevels(); // a round trip: the visibility frames were handled by now
+    assert.deepEqual(errors, []);
+
+    const keys = {
+      p256dh: createECDH("prime256v1").generateKeys().toString("base64url"),
+      auth: randomBytes(16).toString("base64url"),
+    };
+    const allowed = process.env.HUBBUB_PUSH_SERVICE;
+    if (allowed) {
+      assert.match(ada.hello.push_key, /^[A-Za-z0-9_-]{80,90}$/); // a P-256 public key
+      const endpoint = `${allowed}${unique("sub")}`;
+      assert.equal(await ada.subscribePush({ endpoint, keys, expirationTime: null }), endpoint);
+      assert.equal(await ada.unsubscribePush(endpoint), endpoint);
+    }
+    // An endpoint on no allowed push service (a server-side request forgery): refused.
+    await assert.rejects(
+      ada.subscribePush({ endpoint: "https://attacker.example/push/1", keys }),
+      (error) => error instanceof HubbubError && error.code === "forbidden",
+    );
+    // A subscription without keys never leaves the client.
+    await assert.rejects(ada.subscribePush({ endpoint: "https://attacker.example/push/2" }), TypeError);
+    assert.deepEqual(errors, []); // the refusal answered the request, not the error event
+  } finally {
+    ada.close();
+  }
+});
+
 test("a terminal close code (1008: an invalid name) leaves the client closed, not reconnecting", { skip: !URL_, timeout: 20_000 }, async () => {
   const client = new HubbubClient({ url: URL_, name: "not a valid name!", WebSocket, baseDelayMs: 50 });
   const states = [];
@@ -314,6 +519,34 @@ test("a send without an ack in ackTimeoutMs rejects (AckTimeoutError) and says s
     const said = next(client, "error", (error) => error.code === "ack_timeout");
     await assert.rejects(client.send("lobby", "into the void", { cid: "v1" }), AckTimeoutError);
     assert.equal((await said).cid, "v1");
+  } finally {
+    client.close();
+    await server.close();
+  }
+});
+
+test("setVisible is remembered: said again on every new connection", { timeout: 20_000 }, async () => {
+  const server = await silentServer({ ...QUICK, heartbeat_interval_s: 30 });
+  const client = new HubbubClient({ url: server.url, name: "ada", WebSocket, baseDelayMs: 50 });
+  const visibility = () => server.received.filter((frame) => frame.type === "visibility");
+  try {
+    client.setVisible(true); // before connecting: sent once open
+    let hello = next(client, "hello");
+    client.connect();
+    await hello;
+    await until(() => visibility().length === 1, "the visibility frame");
+    hello = next(client, "hello");
+    server.sockets[0].terminate(); // lost: the client reconnects, and says it again
+    await hello;
+    await until(() => visibility().length === 2, "the visibility frame again");
+    assert.deepEqual(visibility(), [{ type: "visibility", visible: true }, { type: "visibility", visible: true }]);
+    client.setVisible(false);
+    await until(() => visibility().length === 3, "visible: false");
+    hello = next(client, "hello");
+    server.sockets[1].terminate();
+    await hello;
+    await new Promise((resolve) => setTimeout(resolve, 200));
+    assert.equal(visibility().length, 3); // not visible: nothing to say on the new connection
   } finally {
     client.close();
     await server.close();

@@ -16,11 +16,12 @@ import inspect
 import json
 import logging
 import random
+import typing
 import urllib.error
 import urllib.request
 import uuid
 from collections import deque
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Generic, Literal, TypeVar, cast, overload
@@ -56,7 +57,10 @@ from hubbub_client.events import (
     Joined,
     Left,
     MemberChanged,
+    Mentioned,
+    MentionsPage,
     Message,
+    NotificationSetting,
     Presence,
     Reaction,
     Receipt,
@@ -97,8 +101,16 @@ from hubbub_client.frames import (
     JoinFrame,
     LeftFrame,
     MemberFrame,
+    MentionsFrame,
+    MentionsRequestFrame,
     MessageFrame,
+    NotificationLevel,
+    NotificationSettingFrame,
+    NotificationsFrame,
+    NotificationsRequestFrame,
     PresenceFrame,
+    PushSubscribedFrame,
+    PushUnsubscribedFrame,
     ReactFrame,
     ReactionFrame,
     ReadFrame,
@@ -118,6 +130,9 @@ from hubbub_client.frames import (
 logger = logging.getLogger("hubbub_client")
 
 VERSION = "0.1.0"
+
+# The largest page of mentions the server gives (its ``limit`` bound).
+MENTIONS_PAGE_MAX = 500
 
 # Close codes the client reports for ends the server did not name: the connection was lost
 # or could not be opened (1006), or the server fell silent past its heartbeat (4000).
@@ -342,9 +357,11 @@ class HubbubClient:
         self._out: asyncio.Queue[str] | None = None
         self._pending: dict[Cid, _Pending] = {}
         self._answers: dict[str, deque[asyncio.Future[AnyFrame]]] = {}
-        # The ids of the ``file`` requests not answered yet, in the order written: an error
-        # (which names no file) answers the oldest, as the server answers frames in order.
-        self._file_asks: deque[FileId] = deque()
+        # Per request type (``file``, ``notifications``, ``push_subscribe``...), the keys of the
+        # requests not answered yet, in the order written: an error that names none answers
+        # the oldest, as the server answers a connection's frames in order.
+        self._asks: dict[str, deque[str]] = {}
+        self._visible = False
         self._join_waiters: dict[str, list[asyncio.Future[Joined]]] = {}
         self._state_waiters: list[tuple[frozenset[str], asyncio.Future[ConnectionState]]] = []
         self._seen_direct: dict[int, None] = {}
@@ -737,13 +754,97 @@ class HubbubClient:
         frame: FileRequestFrame = {"type": "file", "id": id}
         answer = cast(
             FileFrame,
-            await self._ask(f"file:{id}", frame, on_write=lambda: self._file_asks.append(id)),
+            await self._ask_in_order("file", f"file:{id}", frame),
         )
         base = _http_base(self.url)
         links: FileFrame = {**answer, "url": urljoin(base, answer["url"])}
         thumbnail = answer["thumbnail"]
         links["thumbnail"] = None if thumbnail is None else urljoin(base, thumbnail)
         return links
+
+    async def mentions(self, *, before: int | None = None, limit: int = 20) -> MentionsPage:
+        """The messages that mention you (servers with a store), newest first, in
+        conversations you may read now, with their text as it is now and whether each is
+        ``unread``; the page's ``unread`` counts all the unread ones. Page back with
+        ``before`` = the last one's ``ts`` while ``more``. Raises :class:`HubbubError`
+        (``no_store``, ``rate_limited``), or ``ValueError`` for a ``limit`` out of 1-500 or a
+        negative ``before``."""
+        frame: MentionsRequestFrame = {
+            "type": "mentions", "limit": _integer("limit", limit, 1, MENTIONS_PAGE_MAX)
+        }  # fmt: skip
+        if before is not None:
+            frame["before"] = _integer("before", before, 0)
+        return MentionsPage.from_frame(cast(MentionsFrame, await self._ask("mentions", frame)))
+
+    async def notification_level(self, conversation: Conversation) -> NotificationSetting:
+        """Your notification level of ``conversation`` (a room, or ``DM(user)``; servers with
+        a store): rooms default to ``mentions``, direct conversations to ``all``."""
+        frame: NotificationsRequestFrame = {"type": "notifications"}
+        return await self._notifications(conversation, frame)
+
+    async def set_notification_level(
+        self,
+        conversation: Conversation,
+        level: NotificationLevel | None = None,
+        *,
+        mute_until: int | None = None,
+    ) -> NotificationSetting:
+        """Change your notification level of ``conversation``: ``level`` what notifies you
+        (``all``; ``mentions``: mentions and direct messages; ``none``), ``mute_until``
+        nothing until then (epoch ms; 0 unmutes). None leaves either as it is. Returns the
+        level as it is now; raises :class:`HubbubError` (``not_found`` for a conversation you
+        may not read, ``no_store``...), or ``ValueError`` for a level that does not exist or
+        a time that is not one (checked here: the server's refusal of a malformed frame names
+        no request to answer)."""
+        frame: NotificationsRequestFrame = {"type": "notifications"}
+        if level is not None:
+            if level not in typing.get_args(NotificationLevel):
+                raise ValueError(f"no notification level {level!r}")
+            frame["level"] = level
+        if mute_until is not None:
+            frame["mute_until"] = _integer("mute_until", mute_until, 0)
+        return await self._notifications(conversation, frame)
+
+    async def notification_levels(self) -> list[NotificationSetting]:
+        """Every conversation whose notification level or mute you changed."""
+        frame: NotificationsRequestFrame = {"type": "notifications"}
+        key = _notifications_key(None, None)
+        answer = cast(NotificationsFrame, await self._ask_in_order("notifications", key, frame))
+        return [NotificationSetting.from_frame(c) for c in answer.get("conversations", [])]
+
+    def set_visible(self, visible: bool) -> bool:
+        """Say whether this connection shows the chat to someone now (an app in the
+        foreground, used in the last minutes). While one of your connections is visible,
+        nothing is pushed to you. Remembered: a new connection starts not visible, so it is
+        said again after every reconnect. Whether it was written now (False: not connected,
+        it goes out once connected)."""
+        self._visible = visible
+        return self._write({"type": "visibility", "visible": visible})
+
+    async def subscribe_push(self, subscription: Mapping[str, Any]) -> str:
+        """Have the server push notifications to a browser (servers with a store and Web
+        Push): ``subscription`` is its ``PushSubscription`` JSON,
+        ``{"endpoint": URL, "keys": {"p256dh": K, "auth": A}}``, made with the
+        ``hello``'s ``push_key``. Returns the endpoint; raises :class:`HubbubError` (an
+        endpoint on no push service the server allows, ``no_store``...), or ``ValueError``
+        for a subscription without endpoint or keys."""
+        keys = subscription.get("keys") or {}
+        endpoint, p256dh, auth = subscription.get("endpoint"), keys.get("p256dh"), keys.get("auth")
+        if not (isinstance(endpoint, str) and isinstance(p256dh, str) and isinstance(auth, str)):
+            raise ValueError("a push subscription has an endpoint and keys p256dh and auth")
+        frame: ClientFrame = {
+            "type": "push_subscribe",
+            "subscription": {"endpoint": endpoint, "keys": {"p256dh": p256dh, "auth": auth}},
+        }
+        answer = await self._ask_in_order("push_subscribe", f"push_subscribe:{endpoint}", frame)
+        return cast(PushSubscribedFrame, answer)["endpoint"]
+
+    async def unsubscribe_push(self, endpoint: str) -> str:
+        """Stop pushing to ``endpoint`` (a subscription of yours). Returns the endpoint."""
+        frame: ClientFrame = {"type": "push_unsubscribe", "endpoint": endpoint}
+        key = f"push_unsubscribe:{endpoint}"
+        answer = await self._ask_in_order("push_unsubscribe", key, frame)
+        return cast(PushUnsubscribedFrame, answer)["endpoint"]
 
     async def inbox(self) -> Inbox:
         """Your conversations (servers with a store). The next ``inbox`` frame answers: the
@@ -752,6 +853,18 @@ class HubbubClient:
         return Inbox.from_frame(answer, self.user)
 
     # -- internals: requests ---------------------------------------------------------------
+
+    async def _notifications(
+        self, conversation: Conversation, frame: NotificationsRequestFrame
+    ) -> NotificationSetting:
+        if isinstance(conversation, DM):
+            frame["with"] = conversation.user
+            key = _notifications_key(None, conversation.user)
+        else:
+            frame["room"] = conversation
+            key = _notifications_key(conversation, None)
+        answer = await self._ask_in_order("notifications", key, frame)
+        return NotificationSetting.from_frame(cast(NotificationSettingFrame, answer))
 
     def _send_acked(self, frame: AckedFrame) -> AckFuture:
         _encode(frame).encode()  # a text that cannot be sent fails here, not on the socket
@@ -821,6 +934,26 @@ class HubbubClient:
             if isinstance(exc, HubbubError):
                 raise
             raise HubbubTimeoutError(f"no answer to {frame['type']!r} in time") from None
+
+    async def _ask_in_order(self, ref: str, key: str, frame: ClientFrame) -> AnyFrame:
+        """:meth:`_ask`, noting ``key`` in the order written: a refusal of ``ref`` that names
+        no key answers the oldest (:meth:`_answer_in_order`)."""
+        return await self._ask(
+            key, frame, on_write=lambda: self._asks.setdefault(ref, deque()).append(key)
+        )
+
+    def _answer_in_order(self, ref: str, key: str | None, value: AnyFrame | HubbubError) -> bool:
+        """Hand ``value`` to the request of type ``ref`` waiting on ``key``; an error that
+        names none of them (``key`` None, or not asked) goes to the oldest of its type."""
+        keys = self._asks.get(ref, deque())
+        if key is not None and key in keys:
+            keys.remove(key)
+        elif isinstance(value, HubbubError):
+            key = keys.popleft() if keys else None
+        if not keys:
+            self._asks.pop(ref, None)
+        # (An answer to no request asked: a late one, taken by the request that gave up.)
+        return key is not None and self._answer(key, value)
 
     def _answer(self, key: str, value: AnyFrame | HubbubError, every: bool = False) -> bool:
         """Hand ``value`` to the oldest request waiting on ``key`` (every one: ``every``);
@@ -1015,7 +1148,7 @@ class HubbubClient:
                 pending.timer = None
 
     def _fail_answers(self, error: HubbubError) -> None:
-        self._file_asks.clear()
+        self._asks.clear()
         answers, self._answers = self._answers, {}
         for waiting in answers.values():
             for future in waiting:
@@ -1094,7 +1227,7 @@ class HubbubClient:
                 self._deliver_direct(cast(MessageFrame, frame))
             elif frame["id"] > self.last_id.get(room, 0):  # else: delivered already
                 self.last_id[room] = frame["id"]
-                self._emit(self._numbered_event(frame))
+                self._emit_numbered(self._numbered_event(frame))
         elif kind == "history":
             self._answer(_history_key(frame.get("room"), frame.get("with")), frame)
         elif kind == "search":
@@ -1102,9 +1235,17 @@ class HubbubClient:
         elif kind == "upload":
             self._answer(f"upload:{frame.get('cid')}", frame)
         elif kind == "file":
-            with contextlib.suppress(ValueError):
-                self._file_asks.remove(frame["id"])
-            self._answer(f"file:{frame['id']}", frame)
+            self._answer_in_order("file", f"file:{frame['id']}", frame)
+        elif kind == "mentions":
+            self._answer("mentions", frame)
+        elif kind == "notifications":
+            listed = "conversations" in frame  # the answer to notification_levels()
+            key = _notifications_key(None if listed else frame.get("room"),
+                                     None if listed else frame.get("with"))  # fmt: skip
+            self._answer_in_order("notifications", key, frame)
+        elif kind in ("push_subscribed", "push_unsubscribed"):
+            ref = "push_subscribe" if kind == "push_subscribed" else "push_unsubscribe"
+            self._answer_in_order(ref, f"{ref}:{frame.get('endpoint')}", frame)
         elif kind == "inbox":
             self._inbox(cast(InboxFrame, frame))
         elif kind == "joined":
@@ -1153,6 +1294,8 @@ class HubbubClient:
             self.stable_after_s, self._reset_attempts
         )
         self._emit(hello)
+        if self._visible:  # a new connection is not visible until it says so
+            self._write({"type": "visibility", "visible": True})
         for room in self.rooms:
             self._join_frame(room)
         for cid in list(self._pending):
@@ -1199,13 +1342,16 @@ class HubbubClient:
             answered = self._answer(_history_key(room, frame.get("with")), error)
         elif ref in ("create", "describe", "invite", "remove") and room is not None:
             answered = self._answer(f"room:{room}", error)
-        elif ref in ("rooms", "inbox", "search"):
+        elif ref in ("rooms", "inbox", "search", "mentions"):
             answered = self._answer(ref, error, every=ref == "inbox")
         elif ref == "upload" and cid is not None:
             answered = self._answer(f"upload:{cid}", error)
-        elif ref == "file" and self._file_asks:
-            # The error names no file: it answers the oldest request (answers come in order).
-            answered = self._answer(f"file:{self._file_asks.popleft()}", error)
+        elif ref in ("file", "notifications", "push_subscribe", "push_unsubscribe"):
+            # Most name no request: the oldest is answered (answers come in order). A refused
+            # ``notifications`` of a conversation names it.
+            named = ref == "notifications" and (room is not None or "with" in frame)
+            key = _notifications_key(room, frame.get("with")) if named else None
+            answered = self._answer_in_order(ref, key, error)
         elif ref == "join" and room is not None:
             if code in RETRY_JOIN_CODES:
                 # The join did not happen: try again later, or the room stays silent.
@@ -1260,7 +1406,14 @@ class HubbubClient:
         peer = to if user == self.user else user
         if peer is not None and message_id > self.last_direct.get(peer, 0):
             self.last_direct[peer] = message_id
-        self._emit(self._numbered_event(cast(AnyFrame, frame)))
+        self._emit_numbered(self._numbered_event(cast(AnyFrame, frame)))
+
+    def _emit_numbered(self, event: Message | DirectMessage | Edited | Deleted | Reaction) -> None:
+        """Emit a message or an event on one; then :class:`Mentioned` for a message of
+        someone else that mentions this user or ``here``."""
+        self._emit(event)
+        if isinstance(event, Message | DirectMessage) and event.mentions_user(self.user):
+            self._emit(Mentioned(message=event, raw=event.raw))
 
     async def _refresh(self) -> None:
         """The token expires soon: hand the server a new one (same user)."""
@@ -1280,6 +1433,21 @@ def _with_options(
     if attachments:
         frame["attachments"] = list(attachments)
     return frame
+
+
+def _integer(name: str, value: int, low: int, high: int = 2**53) -> int:
+    """``value`` if it is an integer in [low, high], else ValueError."""
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise ValueError(f"{name} must be an integer from {low} to {high}, not {value!r}")
+    return value
+
+
+def _notifications_key(room: str | None, peer: str | None) -> str:
+    """Where the answers to ``notifications`` frames are paired: per conversation; ``*``: the
+    list of those you changed."""
+    if room is not None:
+        return f"notifications:{room}"
+    return f"notifications:@{peer}" if peer is not None else "notifications:*"
 
 
 def _history_key(room: str | None, peer: str | None) -> str:

@@ -31,7 +31,11 @@ from hubbub_client.frames import (
     LeftFrame,
     Limits,
     MemberFrame,
+    MentionEntryFrame,
+    MentionsFrame,
     MessageFrame,
+    NotificationLevel,
+    NotificationSettingFrame,
     PresenceFrame,
     ReactionFrame,
     ReceiptFrame,
@@ -82,7 +86,9 @@ class StateChange(Event):
 
 @dataclass(frozen=True, kw_only=True)
 class Hello(Event):
-    """The server's first frame: who you are (``user``) and the limits that apply."""
+    """The server's first frame: who you are (``user``) and the limits that apply; ``guest``:
+    a new guest's key; ``exp``: when a JWT expires; ``push_key``: when the server sends Web
+    Push, its application server key (base64url) for ``pushManager.subscribe``."""
 
     kind: ClassVar[str] = "hello"
     user: str
@@ -91,12 +97,14 @@ class Hello(Event):
     limits: Limits
     guest: str | None = None
     exp: int | None = None
+    push_key: str | None = None
 
     @classmethod
     def from_frame(cls, frame: HelloFrame) -> Hello:
         return cls(
             user=frame["user"], conn=frame["conn"], node=frame["node"], limits=frame["limits"],
-            guest=frame.get("guest"), exp=frame.get("exp"), raw=frame,
+            guest=frame.get("guest"), exp=frame.get("exp"), push_key=frame.get("push_key"),
+            raw=frame,
         )  # fmt: skip
 
 
@@ -162,7 +170,9 @@ class Attachment:
 class BaseMessage(Event):
     """A message: :class:`Message` (a room's) or :class:`DirectMessage`. From history pages,
     as its events left it (``edited``, ``deleted``, ``reactions``); ``attachments``: its
-    files (none once deleted)."""
+    files (none once deleted); ``mentions``: the users it mentions (``@name``: each one who
+    may read the conversation and takes part in it, never the sender); ``here``: it
+    mentions everyone present (``@here``)."""
 
     id: int
     user: str
@@ -173,10 +183,17 @@ class BaseMessage(Event):
     deleted: bool = False
     reactions: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     attachments: tuple[Attachment, ...] = ()
+    mentions: tuple[str, ...] = ()
+    here: bool = False
 
     @property
     def conversation(self) -> Conversation:
         raise NotImplementedError
+
+    def mentions_user(self, user: str | None) -> bool:
+        """Whether this message is for ``user`` in particular: someone else's that mentions
+        them, or everyone present (``here``)."""
+        return user is not None and self.user != user and (self.here or user in self.mentions)
 
 
 def _message_fields(frame: MessageFrame) -> dict[str, Any]:
@@ -186,6 +203,7 @@ def _message_fields(frame: MessageFrame) -> dict[str, Any]:
         "deleted": frame.get("deleted", False),
         "reactions": {e: tuple(users) for e, users in frame.get("reactions", {}).items()},
         "attachments": tuple(Attachment.from_frame(a) for a in frame.get("attachments", [])),
+        "mentions": tuple(frame.get("mentions", ())), "here": frame.get("here", False),
         "raw": frame,
     }  # fmt: skip
 
@@ -225,6 +243,24 @@ class DirectMessage(BaseMessage):
         to = frame.get("to", "")
         peer = to if frame["user"] == me else frame["user"]
         return cls(to=to, peer=peer, **_message_fields(frame))
+
+
+@dataclass(frozen=True, kw_only=True)
+class Mentioned(Event):
+    """A message of someone else that mentions you, or everyone present (``here``): right
+    after its :class:`Message` or :class:`DirectMessage` event, once per message."""
+
+    kind: ClassVar[str] = "mention"
+    message: Message | DirectMessage
+
+    @property
+    def conversation(self) -> Conversation:
+        return self.message.conversation
+
+    @property
+    def here(self) -> bool:
+        """Whether it mentions everyone present (``@here``) rather than you by name."""
+        return self.message.here
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -454,6 +490,8 @@ class InboxEntry:
     unread: int = 0
     read: int = 0
     peer_read: int = 0
+    mentions: int = 0
+    """How many of the unread messages mention you."""
 
     @classmethod
     def from_frame(cls, entry: InboxEntryFrame, me: str | None) -> InboxEntry:
@@ -467,7 +505,7 @@ class InboxEntry:
         return cls(
             room=entry.get("room"), peer=entry.get("with"), last=last,
             unread=entry.get("unread", 0), read=entry.get("read", 0),
-            peer_read=entry.get("peer_read", 0),
+            peer_read=entry.get("peer_read", 0), mentions=entry.get("mentions", 0),
         )  # fmt: skip
 
 
@@ -558,16 +596,83 @@ class HistoryPage:
     recovered: bool | None = None
 
 
+@dataclass(frozen=True, kw_only=True)
+class Mention:
+    """A message that mentions you (from :meth:`HubbubClient.mentions`), with its text as it
+    is now, in ``room`` or the direct conversation with ``peer``; ``unread``: after your read
+    position."""
+
+    room: str | None = None
+    peer: str | None = None
+    id: int
+    user: str
+    text: str
+    ts: int
+    unread: bool
+
+    @property
+    def conversation(self) -> Conversation:
+        return self.room if self.room is not None else DM(self.peer or "")
+
+    @classmethod
+    def from_frame(cls, frame: MentionEntryFrame) -> Mention:
+        return cls(
+            room=frame.get("room"), peer=frame.get("with"), id=frame["id"], user=frame["user"],
+            text=frame["text"], ts=frame["ts"], unread=frame["unread"],
+        )  # fmt: skip
+
+
+@dataclass(frozen=True, kw_only=True)
+class MentionsPage:
+    """A page of your mentions, newest first, in conversations you may read now. ``unread``:
+    how many of all your mentions are unread; ``more``: older ones follow (ask again with
+    ``before`` = the last one's ``ts``)."""
+
+    mentions: tuple[Mention, ...]
+    unread: int
+    more: bool
+
+    @classmethod
+    def from_frame(cls, frame: MentionsFrame) -> MentionsPage:
+        return cls(
+            mentions=tuple(Mention.from_frame(m) for m in frame["mentions"]),
+            unread=frame["unread"], more=frame["more"],
+        )  # fmt: skip
+
+
+@dataclass(frozen=True, kw_only=True)
+class NotificationSetting:
+    """Your notification level of ``room`` or of the direct conversation with ``peer``:
+    ``level`` (``all``, ``mentions`` or ``none``), and ``mute_until`` (epoch ms; None: not
+    muted)."""
+
+    room: str | None = None
+    peer: str | None = None
+    level: NotificationLevel
+    mute_until: int | None = None
+
+    @property
+    def conversation(self) -> Conversation:
+        return self.room if self.room is not None else DM(self.peer or "")
+
+    @classmethod
+    def from_frame(cls, frame: NotificationSettingFrame) -> NotificationSetting:
+        return cls(
+            room=frame.get("room"), peer=frame.get("with"), level=frame["level"],
+            mute_until=frame.get("mute_until"),
+        )  # fmt: skip
+
+
 EVENT_TYPES: Mapping[str, tuple[type[Event], ...]] = {
     kind: tuple(t for t in (
-        StateChange, Hello, Joined, Left, Message, DirectMessage, Edited, Deleted, Reaction,
-        Resync, Presence, Typing, Receipt, Receipts, RoomInfo, RoomList, MemberChanged,
-        Invited, Inbox, Ack, ServerError, ClientError, Authenticated,
+        StateChange, Hello, Joined, Left, Message, DirectMessage, Mentioned, Edited, Deleted,
+        Reaction, Resync, Presence, Typing, Receipt, Receipts, RoomInfo, RoomList,
+        MemberChanged, Invited, Inbox, Ack, ServerError, ClientError, Authenticated,
     ) if t.kind == kind)
     for kind in (
-        "state", "hello", "joined", "left", "message", "direct", "edited", "deleted",
-        "reaction", "resync", "presence", "typing", "receipt", "receipts", "room", "rooms",
-        "member", "invited", "inbox", "ack", "error", "authenticated",
+        "state", "hello", "joined", "left", "message", "direct", "mention", "edited",
+        "deleted", "reaction", "resync", "presence", "typing", "receipt", "receipts", "room",
+        "rooms", "member", "invited", "inbox", "ack", "error", "authenticated",
     )
 }  # fmt: skip
 """The event classes by name (``client.on("message", ...)``)."""
@@ -580,7 +685,14 @@ def apply_event(message: BaseMessage, event: MessageEvent) -> BaseMessage:
         return dataclasses.replace(message, text=event.text, edited=event.ts)
     if isinstance(event, Deleted):
         return dataclasses.replace(
-            message, text="", deleted=True, reactions={}, reply_to=None, attachments=()
+            message,
+            text="",
+            deleted=True,
+            reactions={},
+            reply_to=None,
+            attachments=(),
+            mentions=(),
+            here=False,
         )
     if isinstance(event, Reaction):
         reactions = dict(message.reactions)

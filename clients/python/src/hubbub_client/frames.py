@@ -36,6 +36,9 @@ RETRY_JOIN_CODES: Final = frozenset({"broker_unavailable", "rate_limited"})
 """Error codes after which a refused join did not happen and is sent again later."""
 
 Role = Literal["owner", "admin", "member"]
+NotificationLevel = Literal["all", "mentions", "none"]
+"""What notifies you of a conversation's messages: ``all`` of them (direct conversations'
+default), ``mentions`` (mentions and direct messages; rooms' default) or ``none``."""
 
 # -- client -> server ---------------------------------------------------------------------
 
@@ -203,6 +206,57 @@ class FileRequestFrame(TypedDict):
     id: FileId
 
 
+class MentionsRequestFrame(TypedDict):
+    """The messages that mention you, newest first: ``before`` a ``ts`` to page back from."""
+
+    type: Literal["mentions"]
+    before: NotRequired[int]
+    limit: NotRequired[int]
+
+
+NotificationsRequestFrame = TypedDict(
+    "NotificationsRequestFrame",
+    {
+        "type": Literal["notifications"],
+        "room": NotRequired[RoomName],
+        "with": NotRequired[UserId],
+        "level": NotRequired[NotificationLevel],
+        "mute_until": NotRequired[int],
+    },
+)
+"""Your notification level of a conversation; with ``level`` and/or ``mute_until`` (epoch ms,
+0 unmutes), set it; without a conversation, every one whose level you changed."""
+
+
+class VisibilityFrame(TypedDict):
+    """Whether this connection shows the chat to someone now (no answer)."""
+
+    type: Literal["visibility"]
+    visible: bool
+
+
+class PushKeysFrame(TypedDict):
+    p256dh: str
+    auth: str
+
+
+class PushSubscriptionFrame(TypedDict):
+    """A browser's Web Push subscription (``PushSubscription.toJSON()``), base64url keys."""
+
+    endpoint: str
+    keys: PushKeysFrame
+
+
+class PushSubscribeFrame(TypedDict):
+    type: Literal["push_subscribe"]
+    subscription: PushSubscriptionFrame
+
+
+class PushUnsubscribeFrame(TypedDict):
+    type: Literal["push_unsubscribe"]
+    endpoint: str
+
+
 class PingFrame(TypedDict):
     type: Literal["ping"]
 
@@ -219,7 +273,8 @@ ClientFrame = (
     JoinFrame | LeaveFrame | SendFrame | EditFrame | DeleteFrame | ReactFrame | TypingFrame
     | AuthFrame | HistoryRequestFrame | ReadFrame | InboxRequestFrame | CreateFrame
     | DescribeFrame | InviteFrame | RemoveFrame | RoomsRequestFrame | SearchRequestFrame
-    | UploadRequestFrame | FileRequestFrame | PingFrame | PongFrame
+    | UploadRequestFrame | FileRequestFrame | MentionsRequestFrame | NotificationsRequestFrame
+    | VisibilityFrame | PushSubscribeFrame | PushUnsubscribeFrame | PingFrame | PongFrame
 )  # fmt: skip
 """Every frame a client may send."""
 
@@ -246,6 +301,7 @@ class HelloFrame(TypedDict):
     limits: Limits
     guest: NotRequired[str]
     exp: NotRequired[int]
+    push_key: NotRequired[str]
 
 
 class JoinedFrame(TypedDict):
@@ -278,7 +334,8 @@ class AttachmentFrame(TypedDict):
 
 class MessageFrame(TypedDict):
     """A room message (``room``) or a direct message (``to``); in history pages, as its
-    events left it (``edited``, ``deleted``, ``reactions``); ``attachments``: its files."""
+    events left it (``edited``, ``deleted``, ``reactions``); ``attachments``: its files;
+    ``mentions``: the users it mentions, ``here``: ``@here`` (everyone present)."""
 
     type: Literal["message"]
     room: NotRequired[RoomName]
@@ -292,6 +349,8 @@ class MessageFrame(TypedDict):
     deleted: NotRequired[bool]
     reactions: NotRequired[dict[str, list[UserId]]]
     attachments: NotRequired[list[AttachmentFrame]]
+    mentions: NotRequired[list[UserId]]
+    here: NotRequired[Literal[True]]
 
 
 class EditedFrame(TypedDict):
@@ -409,6 +468,7 @@ InboxEntryFrame = TypedDict(
         "unread": NotRequired[int],
         "read": NotRequired[int],
         "peer_read": NotRequired[int],
+        "mentions": NotRequired[int],
     },
 )
 
@@ -504,11 +564,70 @@ class FileFrame(TypedDict):
     expires: int
 
 
+MentionEntryFrame = TypedDict(
+    "MentionEntryFrame",
+    {
+        "room": NotRequired[RoomName],
+        "with": NotRequired[UserId],
+        "id": int,
+        "user": UserId,
+        "text": str,
+        "ts": int,
+        "unread": bool,
+    },
+)
+
+
+class MentionsFrame(TypedDict):
+    """The answer to ``mentions``: newest first; ``unread`` how many of all are unread;
+    ``more``: older ones follow."""
+
+    type: Literal["mentions"]
+    mentions: list[MentionEntryFrame]
+    unread: int
+    more: bool
+
+
+NotificationSettingFrame = TypedDict(
+    "NotificationSettingFrame",
+    {
+        "room": NotRequired[RoomName],
+        "with": NotRequired[UserId],
+        "level": NotificationLevel,
+        "mute_until": int | None,
+    },
+)
+NotificationsFrame = TypedDict(
+    "NotificationsFrame",
+    {
+        "type": Literal["notifications"],
+        "room": NotRequired[RoomName],
+        "with": NotRequired[UserId],
+        "level": NotRequired[NotificationLevel],
+        "mute_until": NotRequired[int | None],
+        "conversations": NotRequired[list[NotificationSettingFrame]],
+    },
+)
+"""The answer to ``notifications``: one conversation's level and mute, or (``conversations``)
+those you changed."""
+
+
+class PushSubscribedFrame(TypedDict):
+    type: Literal["push_subscribed"]
+    endpoint: str
+
+
+class PushUnsubscribedFrame(TypedDict):
+    type: Literal["push_unsubscribed"]
+    endpoint: str
+
+
 ServerFrame = (
     HelloFrame | JoinedFrame | LeftFrame | MessageFrame | EditedFrame | DeletedFrame
     | ReactionFrame | PresenceFrame | TypingNoticeFrame | ReceiptFrame | ReceiptsFrame
     | AckFrame | ErrorFrame | RefreshFrame | AuthenticatedFrame | HistoryFrame | InboxFrame
     | RoomFrame | RoomsFrame | MemberFrame | InvitedFrame | SearchFrame | UploadFrame | FileFrame
+    | MentionsFrame | NotificationsFrame | PushSubscribedFrame | PushUnsubscribedFrame
     | PingFrame | PongFrame
 )  # fmt: skip
 """Every frame a server sends (a newer server may send more types: they are ignored)."""
