@@ -83,6 +83,16 @@ async def run_server(settings: Settings, **overrides: Any) -> AsyncIterator[Live
     app = create_app(settings)
     port = free_port()
     options = uvicorn_options(settings) | {"loop": "none", "log_level": "warning"} | overrides
+    async with serving(app, port, stop_timeout_s=15, **options):
+        yield LiveServer(app, port)
+
+
+@contextlib.asynccontextmanager
+async def serving(
+    app: Any, port: int, stop_timeout_s: float = 10, **options: Any
+) -> AsyncIterator[None]:
+    """``app`` (any ASGI app) served by uvicorn on 127.0.0.1:``port`` in this event loop, from
+    when it listens until the block ends (then stopped, within ``stop_timeout_s``)."""
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, **options))
     task = asyncio.create_task(server.serve())
     async with asyncio.timeout(10):
@@ -91,10 +101,10 @@ async def run_server(settings: Settings, **overrides: Any) -> AsyncIterator[Live
                 task.result()
             await asyncio.sleep(0.01)
     try:
-        yield LiveServer(app, port)
+        yield
     finally:
         server.should_exit = True
-        async with asyncio.timeout(15):
+        async with asyncio.timeout(stop_timeout_s):
             await task
 
 

@@ -35,12 +35,11 @@ from typing import Any
 
 import http_ece
 import jwt
-import uvicorn
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from starlette.types import Receive, Scope, Send
 
-from tests.helpers import free_port
+from tests.helpers import free_port, serving
 
 MAX_BODY = 4096  # what RFC 8291 says every push service accepts
 MAX_EXP_AHEAD_S = 24 * 3600  # RFC 8292 section 2
@@ -242,25 +241,10 @@ class PushService:
 @contextlib.asynccontextmanager
 async def running_push_service() -> AsyncIterator[PushService]:
     service = PushService()
-    config = uvicorn.Config(
-        service,
-        host="127.0.0.1",
-        port=service.port,
-        log_level="warning",
-        lifespan="off",
-        timeout_graceful_shutdown=5,
-    )
-    server = uvicorn.Server(config)
-    task = asyncio.create_task(server.serve())
-    async with asyncio.timeout(10):
-        while not server.started:
-            if task.done():
-                task.result()
-            await asyncio.sleep(0.01)
-    try:
-        yield service
-    finally:
-        service._closing.set()
-        server.should_exit = True
-        async with asyncio.timeout(10):
-            await task
+    async with serving(
+        service, service.port, log_level="warning", lifespan="off", timeout_graceful_shutdown=5
+    ):
+        try:
+            yield service
+        finally:
+            service._closing.set()  # cut a delayed answer short

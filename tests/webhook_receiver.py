@@ -12,11 +12,10 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import orjson
-import uvicorn
 from starlette.types import Receive, Scope, Send
 
 from app.webhooks.signing import BadSignature, verify
-from tests.helpers import free_port
+from tests.helpers import free_port, serving
 
 
 class Receiver:
@@ -89,19 +88,5 @@ class Receiver:
 @contextlib.asynccontextmanager
 async def running_receiver(secret: str) -> AsyncIterator[Receiver]:
     receiver = Receiver(secret)
-    config = uvicorn.Config(
-        receiver, host="127.0.0.1", port=receiver.port, log_level="warning", lifespan="off"
-    )
-    server = uvicorn.Server(config)
-    task = asyncio.create_task(server.serve())
-    async with asyncio.timeout(10):
-        while not server.started:
-            if task.done():
-                task.result()
-            await asyncio.sleep(0.01)
-    try:
+    async with serving(receiver, receiver.port, log_level="warning", lifespan="off"):
         yield receiver
-    finally:
-        server.should_exit = True
-        async with asyncio.timeout(10):
-            await task

@@ -22,6 +22,7 @@ from sqlalchemy import and_, case, delete, exists, func, or_, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncEngine
 from sqlalchemy.sql.elements import ColumnElement
+from sqlalchemy.sql.selectable import FromClause, Join
 
 from app.conversations.lifecycle import Kind
 from app.notify.rules import Level, Reason
@@ -91,6 +92,18 @@ def _not_deleted(
     )
 
 
+def _with_read_state(mentioned: FromClause) -> Join:
+    """``mentioned`` (``mentions``, or a join from it) with the mentioned user's read position
+    of each mention's conversation (NULL: nothing read)."""
+    return mentioned.outerjoin(
+        read_state,
+        and_(
+            read_state.c.user == mentions.c.user,
+            read_state.c.conversation == mentions.c.conversation,
+        ),
+    )
+
+
 class NotificationStore:
     def __init__(self, engine: AsyncEngine) -> None:
         self._engine = engine
@@ -123,18 +136,14 @@ class NotificationStore:
                 mentions.c.id > func.coalesce(read_state.c.last_read_id, 0),
             )
             .select_from(
-                mentions.join(
-                    messages,
-                    and_(
-                        messages.c.conversation == mentions.c.conversation,
-                        messages.c.id == mentions.c.id,
-                    ),
-                ).outerjoin(
-                    read_state,
-                    and_(
-                        read_state.c.user == mentions.c.user,
-                        read_state.c.conversation == mentions.c.conversation,
-                    ),
+                _with_read_state(
+                    mentions.join(
+                        messages,
+                        and_(
+                            messages.c.conversation == mentions.c.conversation,
+                            messages.c.id == mentions.c.id,
+                        ),
+                    )
                 )
             )
             .where(
@@ -161,15 +170,7 @@ class NotificationStore:
         (those with any), each counted up to ``cap + 1``."""
         query = (
             select(mentions.c.conversation, func.count())
-            .select_from(
-                mentions.outerjoin(
-                    read_state,
-                    and_(
-                        read_state.c.user == mentions.c.user,
-                        read_state.c.conversation == mentions.c.conversation,
-                    ),
-                )
-            )
+            .select_from(_with_read_state(mentions))
             .where(
                 mentions.c.user == user,
                 mentions.c.id > func.coalesce(read_state.c.last_read_id, 0),
