@@ -14,12 +14,15 @@ import json
 import os
 import re
 from pathlib import Path
+from typing import Any
 
+import httpx2 as httpx
 import pytest
 from PIL import Image
 from playwright.async_api import Browser, Route, expect
 
-from tests.helpers import ChatClient, LiveServer, make_settings, run_server
+from app.notify.webpush import generate_keys
+from tests.helpers import ChatClient, Frame, LiveServer, make_settings, run_server, wait_until
 from tests.processes import S3Server
 from tests.test_browser import UI_TIMEOUT_MS, ChatPage, browser, frames_sent, label
 from tests.test_durable import store_of, wait_indexed, wait_stored
@@ -608,3 +611,472 @@ async def test_files_go_to_an_s3_bucket_and_show_from_it(
         finally:
             await ada.close()
             await bob.close()
+
+
+# -- mentions and notifications (docs/protocol.md, "Mentions and notifications") -------------
+
+
+async def notifying_page(browser: Browser, base_url: str, name: str, room: str) -> ChatPage:
+    """A tab whose person allowed notifications (the browser's permission), then pressed the
+    page's "Enable notifications": its service worker is registered and active."""
+    context = await browser.new_context(viewport={"width": 1200, "height": 800})
+    await context.grant_permissions(["notifications"], origin=base_url)
+    chat = ChatPage(await context.new_page())
+    await chat.page.goto(f"{base_url}/?name={name}&room={room}")
+    await chat.connected()
+    await expect(chat.page.locator("#room-title")).to_have_text(room)
+    state = chat.page.locator("#notify-state")
+    await expect(state).not_to_contain_text("Notifications are on")  # never asked on load
+    await chat.page.get_by_role("button", name="Enable notifications").click()
+    await expect(state).to_contain_text("Notifications are on")
+    await page_holds(chat, "navigator.serviceWorker.controller !== null")
+    return chat
+
+
+async def page_holds(chat: ChatPage, expression: str, timeout: float = 10) -> None:
+    """Until ``expression`` is true in the page (evaluated from outside: polling in the page
+    would need eval, which its Content-Security-Policy refuses)."""
+    async with asyncio.timeout(timeout):
+        while not await chat.page.evaluate(expression):
+            await asyncio.sleep(0.05)
+
+
+async def shown_notifications(chat: ChatPage) -> list[dict[str, Any]]:
+    """The notifications the page's service worker registration shows now."""
+    shown: list[dict[str, Any]] = await chat.page.evaluate(
+        """async () => {
+          const registration = await navigator.serviceWorker.getRegistration("/");
+          const shown = registration ? await registration.getNotifications() : [];
+          return shown.map((n) => ({ title: n.title, body: n.body, tag: n.tag, data: n.data }));
+        }"""
+    )
+    return shown
+
+
+async def notifications_until(chat: ChatPage, count: int, timeout: float = 10) -> list[Frame]:
+    """The notifications shown, once there are ``count`` of them."""
+    async with asyncio.timeout(timeout):
+        while len(shown := await shown_notifications(chat)) < count:
+            await asyncio.sleep(0.05)
+    return shown
+
+
+async def test_at_offers_the_rooms_people_and_the_mentioned_sees_it_and_its_list(
+    browser: Browser, tmp_path: Path
+) -> None:
+    """On a guest server two people are called bob: "@bo" in ada's composer lists both (a
+    listbox under the ARIA combobox pattern), each with its id; the arrow keys and Enter pick
+    the one on the page, which inserts "@<id> ". That bob, reading another room, sees the
+    lobby's "@1" badge, the sidebar's Mentions count and the tab's "(@1)"; the Mentions list
+    has the message, unread, and opens the lobby at it: highlighted, his name a chip."""
+    settings = make_settings(auth_mode="guest", database_url=f"sqlite:///{tmp_path}/data/hubbub.db")
+    async with run_server(settings) as live:
+        ada = await ChatPage.open(browser, live.http_url, "ada", "lobby")
+        bob = await ChatPage.open(browser, live.http_url, "bob", "lobby")
+        try:
+            async with ChatClient.connect(live.ws_url("bob")) as other:
+                bob_id = await bob.page.evaluate("hubbub.client.hello.user")
+                other_id = other.hello["user"]
+                await other.expect("inbox")  # sent after hello, with a store
+                await other.join("lobby")
+                await other.say("lobby", "the other bob")
+                await bob.say("hi, bob here")
+                await ada.shows(["the other bob", "hi, bob here"])
+                await wait_stored(store_of(live), "lobby", 2, timeout=10)  # both took part
+                await bob.page.locator("#join-input").fill("side")
+                await bob.page.locator("#join-input").press("Enter")
+                await expect(bob.page.locator("#room-title")).to_have_text("side")
+
+                box = ada.page.locator("#composer-input")
+                options = ada.page.locator("#mention-options [role=option]")
+                await box.press_sequentially("@bo")
+                await expect(box).to_have_attribute("aria-expanded", "true")
+                await expect(options).to_have_count(2)
+                users = [await option.get_attribute("data-user") for option in await options.all()]
+                assert sorted(users) == sorted([bob_id, other_id])  # type: ignore[type-var]
+                for option, user in zip(await options.all(), users, strict=True):
+                    await expect(option.locator(".option-id")).to_have_text(user or "")
+                await expect(options.first).to_have_attribute("aria-selected", "true")
+                for _ in range(users.index(bob_id)):
+                    await box.press("ArrowDown")
+                chosen = options.nth(users.index(bob_id))
+                await expect(chosen).to_have_attribute("aria-selected", "true")
+                await expect(box).to_have_attribute(
+                    "aria-activedescendant", await chosen.get_attribute("id") or ""
+                )
+                await box.press("Enter")  # picks: does not send
+                await expect(box).to_have_value(f"@{bob_id} ")
+                await expect(ada.page.locator("#mention-options")).to_be_hidden()
+                await expect(box).to_have_attribute("aria-expanded", "false")
+                await box.press_sequentially("look @")
+                await expect(options).to_have_count(3)  # both bobs and @here
+                await box.press("Escape")
+                await expect(ada.page.locator("#mention-options")).to_be_hidden()
+                await box.press("Backspace")
+                await box.press("Enter")
+                assert frames_sent(ada, "send")[-1]["text"] == f"@{bob_id} look"
+
+            lobby = bob.page.locator("#rooms li[data-room=lobby]")
+            await expect(lobby.locator(".mention-badge")).to_have_text("@1 mention")
+            await expect(bob.page.locator("#mentions-count")).to_have_text("1 unread")
+            await expect(bob.page).to_have_title("(@1) Hubbub")
+            await wait_stored(store_of(live), "lobby", 3, timeout=10)
+            await bob.page.locator("#mentions-open").click()
+            assert frames_sent(bob, "mentions")[-1] == {"type": "mentions", "limit": 20}
+            found = bob.page.locator("#mentions-list .mention-result")
+            await expect(found).to_have_count(1)
+            await expect(found).to_have_class(re.compile(r"\bunread\b"))
+            await expect(found.locator(".result-head")).to_contain_text("Unread")
+            await expect(found.locator(".result-head strong")).to_have_text("lobby")
+            await expect(found.locator(".result-text")).to_have_text(f"@{bob_id} look")
+            await found.locator(".result-open").click()
+            await expect(bob.page.locator("#room-title")).to_have_text("lobby")
+            message = bob.page.locator("#messages .message.found")
+            await expect(message).to_have_class(re.compile(r"\bmentioned\b"))
+            await expect(message).to_be_in_viewport()
+            chip = message.locator(".text .mention.me")
+            await expect(chip).to_have_text(f"@{label(bob_id, [bob_id, other_id])}")
+            await expect(chip).to_have_attribute("title", bob_id)
+            await expect(bob.page.locator("#mentions-count")).to_be_hidden()
+            await expect(bob.page).to_have_title("Hubbub")
+            # Ada's own view: not highlighted (it is not for her), the chip still a chip.
+            mine = ada.page.locator("#messages .message").last
+            await expect(mine).not_to_have_class(re.compile(r"\bmentioned\b"))
+            await expect(mine.locator(".text .mention")).to_have_count(1)
+        finally:
+            await ada.close()
+            await bob.close()
+
+
+async def test_the_tab_title_counts_unread_and_marks_mentions(
+    browser: Browser, tmp_path: Path
+) -> None:
+    """ "(N) Hubbub": the unread messages of every conversation, "(@N)" while one of them
+    mentions you, kept over a reload (the inbox counts mentions apart); opening the room
+    clears it. With the tab hidden, messages into the room on screen count until it is seen."""
+    settings = make_settings(database_url=f"sqlite:///{tmp_path}/data/hubbub.db")
+    async with run_server(settings) as live:
+        ada = await ChatPage.open(browser, live.http_url, "ada", "lobby")
+        try:
+            await ada.say("hello")
+            await ada.shows(["hello"])
+            await wait_stored(store_of(live), "lobby", 1, timeout=10)
+            await wait_until(lambda: bool(frames_sent(ada, "read")), timeout=10)  # read it
+            await ada.page.locator("#join-input").fill("side")
+            await ada.page.locator("#join-input").press("Enter")
+            await expect(ada.page.locator("#room-title")).to_have_text("side")
+            await expect(ada.page).to_have_title("Hubbub")
+            lobby = ada.page.locator("#rooms li[data-room=lobby]")
+            async with ChatClient.connect(live.ws_url("bob")) as bob:
+                await bob.expect("inbox")  # sent after hello, with a store
+                await bob.join("lobby")
+                await bob.say("lobby", "one")
+                await bob.say("lobby", "two")
+                await expect(ada.page).to_have_title("(2) Hubbub")
+                await expect(lobby.locator(".mention-badge")).to_be_hidden()
+                await bob.say("lobby", "@ada three")
+                await expect(ada.page).to_have_title("(@3) Hubbub")
+                await expect(lobby.locator(".unread")).to_have_text("3")
+                await expect(lobby.locator(".mention-badge")).to_have_text("@1 mention")
+                await wait_stored(store_of(live), "lobby", 4, timeout=10)
+                await ada.page.reload()
+                await ada.connected()
+                await expect(ada.page.locator("#room-title")).to_have_text("side")
+                await expect(lobby.locator(".mention-badge")).to_have_text("@1 mention")
+                await expect(ada.page).to_have_title("(@3) Hubbub")
+                await lobby.locator(".room").click()
+                await expect(ada.page).to_have_title("Hubbub")
+                await expect(lobby.locator(".mention-badge")).to_be_hidden()
+
+                await set_visibility(ada, "hidden")
+                await bob.say("lobby", "four")
+                await ada.shows(["hello", "one", "two", "@ada three", "four"])
+                await expect(ada.page).to_have_title("(1) Hubbub")
+                await set_visibility(ada, "visible")
+                await expect(ada.page).to_have_title("Hubbub")
+        finally:
+            await ada.close()
+
+
+async def test_visibility_is_said_on_changes_and_on_every_connection(
+    browser: Browser,
+) -> None:
+    """The page says it is visible once connected (in view, just used), hidden when its tab
+    is, visible again when it is back, idle after 5 minutes without a pointer, key or focus
+    and visible at the next; only changes are sent, and a new connection is told again."""
+    settings = make_settings(heartbeat_interval_s=900, heartbeat_timeout_s=10)
+    async with run_server(settings) as live:
+        context = await browser.new_context()
+        chat = ChatPage(await context.new_page())
+        await chat.page.clock.install()
+        try:
+            await chat.page.goto(f"{live.http_url}/?name=ada&room=lobby")
+            await chat.connected()
+
+            def said() -> list[object]:
+                return [frame["visible"] for frame in frames_sent(chat, "visibility")]
+
+            await wait_until(lambda: said() == [True], timeout=10)
+            for x in range(5):  # in use: nothing new to say
+                await chat.page.mouse.move(10 + x, 10)
+            await set_visibility(chat, "hidden")
+            await wait_until(lambda: said() == [True, False], timeout=10)
+            await set_visibility(chat, "visible")
+            await wait_until(lambda: said() == [True, False, True], timeout=10)
+            await chat.page.clock.fast_forward("05:01")  # no pointer, key or focus since
+            await wait_until(lambda: said() == [True, False, True, False], timeout=10)
+            await chat.page.mouse.move(50, 50)
+            await wait_until(lambda: said() == [True, False, True, False, True], timeout=10)
+            await chat.page.mouse.move(60, 60)
+
+            await chat.page.evaluate("hubbub.client.ws.close()")  # the connection drops
+            await wait_until(lambda: len(chat.sockets) == 2, timeout=10)
+            await chat.connected()
+            _, on_new = chat.sockets[-1]
+            await wait_until(
+                lambda: (
+                    [json.loads(p) for p in on_new if '"visibility"' in str(p)]
+                    == [{"type": "visibility", "visible": True}]
+                ),
+                timeout=10,
+            )
+            assert said() == [True, False, True, False, True, True]
+        finally:
+            await chat.close()
+
+
+async def test_a_hidden_tab_notifies_of_a_direct_message_or_mention_and_a_visible_one_does_not(
+    browser: Browser, tmp_path: Path
+) -> None:
+    """With notifications allowed and enabled, ada's page shows nothing while she looks at it
+    (carol's direct message); hidden, bob's mention in the lobby and his direct message each
+    show one (through the service worker's registration: conversation and author, the text,
+    one tag per conversation, a link to the message), his plain message in the lobby none,
+    nor her own. The link opens the conversation at the message."""
+    settings = make_settings(database_url=f"sqlite:///{tmp_path}/data/hubbub.db")
+    async with run_server(settings) as live:
+        ada = await notifying_page(browser, live.http_url, "ada", "lobby")
+        try:
+            await ada.say("hello")
+            await ada.shows(["hello"])
+            await wait_stored(store_of(live), "lobby", 1, timeout=10)
+            async with (
+                ChatClient.connect(live.ws_url("bob")) as bob,
+                ChatClient.connect(live.ws_url("carol")) as carol,
+                ChatClient.connect(live.ws_url("ada")) as ada_elsewhere,
+            ):
+                for client in (bob, carol, ada_elsewhere):
+                    await client.expect("inbox")  # sent after hello, with a store
+                await carol.say_to("ada", "while you look")
+                await expect(ada.page.locator("#dms li[data-room='@carol']")).to_have_count(1)
+                await set_visibility(ada, "hidden")
+                for client in (bob, ada_elsewhere):
+                    await answer(client, {"type": "join", "room": "lobby"}, "joined")
+                await bob.say("lobby", "@ada the plan")
+                await ada.shows(["hello", "@ada the plan"])
+                await ada_elsewhere.say("lobby", "@here from my phone")  # hers: none
+                await bob.say("lobby", "nothing for ada")  # her level of rooms: mentions
+                await bob.say_to("ada", "psst")
+                shown = await notifications_until(ada, 2)
+                await ada.shows(
+                    ["hello", "@ada the plan", "@here from my phone", "nothing for ada"]
+                )
+            highlighted = ada.page.locator("#messages .message.mentioned .text")
+            await expect(highlighted).to_have_text(["@ada the plan"])  # her own @here: not
+            by_tag = {notification["tag"]: notification for notification in shown}
+            assert sorted(by_tag) == ["hubbub:room:lobby", "hubbub:with:bob"], shown
+            mention, direct = by_tag["hubbub:room:lobby"], by_tag["hubbub:with:bob"]
+            assert (mention["title"], mention["body"]) == ("lobby · bob", "@ada the plan")
+            assert (direct["title"], direct["body"]) == ("bob · direct message", "psst")
+            psst = direct["data"]["id"]
+            assert direct["data"]["url"] == f"{live.http_url}/?with=bob&message={psst}"
+            assert mention["data"]["room"] == "lobby"
+            await ada.page.goto(direct["data"]["url"])  # as a click opens it, with no tab left
+            await ada.connected()
+            await expect(ada.page.locator("#room-title")).to_have_text("@bob")
+            await expect(ada.page.locator("#messages .message.found .text")).to_have_text("psst")
+        finally:
+            await ada.close()
+
+
+async def test_the_service_worker_is_served_for_the_page_and_registered(
+    browser: Browser, server: LiveServer
+) -> None:
+    """/static/sw.js is JavaScript allowed the page's scope ("/"), never cached stale; the
+    page's policy allows it as a worker; once notifications are enabled it controls the
+    page, scope "/", and shows a push from its payload when no tab of the chat is open.
+    Without a push service (headless Chromium) the page says nothing alarming."""
+    async with httpx.AsyncClient() as http:
+        got = await http.get(f"{server.http_url}/static/sw.js")
+        page = await http.get(f"{server.http_url}/")
+    assert got.status_code == 200
+    assert got.headers["content-type"].startswith("text/javascript")
+    assert got.headers["service-worker-allowed"] == "/"
+    assert got.headers["cache-control"] == "no-cache"
+    assert got.headers["x-content-type-options"] == "nosniff"
+    assert 'addEventListener("push"' in got.text
+    assert "worker-src 'self'" in page.headers["content-security-policy"]
+
+    chat = await notifying_page(browser, server.http_url, "ada", "lobby")
+    try:
+        registration = await chat.page.evaluate(
+            """async () => {
+              const registration = await navigator.serviceWorker.getRegistration("/");
+              return { scope: registration.scope, script: registration.active.scriptURL };
+            }"""
+        )
+        assert registration == {
+            "scope": f"{server.http_url}/",
+            "script": f"{server.http_url}/static/sw.js",
+        }
+        await expect(chat.page.locator("#alerts .alert")).to_have_count(0)
+        assert frames_sent(chat, "push_subscribe") == []  # the server offers no push key
+
+        # A push, as a push service delivers it (CDP), once no tab of the chat is open: shown
+        # from its payload, tagged by conversation, linking to the message. Another page of
+        # the origin (not the chat) reads what its registration shows.
+        context = chat.page.context
+        other = await context.new_page()
+        await other.goto(f"{server.http_url}/static/chat.css")
+        cdp = await context.new_cdp_session(other)
+        registrations: list[str] = []
+        cdp.on(
+            "ServiceWorker.workerRegistrationUpdated",
+            lambda event: registrations.extend(
+                found["registrationId"]
+                for found in event["registrations"]
+                if found["scopeURL"] == f"{server.http_url}/" and not found["isDeleted"]
+            ),
+        )
+        await cdp.send("ServiceWorker.enable")
+        await wait_until(lambda: bool(registrations), timeout=10)
+        await chat.page.close()
+        await cdp.send(
+            "ServiceWorker.deliverPushMessage",
+            {
+                "origin": server.http_url,
+                "registrationId": registrations[0],
+                "data": json.dumps(
+                    {"type": "notification", "with": "carol", "id": 9, "text": "psst",
+                     "user": "bob-0123456789abcdef", "ts": 1_700_000_000_000,
+                     "reason": "direct", "count": 3}
+                ),
+            },
+        )  # fmt: skip
+        shown: list[Frame] = []
+        async with asyncio.timeout(10):
+            while not shown:
+                shown = await other.evaluate(
+                    """async () => {
+                      const registration = await navigator.serviceWorker.getRegistration("/");
+                      return (await registration.getNotifications()).map(
+                        (n) => ({ title: n.title, body: n.body, tag: n.tag, data: n.data }));
+                    }"""
+                )
+        assert shown == [
+            {
+                "title": "bob · direct message (3 new)",
+                "body": "psst",
+                "tag": "hubbub:with:carol",
+                "data": {
+                    "with": "carol",
+                    "id": 9,
+                    "url": f"{server.http_url}/?with=carol&message=9",
+                },
+            }
+        ]
+    finally:
+        await chat.close()
+
+
+async def test_the_level_control_sends_notifications_and_shows_the_servers_answer(
+    browser: Browser, tmp_path: Path
+) -> None:
+    """The header's control asks the conversation's level when opened and shows what the
+    server answers (a level set from elsewhere included); a level or a mute picked is sent as
+    a `notifications` frame and shown once answered; a reload shows it again."""
+    settings = make_settings(database_url=f"sqlite:///{tmp_path}/data/hubbub.db")
+    async with run_server(settings) as live:
+        chat = await ChatPage.open(browser, live.http_url, "ada", "lobby")
+        try:
+            button = chat.page.locator("#notify-button")
+            label_ = chat.page.locator("#notify-label")
+            await expect(button).to_be_visible()
+            await expect(label_).to_have_text("Mentions & DMs")  # a room's default
+            async with ChatClient.connect(live.ws_url("ada")) as elsewhere:
+                await answer(
+                    elsewhere,
+                    {"type": "notifications", "room": "lobby", "level": "all"},
+                    "notifications",
+                )
+            await button.click()
+            await expect(button).to_have_attribute("aria-expanded", "true")
+            assert frames_sent(chat, "notifications")[-1] == {
+                "type": "notifications",
+                "room": "lobby",
+            }
+            await expect(label_).to_have_text("All messages")  # the server's answer
+            await expect(chat.page.get_by_label("All messages")).to_be_checked()
+
+            await chat.page.get_by_label("Nothing").check()
+            await expect(label_).to_have_text("Nothing")
+            assert frames_sent(chat, "notifications")[-1] == {
+                "type": "notifications",
+                "room": "lobby",
+                "level": "none",
+            }
+            before = await chat.page.evaluate("Date.now()")
+            await chat.page.get_by_role("button", name="Mute for 1 hour").click()
+            await expect(label_).to_have_text(re.compile(r"^Muted until \d"))
+            until = frames_sent(chat, "notifications")[-1]["mute_until"]
+            assert isinstance(until, int) and 0 <= until - before - 3_600_000 < 60_000
+            await chat.page.get_by_role("button", name="Unmute").click()
+            await expect(label_).to_have_text("Nothing")
+            assert frames_sent(chat, "notifications")[-1]["mute_until"] == 0
+            await chat.page.keyboard.press("Escape")
+            await expect(chat.page.locator("#notify-panel")).to_be_hidden()
+            await expect(button).to_be_focused()
+
+            await chat.page.reload()
+            await chat.connected()
+            await expect(label_).to_have_text("Nothing")  # the levels you changed, listed
+        finally:
+            await chat.close()
+
+
+# Chromium's own console message when a page subscribes to push where it has no push service
+# (a headless or incognito window): the browser's, not the page's.
+NO_PUSH_SERVICE = "Chrome currently does not support the Push API in incognito mode"
+
+
+async def test_without_a_push_service_the_page_keeps_its_own_notifications_quietly(
+    browser: Browser, tmp_path: Path
+) -> None:
+    """A server with Web Push offers its key in hello; the page, notifications enabled, tries
+    to subscribe with it. Headless Chromium has no push service: the page tells the server
+    nothing, shows no alert, and still says notifications come while the tab is hidden, as
+    they do."""
+    private, public = generate_keys()
+    settings = make_settings(
+        database_url=f"sqlite:///{tmp_path}/data/hubbub.db", vapid_private_key=private
+    )
+    async with run_server(settings) as live:
+        ada = await notifying_page(browser, live.http_url, "ada", "lobby")
+        try:
+            assert await ada.page.evaluate("hubbub.client.hello.push_key") == public
+            # The subscription was tried (and refused by the browser).
+            await wait_until(lambda: any(NO_PUSH_SERVICE in e for e in ada.errors), timeout=10)
+            ada.errors[:] = [error for error in ada.errors if NO_PUSH_SERVICE not in error]
+            await expect(ada.page.locator("#notify-state")).to_have_text(
+                "Notifications are on: mentions and direct messages while this tab is in the "
+                "background."
+            )
+            await expect(ada.page.locator("#alerts .alert")).to_have_count(0)
+            assert frames_sent(ada, "push_subscribe") == []
+            await set_visibility(ada, "hidden")
+            async with ChatClient.connect(live.ws_url("bob")) as bob:
+                await bob.say_to("ada", "still told")
+                [shown] = await notifications_until(ada, 1)
+            assert (shown["title"], shown["body"]) == ("bob · direct message", "still told")
+        finally:
+            await ada.close()

@@ -1,5 +1,5 @@
 // The chat page: rooms, direct messages, presence, typing, unread counts, "seen by", replies,
-// edits, deletions, reactions and files, connection state — on top of hubbub.js. Messages are kept per conversation (a room, or "@user" for the direct
+// edits, deletions, reactions and files, mentions and notifications, connection state — on top of hubbub.js. Messages are kept per conversation (a room, or "@user" for the direct
 // messages with a user) by id and shown in id order, so a message replayed after a reconnect or
 // reloaded over HTTP appears exactly once; scrolling up loads older ones. Text is always set as
 // text, never HTML. People are shown by `personLabel` (a suffix from the id tells two alices
@@ -27,6 +27,11 @@ const INVITE_OPTIONS_SHOWN = 8;
 const DECLINE_EVERY_MS = 100; // "Decline all" stays under the connection's frame rate
 const GROUP_WITHIN_MS = 5 * 60_000; // a message this soon after its author's last is grouped
 const MAX_TEXT_CHARS = 8000; // until hello says (its limits.max_text_chars)
+const MENTION_OPTIONS_SHOWN = 8;
+const IDLE_AFTER_MS = 5 * 60_000; // no pointer, key or focus for this long: the page is not "visible"
+const NOTIFY_FRESH_MS = 5 * 60_000; // older messages (replays after a reconnect) notify no one
+const APP_TITLE = "Hubbub";
+const LEVEL_LABELS = { all: "All messages", mentions: "Mentions & DMs", none: "Nothing" };
 const MORE_EMOJI = ["👍", "👎", "❤️", "😂", "🎉", "👀", "🙏", "🔥", "✅", "❌", "😮", "😢", "😡", "🤔", "👏",
   "🙌", "💯", "🚀", "☕", "🍕", "😀", "😅", "😍", "😎", "🤝", "👋", "💡", "⚠️", "📌", "🐛"];
 // Close codes in words (the status line says why, never a bare number).
@@ -44,7 +49,9 @@ const $ = (id) => document.getElementById(id);
  * history, loading, pending: Map<cid, {text, failed?}> (sends not acked yet: written while
  * offline, they go out on reconnect), firstUnread: id|null (where "New messages" is),
  * uploads: [{key, name, size, sent, id: file id once uploaded, controller}] (the files above
- * the composer, for the next message)} */
+ * the composer, for the next message), mentions: unread messages that mention you (the
+ * inbox's count, then live ones), away / awayMentions: messages (mentioning you) that came
+ * into the shown conversation while nobody could read it (a hidden or unfocused tab)} */
 const rooms = new Map();
 let active = null;
 /** What the composer does with its text: a new message, `{reply: id}`, or `{edit: id}`. */
@@ -61,6 +68,8 @@ const people = new Map();
 let namesRefresh = false; // a refresh of every shown name is scheduled
 /** room -> its `invited` frame, oldest first: invitations waiting for Join or Decline. */
 const invitations = new Map();
+/** {room|with, id}: the message the address named, opened once connected. */
+let openOnConnect = null;
 
 function conversationOf(frame) {
   if (frame.room !== undefined) return frame.room;
@@ -70,8 +79,21 @@ function conversationOf(frame) {
 
 function newConversation(kind, peer) {
   return { kind, peer, messages: new Map(), count: 0, users: kind === "room" ? new Set() : null,
-           unread: 0, typing: new Map(), read: new Map(), complete: false, loading: false,
-           pending: new Map(), firstUnread: null, uploads: [] };
+           unread: 0, mentions: 0, away: 0, awayMentions: 0, typing: new Map(), read: new Map(),
+           complete: false, loading: false, pending: new Map(), firstUnread: null, uploads: [] };
+}
+
+/** Whether message `frame` is for you in particular: it mentions you, or everyone present
+ * (`@here`); never your own. */
+function forMe(frame) {
+  const me = client?.hello?.user;
+  return Boolean(me) && frame.user !== me && (frame.mentions?.includes(me) || frame.here === true);
+}
+
+/** Whether `frame` mentions you by name (what the inbox counts). */
+function mentionsMe(frame) {
+  const me = client?.hello?.user;
+  return Boolean(me) && frame.user !== me && frame.mentions?.includes(me) === true;
 }
 
 /** A message's text as read, without its formatting marks (for quotes). */
@@ -207,6 +229,12 @@ function start(name, renamed = false) {
       renamed = false;
       showAlert(`You are now ${personLabel(e.detail.user)}`, "info");
     }
+    subscribePush(); // with the server's key, when notifications are on
+    if (openOnConnect) { // the address named a message (a notification's link)
+      const target = openOnConnect;
+      openOnConnect = null;
+      openAt(target);
+    }
   });
   client.addEventListener("joined", (e) => onJoined(e.detail));
   client.addEventListener("message", (e) => addMessage(e.detail));
@@ -251,10 +279,15 @@ function start(name, renamed = false) {
   });
   client.addEventListener("typing", (e) => onTyping(e.detail));
   client.addEventListener("error", (e) => onError(e.detail));
+  visibleSaid = null; // a new client: told (it says it again on every connection)
+  reportVisibility();
   client.connect();
   // Every saved conversation comes back; the one being read when the page was left is shown
-  // (or the room in the address).
-  const wanted = new URLSearchParams(location.search).get("room");
+  // (or the one in the address: ?room=R or ?with=U, and &message=ID opens it at that message,
+  // as a notification's link does).
+  const params = new URLSearchParams(location.search);
+  const wanted = params.get("room");
+  const peer = params.get("with");
   const saved = JSON.parse(localStorage.getItem("hubbub.rooms") || "[]").filter((key) => typeof key === "string");
   const initial = saved.length ? saved : ["lobby"];
   if (wanted && ROOM.test(wanted) && !initial.includes(wanted)) initial.push(wanted);
@@ -262,9 +295,17 @@ function start(name, renamed = false) {
     if (key.startsWith("@")) openDirect(key.slice(1), false);
     else if (ROOM.test(key)) joinRoom(key, false);
   }
+  if (peer && USER.test(peer)) openDirect(peer, false);
   const last = localStorage.getItem("hubbub.active");
-  const show = wanted && rooms.has(wanted) ? wanted : last && rooms.has(last) ? last : [...rooms.keys()][0] ?? null;
+  const show = peer && rooms.has(`@${peer}`) ? `@${peer}`
+    : wanted && rooms.has(wanted) ? wanted : last && rooms.has(last) ? last : [...rooms.keys()][0] ?? null;
+  const message = Number(params.get("message"));
+  if (Number.isSafeInteger(message) && message > 0 && show !== null && (show === wanted || show === `@${peer}`)) {
+    openOnConnect = show.startsWith("@") ? { with: show.slice(1), id: message } : { room: show, id: message };
+  }
   setActive(show);
+  renderNotifyState();
+  if (notifyEnabled()) setUpWorker(); // allowed before: no question asked
 }
 
 /** An error frame: a refused join of a private room leaves the sidebar (and is not tried
@@ -279,6 +320,8 @@ function onError(error) {
     return;
   }
   if (code === "ack_timeout" || (ref === "send" && error.cid)) return; // the message says it (sendText)
+  // An older server that knows no `visibility` frame: nothing to tell anyone.
+  if (ref === "visibility") return;
   showAlert(`${message} (${code})`);
 }
 
@@ -472,9 +515,11 @@ function sidebarItem(list, key, label, title) {
   open.type = "button";
   if (title) open.title = title;
   open.addEventListener("click", () => setActive(key));
+  const mentions = el("span", "mention-badge");
+  mentions.hidden = true;
   const unread = el("span", "unread");
   unread.hidden = true;
-  item.append(open, unread);
+  item.append(open, mentions, unread);
   list.append(item);
   return item;
 }
@@ -482,6 +527,7 @@ function sidebarItem(list, key, label, title) {
 function joinRoom(room, show = true) {
   if (!rooms.has(room)) {
     rooms.set(room, newConversation("room"));
+    elsewhereMentions.delete(room); // counted on its row now
     const item = sidebarItem($("rooms"), room, room);
     const leave = el("button", "leave", "×");
     leave.type = "button";
@@ -560,27 +606,50 @@ function openDirect(user, show = true) {
 }
 
 function onInbox({ conversations }) {
+  const first = !hasStore;
   hasStore = true;
   markReadSoon(); // what is shown already
+  elsewhereMentions.clear();
   for (const entry of conversations) {
     if (entry.room !== undefined) {
-      if (rooms.has(entry.room) && entry.room !== active) showUnread(entry.room, entry.unread);
+      if (rooms.has(entry.room) && entry.room !== active) showUnread(entry.room, entry.unread, entry.mentions ?? 0);
+      else if (!rooms.has(entry.room) && entry.mentions) elsewhereMentions.set(entry.room, entry.mentions);
       continue;
     }
     openDirect(entry.with, false);
     const state = rooms.get(`@${entry.with}`);
     if (entry.peer_read) onReceipt(`@${entry.with}`, entry.with, entry.peer_read);
-    if (active !== `@${entry.with}` && entry.unread > state.unread) showUnread(`@${entry.with}`, entry.unread);
+    if (active !== `@${entry.with}` && entry.unread > state.unread) {
+      showUnread(`@${entry.with}`, entry.unread, entry.mentions ?? state.mentions);
+    }
+  }
+  renderUnreadTotals();
+  $("mentions-entry").hidden = false; // kept by the server: listed
+  if (first) { // the levels you chose (to honour them in this page's notifications)
+    client.notificationLevels().then((list) => onLevels(list), levelsRefused);
+    renderNotifyControl();
   }
 }
 
-function showUnread(key, count) {
+/** Conversation `key`'s unread count (and how many of those mention you), on its sidebar row:
+ * the count, and an "@N" badge for the mentions. */
+function showUnread(key, count, mentions = count === 0 ? 0 : rooms.get(key).mentions) {
   const state = rooms.get(key);
   state.unread = count;
-  const badge = document.querySelector(`[data-room="${CSS.escape(key)}"] .unread`);
-  if (!badge) return;
-  badge.textContent = count > 999 ? "999+" : String(count);
-  badge.hidden = count === 0;
+  state.mentions = Math.min(mentions, count || mentions);
+  const row = document.querySelector(`[data-room="${CSS.escape(key)}"]`);
+  const badge = row?.querySelector(".unread");
+  if (badge) {
+    badge.textContent = count > 999 ? "999+" : String(count);
+    badge.hidden = count === 0;
+  }
+  const mark = row?.querySelector(".mention-badge");
+  if (mark) {
+    mark.replaceChildren(`@${state.mentions > 999 ? "999+" : state.mentions}`,
+      el("span", "visually-hidden", state.mentions === 1 ? " mention" : " mentions"));
+    mark.hidden = state.mentions === 0;
+  }
+  renderUnreadTotals();
 }
 
 function leaveRoom(room) {
@@ -612,11 +681,16 @@ function setActive(key) {
   saveDraft();
   active = key;
   if (key !== null) localStorage.setItem("hubbub.active", key);
-  // The address names the room being read: a reload (or a shared link) opens it.
+  // The address names the conversation being read: a reload (or a shared link) opens it.
   const address = new URL(location.href);
+  address.searchParams.delete("message");
   if (key !== null && !key.startsWith("@")) address.searchParams.set("room", key);
   else address.searchParams.delete("room");
+  if (key?.startsWith("@")) address.searchParams.set("with", key.slice(1));
+  else address.searchParams.delete("with");
   history.replaceState(null, "", address);
+  closeMentionOptions();
+  closeNotifyPanel(false);
   document.body.classList.remove("drawer-open");
   $("drawer-toggle").setAttribute("aria-expanded", "false");
   const state = key === null ? null : rooms.get(key);
@@ -628,8 +702,10 @@ function setActive(key) {
   if (state) {
     // Where the unread messages begin: a "New messages" line, and a way to jump there.
     state.firstUnread = state.unread ? firstUnreadOf(state) : null;
+    state.away = state.awayMentions = 0;
     showUnread(key, 0);
   }
+  renderNotifyControl();
   $("history-state").textContent = "";
   setComposing({});
   $("composer-input").value = key === null ? "" : drafts.get(key) ?? "";
@@ -1049,7 +1125,13 @@ function messageItem(frame) {
   }
   const text = el("span", "text");
   text.append(renderText(frame.text)); // links and formatting, built as nodes: never markup
+  labelMentions(text, frame);
   item.append(text);
+  if (forMe(frame)) {
+    // For you: highlighted, and said (the highlight is not read out).
+    item.classList.add("mentioned");
+    item.append(el("span", "visually-hidden", frame.mentions?.includes(me) ? " (mentions you)" : " (to everyone here)"));
+  }
   if (frame.edited) item.append(el("span", "edited", " (edited)"));
   if (frame.attachments?.length) item.append(attachmentsOf(frame.attachments));
   const reactions = el("span", "reactions");
@@ -1081,6 +1163,24 @@ function messageItem(frame) {
   seen.hidden = true;
   item.append(seen);
   return item;
+}
+
+/** The "@name" chips in a message's text: those the server resolved (the message's
+ * `mentions`, and `@here` when it has `here`) show the person as everywhere (alice·7e1f, the
+ * id as tooltip), yours marked; any other "@word" was no mention and stays plain text. */
+function labelMentions(text, frame) {
+  const me = client.hello?.user;
+  for (const chip of text.querySelectorAll(".mention[data-user]")) {
+    const user = chip.dataset.user;
+    if (user === "here" ? frame.here === true : frame.mentions?.includes(user)) {
+      if (user === "here") continue;
+      chip.textContent = `@${personLabel(user)}`;
+      chip.title = user;
+      if (user === me) chip.classList.add("me");
+    } else {
+      chip.replaceWith(chip.textContent ?? "");
+    }
+  }
 }
 
 /** An edit, deletion or reaction: the message is shown as it is now. */
@@ -1168,9 +1268,18 @@ function addMessage(frame, older = false, counts = !older, refresh = false) {
     state.typing.delete(frame.user);
     if (key === active) renderTyping();
   }
+  if (counts) notifyOf(key, frame);
   if (key !== active) {
-    if (counts && frame.user !== client.hello?.user) showUnread(key, state.unread + 1);
+    if (counts && frame.user !== client.hello?.user) {
+      showUnread(key, state.unread + 1, state.mentions + (mentionsMe(frame) ? 1 : 0));
+    }
     return;
+  }
+  if (counts && frame.user !== client.hello?.user && !canRead()) {
+    // Shown, but nobody is looking: the tab's title counts it until the page is read again.
+    state.away += 1;
+    if (mentionsMe(frame)) state.awayMentions += 1;
+    renderUnreadTotals();
   }
   const list = $("messages");
   const atBottom = list.scrollHeight - list.scrollTop - list.clientHeight < 40;
@@ -1480,6 +1589,7 @@ function sendCurrent() {
     renderUploads();
     input.value = "";
   }
+  closeMentionOptions();
   lastTyping = 0;
   setComposing({});
   saveDraft();
@@ -1491,6 +1601,7 @@ $("composer").addEventListener("submit", (event) => {
   sendCurrent();
 });
 $("composer-input").addEventListener("keydown", (event) => {
+  if (mentionKey(event)) return; // the list of people to mention has it
   if (event.key === "Escape" && (composing.edit || composing.reply)) {
     if (composing.edit) $("composer-input").value = drafts.get(active) ?? "";
     setComposing({});
@@ -1505,6 +1616,7 @@ $("composer-input").addEventListener("keydown", (event) => {
 $("composer-input").addEventListener("input", () => {
   saveDraft();
   renderComposer();
+  renderMentionOptions();
   const now = Date.now();
   if (active && rooms.get(active)?.kind === "room" && client.state === "open" && now - lastTyping > TYPING_EVERY_MS) {
     lastTyping = now;
@@ -1884,6 +1996,593 @@ $("emoji-button").addEventListener("click", () => {
     input.focus();
     input.selectionStart = input.selectionEnd = at + emoji.length;
   });
+});
+
+// -- mentions: "@" in the composer, the list of messages that mention you -------------------
+
+/** The people "@" offers in the shown conversation: those present, the room's members and
+ * the authors of its loaded messages (a direct conversation: the other person); not you.
+ * In a room, "@here" (everyone present) comes last. */
+function mentionCandidates() {
+  const state = active === null ? null : rooms.get(active);
+  if (!state) return [];
+  const users = new Set(state.kind === "dm" ? [state.peer] : [...(state.users ?? []), ...Object.keys(state.record?.members ?? {})]);
+  for (const message of state.messages.values()) users.add(message.user);
+  users.delete(client.hello?.user);
+  return [...users];
+}
+
+/** The "@name" being typed just before the caret: {start: where its "@" is, typed}, or null.
+ * An "@" after a letter, digit, "_" or "@" (an e-mail address) is not a mention. */
+function mentionBeingTyped() {
+  const input = $("composer-input");
+  const caret = input.selectionStart;
+  if (caret === null || caret !== input.selectionEnd) return null;
+  const match = /(?:^|[^\p{L}\p{N}_@])@([A-Za-z0-9][A-Za-z0-9_.-]{0,31})?$/u.exec(input.value.slice(0, caret));
+  if (!match) return null;
+  const typed = match[1] ?? "";
+  return { start: caret - typed.length - 1, typed };
+}
+
+const mentionPick = { shown: [], option: -1 }; // the options listed, the highlighted one
+
+/** The autocomplete under "@": the people whose label or id starts with (or holds) what is
+ * typed after it, the first highlighted; hidden when nothing is being typed after an "@". */
+function renderMentionOptions() {
+  const input = $("composer-input");
+  const list = $("mention-options");
+  const typing = input.disabled ? null : mentionBeingTyped();
+  if (!typing) {
+    closeMentionOptions();
+    return;
+  }
+  const typed = typing.typed.toLowerCase();
+  const candidates = mentionCandidates().map((user) => ({ user, label: personLabel(user) }));
+  const rank = ({ user, label }) => {
+    const name = label.toLowerCase();
+    return name.startsWith(typed) || user.toLowerCase().startsWith(typed) ? 0
+      : name.includes(typed) || user.toLowerCase().includes(typed) ? 1 : 2;
+  };
+  const shown = candidates
+    .filter((option) => rank(option) < 2)
+    .sort((a, b) => rank(a) - rank(b) || a.label.localeCompare(b.label))
+    .slice(0, MENTION_OPTIONS_SHOWN)
+    .map(({ user }) => user);
+  if (rooms.get(active)?.kind === "room" && "here".startsWith(typed)) shown.push("@here");
+  const previous = mentionPick.shown[mentionPick.option];
+  mentionPick.shown = shown;
+  mentionPick.option = shown.length ? Math.max(0, shown.indexOf(previous)) : -1;
+  list.replaceChildren(...shown.map((user, n) => {
+    let item;
+    if (user === "@here") {
+      item = el("li", "option mention-here");
+      item.append(el("strong", "", "@here"), el("small", "option-id", "everyone present in the room"));
+    } else {
+      item = personNode(user, "li", "person option");
+      // Two people with one display name (guests): the id says which is which.
+      if (namesakes(user) > 1) item.append(el("small", "option-id", user));
+    }
+    item.id = `mention-option-${n}`;
+    item.dataset.user = user;
+    item.setAttribute("role", "option");
+    item.setAttribute("aria-selected", String(n === mentionPick.option));
+    item.addEventListener("click", () => chooseMention(user));
+    return item;
+  }));
+  list.hidden = shown.length === 0;
+  input.setAttribute("aria-expanded", String(!list.hidden));
+  if (mentionPick.option >= 0) input.setAttribute("aria-activedescendant", `mention-option-${mentionPick.option}`);
+  else input.removeAttribute("aria-activedescendant");
+}
+
+function closeMentionOptions() {
+  const list = $("mention-options");
+  list.hidden = true;
+  list.replaceChildren();
+  mentionPick.shown = [];
+  mentionPick.option = -1;
+  $("composer-input").setAttribute("aria-expanded", "false");
+  $("composer-input").removeAttribute("aria-activedescendant");
+}
+
+/** Put "@user " in place of the "@…" being typed. */
+function chooseMention(user) {
+  const input = $("composer-input");
+  const typing = mentionBeingTyped();
+  if (!typing) return;
+  const mention = user === "@here" ? "@here " : `@${user} `;
+  const after = input.value.slice(input.selectionStart ?? input.value.length);
+  input.value = input.value.slice(0, typing.start) + mention + after.replace(/^ /, "");
+  const caret = typing.start + mention.length;
+  input.focus();
+  input.selectionStart = input.selectionEnd = caret;
+  closeMentionOptions();
+  saveDraft();
+  renderComposer();
+}
+
+/** A key in the composer while the list is open: ↑ ↓ move, Enter or Tab picks, Esc closes.
+ * Whether the list took it. */
+function mentionKey(event) {
+  const list = $("mention-options");
+  if (list.hidden || event.isComposing) return false;
+  const count = mentionPick.shown.length;
+  if (event.key === "ArrowDown" || event.key === "ArrowUp") {
+    event.preventDefault();
+    const step = event.key === "ArrowDown" ? 1 : -1;
+    mentionPick.option = (mentionPick.option + step + count) % count;
+    for (const [n, item] of [...list.children].entries()) item.setAttribute("aria-selected", String(n === mentionPick.option));
+    $("composer-input").setAttribute("aria-activedescendant", `mention-option-${mentionPick.option}`);
+    list.children[mentionPick.option]?.scrollIntoView({ block: "nearest" });
+    return true;
+  }
+  if ((event.key === "Enter" && !event.shiftKey) || event.key === "Tab") {
+    if (mentionPick.option < 0) return false;
+    event.preventDefault();
+    chooseMention(mentionPick.shown[mentionPick.option]);
+    return true;
+  }
+  if (event.key === "Escape") {
+    event.preventDefault();
+    event.stopPropagation();
+    closeMentionOptions();
+    return true;
+  }
+  return false;
+}
+
+$("mention-options").addEventListener("mousedown", (event) => event.preventDefault()); // the click must not blur first
+$("composer-input").addEventListener("blur", closeMentionOptions);
+$("composer-input").addEventListener("click", renderMentionOptions);
+$("composer-input").addEventListener("keyup", (event) => {
+  if (["ArrowLeft", "ArrowRight", "Home", "End"].includes(event.key)) renderMentionOptions();
+});
+
+/** room -> unread mentions, from the inbox, of rooms not in the sidebar. */
+const elsewhereMentions = new Map();
+/** The mentions list while it is open: {before: the oldest ts shown, asking, entries}. */
+let mentionsView = null;
+
+/** Unread mentions in all conversations (the sidebar's "Mentions" count). */
+function unreadMentions() {
+  let total = 0;
+  for (const [key, state] of rooms) total += key === active ? state.awayMentions : state.mentions;
+  for (const count of elsewhereMentions.values()) total += count;
+  return total;
+}
+
+/** The "Mentions" count in the sidebar, and the tab's title: "(N) Hubbub", N the unread
+ * messages of every conversation ("(@N) Hubbub" while any of them mentions you). */
+function renderUnreadTotals() {
+  const mentions = unreadMentions();
+  const badge = $("mentions-count");
+  badge.replaceChildren(mentions > 999 ? "999+" : String(mentions), el("span", "visually-hidden", " unread"));
+  badge.hidden = mentions === 0;
+  let unread = 0;
+  for (const [key, state] of rooms) unread += key === active ? state.away : state.unread;
+  unread = Math.max(unread, mentions);
+  const count = unread > 999 ? "999+" : String(unread);
+  const title = unread ? `(${mentions ? "@" : ""}${count}) ${APP_TITLE}` : APP_TITLE;
+  if (document.title !== title) document.title = title;
+}
+
+/** The page can be read again: what came into the shown conversation meanwhile is seen. */
+function pageSeen() {
+  const state = active === null ? null : rooms.get(active);
+  if (!state || !canRead() || (!state.away && !state.awayMentions)) return;
+  state.away = state.awayMentions = 0;
+  renderUnreadTotals();
+}
+document.addEventListener("visibilitychange", pageSeen);
+window.addEventListener("focus", pageSeen);
+
+$("mentions-open").addEventListener("click", () => {
+  if (!$("mentions-results").hidden) {
+    closeMentions();
+    return;
+  }
+  if (!client) return;
+  mentionsView = { before: undefined, asking: false, entries: [] };
+  $("mentions-list").replaceChildren();
+  $("mentions-results").hidden = false;
+  $("mentions-open").setAttribute("aria-expanded", "true");
+  document.body.classList.remove("drawer-open"); // on a phone: the list is in the conversation
+  $("drawer-toggle").setAttribute("aria-expanded", "false");
+  askMentions();
+});
+$("mentions-close").addEventListener("click", () => {
+  closeMentions();
+  $("mentions-open").focus();
+});
+$("mentions-more").addEventListener("click", () => askMentions());
+
+function closeMentions() {
+  $("mentions-results").hidden = true;
+  $("mentions-open").setAttribute("aria-expanded", "false");
+  mentionsView = null;
+}
+
+/** The next page of the messages that mention you (newest first). */
+function askMentions() {
+  if (!mentionsView || mentionsView.asking) return;
+  const view = mentionsView;
+  view.asking = true;
+  $("mentions-summary").textContent = "Looking for mentions of you…";
+  client.mentions({ before: view.before, limit: 20 }).then((frame) => {
+    if (mentionsView === view) onMentions(frame);
+  }, (error) => {
+    if (mentionsView === view) mentionsFailed(error.message === "not connected" ? "you are offline" : error.message);
+  });
+}
+
+/** A `mentions` answer: its entries listed, the unread marked. */
+function onMentions(frame) {
+  if (!mentionsView) return;
+  mentionsView.asking = false;
+  const entries = frame.mentions ?? [];
+  mentionsView.entries.push(...entries);
+  if (entries.length) mentionsView.before = entries[entries.length - 1].ts;
+  $("mentions-list").append(...entries.map(mentionItem));
+  const count = mentionsView.entries.length;
+  const unread = frame.unread ?? 0;
+  $("mentions-summary").textContent = count === 0 ? "Nobody has mentioned you yet"
+    : `${count} message${count === 1 ? "" : "s"} mention${count === 1 ? "s" : ""} you`
+      + (unread ? ` (${unread > 999 ? "999+" : unread} unread)` : "");
+  $("mentions-more").hidden = !frame.more;
+}
+
+function mentionsFailed(message) {
+  mentionsView.asking = false;
+  $("mentions-summary").textContent = `Could not list your mentions: ${message}`;
+}
+
+/** A mention: where, who, when, unread or not, and the text; a click opens the conversation
+ * at the message. */
+function mentionItem(entry) {
+  const item = el("li", entry.unread ? "search-result mention-result unread" : "search-result mention-result");
+  const open = el("button", "result-open");
+  open.type = "button";
+  const head = el("span", "result-head");
+  if (entry.unread) head.append(el("span", "mention-unread", "Unread"), " ");
+  head.append(el("strong", "", entry.room !== undefined ? entry.room : `@${personLabel(entry.with)}`), " · ",
+    personNode(entry.user), " · ",
+    el("time", "", new Date(entry.ts).toLocaleString([], { dateStyle: "medium", timeStyle: "short" })));
+  open.append(head, el("span", "result-text", plain(entry.text)));
+  open.addEventListener("click", () => {
+    item.classList.remove("unread");
+    item.querySelector(".mention-unread")?.remove();
+    closeMentions();
+    openAt(entry);
+  });
+  item.append(open);
+  return item;
+}
+
+// -- visibility: whether someone looks at this page now (the server pushes only if nobody does)
+
+let lastUsed = Date.now(); // the page's last pointer, key or focus (loading it counts)
+let visibleSaid = null; // what this connection was last told
+let idleTimer = null;
+
+/** Visible: the tab is in view and was used in the last IDLE_AFTER_MS. */
+function lookedAt() {
+  return document.visibilityState === "visible" && Date.now() - lastUsed < IDLE_AFTER_MS;
+}
+
+/** Tell the server when that changes (the client says it again on every new connection). */
+function reportVisibility() {
+  clearTimeout(idleTimer);
+  const visible = lookedAt();
+  if (visible) idleTimer = setTimeout(() => reportVisibility(), lastUsed + IDLE_AFTER_MS - Date.now() + 100);
+  if (!client || visible === visibleSaid) return;
+  visibleSaid = visible;
+  client.setVisible(visible);
+}
+
+function used() {
+  lastUsed = Date.now();
+  if (visibleSaid !== true && document.visibilityState === "visible") reportVisibility();
+}
+for (const type of ["pointerdown", "pointermove", "keydown", "wheel", "touchstart", "focusin"]) {
+  document.addEventListener(type, used, { capture: true, passive: true });
+}
+window.addEventListener("focus", used);
+document.addEventListener("visibilitychange", () => {
+  if (document.visibilityState === "visible") lastUsed = Date.now(); // back to the tab: using it
+  reportVisibility();
+});
+
+// -- notifications: in the page while its tab is hidden, Web Push while it is not open ------
+
+/** conversation -> {level, mute_until} as the server answered (the ones you changed). */
+const levels = new Map();
+let levelsSupported = true; // false: the server knows no `notifications` frame
+let registration = null; // the service worker's registration, once active
+let pushEndpoint = null; // where the server pushes to this browser (null: not subscribed)
+
+function notificationsAvailable() {
+  return typeof Notification === "function";
+}
+
+/** Notifications are on: turned on with the button in this browser (which asks the browser's
+ * permission: never asked on load), allowed, and not turned off since. */
+function notifyEnabled() {
+  return notificationsAvailable() && Notification.permission === "granted"
+    && localStorage.getItem("hubbub.notify") === "on";
+}
+
+/** A conversation's notification level, and whether it is muted now. */
+function levelOf(key) {
+  const setting = levels.get(key);
+  const state = rooms.get(key);
+  return {
+    level: setting?.level ?? (state?.kind === "dm" ? "all" : "mentions"),
+    muted: Boolean(setting?.mute_until && setting.mute_until > Date.now()),
+    muteUntil: setting?.mute_until ?? null,
+  };
+}
+
+/** The conversation's link for a notification: the page opens it at the message. */
+function pageUrlOf(target) {
+  const url = new URL("/", location.href);
+  if (target.room !== undefined) url.searchParams.set("room", target.room);
+  else url.searchParams.set("with", target.with);
+  url.searchParams.set("message", String(target.id));
+  return url.href;
+}
+
+/** A message that came live: a notification while the tab is hidden, when it mentions you,
+ * is for everyone here, or is a direct message (or any message, at level "all"); never your
+ * own, nor in a conversation muted or at "Nothing". Same tag per conversation: the newest
+ * replaces the one before (and the server's push of it). */
+function notifyOf(key, frame) {
+  const me = client.hello?.user;
+  if (!notifyEnabled() || document.visibilityState !== "hidden" || !me || frame.user === me) return;
+  if (Math.abs(Date.now() - frame.ts) > NOTIFY_FRESH_MS) return; // caught up after a reconnect
+  const state = rooms.get(key);
+  const { level, muted } = levelOf(key);
+  if (muted || level === "none") return;
+  if (level !== "all" && !forMe(frame) && state.kind !== "dm") return;
+  const target = state.kind === "dm" ? { with: state.peer, id: frame.id } : { room: key, id: frame.id };
+  const title = state.kind === "dm" ? `${personLabel(frame.user)} · direct message` : `${key} · ${personLabel(frame.user)}`;
+  const options = {
+    body: summary(frame).slice(0, 200) || "New message",
+    tag: target.room !== undefined ? `hubbub:room:${target.room}` : `hubbub:with:${target.with}`,
+    timestamp: frame.ts,
+    data: { ...target, url: pageUrlOf(target) },
+  };
+  showNotification(title, options, target);
+}
+
+/** Through the service worker when there is one (its click handler opens the conversation:
+ * in this tab, or in a new one if this one is gone by then), else by the page itself. */
+async function showNotification(title, options, target) {
+  try {
+    const worker = registration ?? (navigator.serviceWorker?.controller ? await navigator.serviceWorker.ready : null);
+    if (worker) {
+      await worker.showNotification(title, options);
+      return;
+    }
+    const notification = new Notification(title, options);
+    notification.addEventListener("click", () => {
+      window.focus();
+      notification.close();
+      openAt(target);
+    });
+  } catch {
+    // Not shown (some browsers show them only through a service worker): nothing to add.
+  }
+}
+
+/** The sidebar's notification settings: what is on, and the button that turns them on. */
+function renderNotifyState() {
+  const state = $("notify-state");
+  const enable = $("notify-enable");
+  const disable = $("notify-disable");
+  if (!notificationsAvailable()) {
+    state.textContent = "This browser cannot show notifications.";
+    enable.hidden = disable.hidden = true;
+    return;
+  }
+  if (Notification.permission === "denied") {
+    state.textContent = "Notifications are blocked for this site in the browser's settings.";
+    enable.hidden = disable.hidden = true;
+    return;
+  }
+  const on = notifyEnabled();
+  enable.hidden = on;
+  disable.hidden = !on;
+  state.textContent = !on
+    ? "Get a notification of mentions and direct messages while this tab is in the background."
+    : pushEndpoint
+      ? "Notifications are on: mentions and direct messages, even with this page closed."
+      : "Notifications are on: mentions and direct messages while this tab is in the background.";
+}
+
+// Permission is asked here only: after a click on the button, never on load.
+$("notify-enable").addEventListener("click", async () => {
+  if (!notificationsAvailable()) return;
+  localStorage.setItem("hubbub.notify", "on");
+  if (Notification.permission === "default") await Notification.requestPermission();
+  renderNotifyState();
+  if (notifyEnabled()) await setUpWorker();
+});
+$("notify-disable").addEventListener("click", async () => {
+  localStorage.setItem("hubbub.notify", "off");
+  renderNotifyState();
+  await unsubscribePush();
+  $("notify-enable").focus();
+});
+
+/** The service worker (it shows the notifications, and the pushes), then the push
+ * subscription when the server offers one. Without a service worker, notifications are
+ * made by the page itself. */
+async function setUpWorker() {
+  if (!notifyEnabled() || !("serviceWorker" in navigator)) return;
+  try {
+    await navigator.serviceWorker.register("/static/sw.js", { scope: "/" });
+    registration = await navigator.serviceWorker.ready;
+  } catch {
+    registration = null;
+    return;
+  }
+  await subscribePush();
+}
+
+if ("serviceWorker" in navigator) {
+  // A click on a notification the worker showed: it focused this tab, the message opens.
+  navigator.serviceWorker.addEventListener("message", (event) => {
+    const { type, room, with: peer, id } = event.data ?? {};
+    if (type !== "open" || !Number.isSafeInteger(id)) return;
+    if (typeof room === "string" && ROOM.test(room)) openAt({ room, id });
+    else if (typeof peer === "string" && USER.test(peer)) openAt({ with: peer, id });
+  });
+  navigator.serviceWorker.startMessages();
+}
+
+/** `text` (base64url) as bytes. */
+function base64urlBytes(text) {
+  const binary = atob(text.replace(/-/g, "+").replace(/_/g, "/").padEnd(Math.ceil(text.length / 4) * 4, "="));
+  return Uint8Array.from(binary, (char) => char.charCodeAt(0));
+}
+
+function sameBytes(buffer, bytes) {
+  if (!buffer) return false;
+  const other = new Uint8Array(buffer);
+  return other.length === bytes.length && other.every((byte, n) => byte === bytes[n]);
+}
+
+/** Web Push: subscribe this browser with the server's key (hello's `push_key`) and give the
+ * server the subscription (again on every connection: the server may have dropped it). No
+ * push service (a headless or private window): the page's own notifications still come. */
+async function subscribePush() {
+  const key = client?.hello?.push_key;
+  if (!registration || typeof key !== "string" || !notifyEnabled() || !registration.pushManager) return;
+  try {
+    const wanted = base64urlBytes(key);
+    let subscription = await registration.pushManager.getSubscription();
+    if (subscription && !sameBytes(subscription.options.applicationServerKey, wanted)) {
+      await subscription.unsubscribe(); // made with another key: the server's changed
+      subscription = null;
+    }
+    subscription ??= await registration.pushManager.subscribe({ userVisibleOnly: true, applicationServerKey: wanted });
+    pushEndpoint = await client.subscribePush(subscription.toJSON());
+  } catch {
+    pushEndpoint = null; // not offered after all (another push service, no store): said below
+  }
+  renderNotifyState();
+}
+
+async function unsubscribePush() {
+  try {
+    const subscription = await registration?.pushManager?.getSubscription();
+    if (!subscription) return;
+    await subscription.unsubscribe();
+    await client.unsubscribePush(subscription.endpoint);
+  } catch {
+    // Gone already.
+  } finally {
+    pushEndpoint = null;
+    renderNotifyState();
+  }
+}
+
+// -- a conversation's notification level: the control in its header --------------------------
+
+/** Levels as the server answered: one conversation's, or the list of those you changed. */
+function onLevels(answer) {
+  for (const setting of Array.isArray(answer) ? answer : [answer]) {
+    const key = setting.room !== undefined ? setting.room : setting.with !== undefined ? `@${setting.with}` : null;
+    if (key === null) continue;
+    levels.set(key, { level: setting.level, mute_until: setting.mute_until ?? null });
+  }
+  renderNotifyControl();
+}
+
+/** A `notifications` request refused: a server without levels (or without a store) loses
+ * the control; another refusal is said. */
+function levelsRefused(error) {
+  if (error?.code === "unknown_type" || error?.code === "no_store") {
+    levelsSupported = false;
+    renderNotifyControl();
+  } else if (error?.message !== "not connected" && error?.message !== "disconnected") {
+    showAlert(`Could not change the notifications: ${error?.message ?? error}`);
+  }
+}
+
+/** Ask, or change, the shown conversation's level; its answer is what the control shows. */
+function askLevel(options) {
+  if (active === null || !client) return;
+  const target = conversationTarget(active);
+  (options ? client.setNotificationLevel(target, options) : client.notificationLevel(target))
+    .then(onLevels, levelsRefused);
+}
+
+/** The header's control: the level, or "Muted until …", as the server last said. */
+function renderNotifyControl() {
+  const control = $("notify-control");
+  const state = active === null ? null : rooms.get(active);
+  control.hidden = !state || !hasStore || !levelsSupported;
+  if (control.hidden) {
+    closeNotifyPanel(false);
+    return;
+  }
+  const { level, muted, muteUntil } = levelOf(active);
+  const until = muted ? new Date(muteUntil) : null;
+  const when = until === null ? ""
+    : until.toDateString() === new Date().toDateString()
+      ? until.toLocaleTimeString([], { hour: "2-digit", minute: "2-digit" })
+      : until.toLocaleString([], { weekday: "short", hour: "2-digit", minute: "2-digit" });
+  $("notify-icon").textContent = muted || level === "none" ? "🔕" : "🔔";
+  $("notify-label").textContent = muted ? `Muted until ${when}` : LEVEL_LABELS[level] ?? level;
+  for (const radio of document.querySelectorAll('input[name="notify-level"]')) radio.checked = radio.value === level;
+  $("notify-muted").textContent = muted ? `Muted until ${when}: no notification before then.` : "";
+  const unmute = document.querySelector('[data-mute="off"]');
+  const refocus = !muted && document.activeElement === unmute;
+  unmute.hidden = !muted;
+  if (refocus) document.querySelector('input[name="notify-level"]:checked')?.focus(); // not lost
+}
+
+function closeNotifyPanel(focus = true) {
+  const panel = $("notify-panel");
+  if (panel.hidden) return;
+  panel.hidden = true;
+  $("notify-button").setAttribute("aria-expanded", "false");
+  if (focus) $("notify-button").focus();
+}
+
+$("notify-button").addEventListener("click", () => {
+  const panel = $("notify-panel");
+  if (!panel.hidden) {
+    closeNotifyPanel();
+    return;
+  }
+  panel.hidden = false;
+  $("notify-button").setAttribute("aria-expanded", "true");
+  askLevel(); // as it is now
+  panel.querySelector('input[name="notify-level"]:checked, input[name="notify-level"]')?.focus();
+});
+$("notify-panel").addEventListener("change", (event) => {
+  const radio = event.target;
+  if (radio.name !== "notify-level") return;
+  askLevel({ level: radio.value });
+});
+$("notify-panel").addEventListener("click", (event) => {
+  const button = event.target.closest("[data-mute]");
+  if (!button || active === null) return;
+  const now = new Date();
+  const tomorrow = new Date(now.getFullYear(), now.getMonth(), now.getDate() + 1, 8); // 8:00 tomorrow
+  const until = { hour: Date.now() + 3_600_000, tomorrow: tomorrow.getTime(), off: 0 }[button.dataset.mute];
+  askLevel({ muteUntil: until });
+});
+document.addEventListener("keydown", (event) => {
+  if (event.key === "Escape" && !$("notify-panel").hidden) {
+    event.stopPropagation();
+    closeNotifyPanel();
+  }
+});
+document.addEventListener("mousedown", (event) => {
+  if (!$("notify-control").contains(event.target)) closeNotifyPanel(false);
 });
 
 // -- the phone drawer and the forms' hints --------------------------------------------------

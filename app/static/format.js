@@ -29,6 +29,12 @@
  * partner stays literal text. Spans nest at most 3 deep (a span that would hold more is left
  * as literal markers around its content).
  *
+ * Mentions: "@" and a user name (letters, digits, _ . -; up to 32, starting with a letter or
+ * digit) not right after a letter, digit, "_" or "@" (so an e-mail address mentions no one); a
+ * trailing "." or "-" is punctuation, not part of the name — as the server finds them
+ * (app/notify/mentions.py). → `<span class="mention" data-user="name">@name</span>` ("@here":
+ * class "mention here"); its text is as typed.
+ *
  * Links: only text starting with "http://", "https://" (any case) or "www." (linked as
  * https://), not right after a letter or digit, up to whitespace or one of < > " `; trailing
  * . , ; : ! ? ' " * _ ~ are not part of it, nor a trailing ")" or "]" without its opening
@@ -52,8 +58,9 @@
  * @typedef {{type: "text", text: string}} TextToken
  * @typedef {{type: "code", text: string}} CodeToken
  * @typedef {{type: "link", text: string, href: string}} LinkToken
+ * @typedef {{type: "mention", text: string, user: string}} MentionToken
  * @typedef {{type: "strong" | "em" | "del", children: Inline[]}} SpanToken
- * @typedef {TextToken | CodeToken | LinkToken | SpanToken} Inline
+ * @typedef {TextToken | CodeToken | LinkToken | MentionToken | SpanToken} Inline
  */
 /**
  * @typedef {{type: "para", children: Inline[], trail: string}} ParaBlock
@@ -70,6 +77,11 @@ const FENCE = /^```[ \t\r]*(?:([\w+#.-]{1,32})[ \t\r]*)?$/;
 const BLANK = /^[ \t\r]*$/;
 const ALNUM = /[\p{L}\p{N}]/u;
 const SPACE = /\s/u;
+/** What a mention's "@" may not follow (the server's `(?<![\w@])`). */
+const BEFORE_MENTION = /[\p{L}\p{N}_@]/u;
+const NAME_FIRST = /[A-Za-z0-9]/;
+const NAME_REST = /[A-Za-z0-9_.-]/;
+const NAME_MAX = 32;
 /** Characters that end a link. */
 const URL_STOP = /[\s<>"`]/u;
 /** Trailing characters never part of a link. */
@@ -291,6 +303,11 @@ function parseInline(s) {
         }
       }
       i = textStart = j;
+    } else if (c === "@" && !BEFORE_MENTION.test(s[i - 1] ?? " ") && NAME_FIRST.test(s[i + 1] ?? "")) {
+      const user = mentionAt(s, i);
+      flush();
+      top().children.push({ type: "mention", text: `@${user}`, user });
+      i = textStart = i + 1 + user.length;
     } else if ((c === "h" || c === "H" || c === "w" || c === "W") && !isAlnum(s[i - 1])) {
       if (linkStop < i) {
         linkStop = i;
@@ -311,6 +328,20 @@ function parseInline(s) {
   flush();
   unwindTo(0);
   return root.children;
+}
+
+/**
+ * The user name mentioned by the "@" at `s[i]` (followed by a letter or digit): up to
+ * `NAME_MAX` name characters, less a trailing "." or "-".
+ * @param {string} s
+ * @param {number} i
+ * @returns {string}
+ */
+function mentionAt(s, i) {
+  let end = i + 2;
+  while (end < s.length && end - i - 1 < NAME_MAX && NAME_REST.test(/** @type {string} */ (s[end]))) end++;
+  while (s[end - 1] === "." || s[end - 1] === "-") end--;
+  return s.slice(i + 1, end);
 }
 
 /**
@@ -456,6 +487,12 @@ function appendInline(doc, parent, tokens) {
       link.setAttribute("target", "_blank");
       link.textContent = token.text;
       parent.appendChild(link);
+    } else if (token.type === "mention") {
+      const chip = doc.createElement("span");
+      chip.setAttribute("class", token.user === "here" ? "mention here" : "mention");
+      chip.setAttribute("data-user", token.user);
+      chip.textContent = token.text;
+      parent.appendChild(chip);
     } else {
       const span = doc.createElement(token.type);
       appendInline(doc, span, token.children);

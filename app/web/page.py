@@ -4,6 +4,10 @@ Plain HTML, CSS and JavaScript modules, no build step and nothing from a CDN. Th
 with a Content-Security-Policy that allows only this origin's scripts, styles and sockets, so
 even a message that slipped through as markup could not run code (the page renders message
 text as text anyway).
+
+The page's service worker (``app/static/sw.js``: notifications and Web Push) is served by its
+own route at ``/static/sw.js``, under the path the proxies already route to the app (nginx,
+the Ingress), with ``Service-Worker-Allowed: /`` so that it may take the page's scope.
 """
 
 from __future__ import annotations
@@ -22,10 +26,21 @@ STATIC_DIR: Final = Path(__file__).parent.parent / "static"
 SECURITY_HEADERS: Final = {
     "Content-Security-Policy": (
         "default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; "
-        "img-src 'self'; base-uri 'none'; form-action 'self'; frame-ancestors 'none'"
+        "img-src 'self'; worker-src 'self'; base-uri 'none'; form-action 'self'; "
+        "frame-ancestors 'none'"
     ),
     "X-Content-Type-Options": "nosniff",
     "Referrer-Policy": "no-referrer",
+}
+
+# The service worker: JavaScript, never cached stale (a new version reaches browsers on their
+# next visit), allowed the scope "/" although it lives under /static/, and itself allowed to
+# load nothing.
+SERVICE_WORKER_HEADERS: Final = {
+    "Service-Worker-Allowed": "/",
+    "Cache-Control": "no-cache",
+    "Content-Security-Policy": "default-src 'none'",
+    "X-Content-Type-Options": "nosniff",
 }
 
 router = APIRouter()
@@ -52,7 +67,18 @@ async def chat_page(request: Request) -> FileResponse:
     return FileResponse(STATIC_DIR / "index.html", headers=page_headers(settings))
 
 
+@router.api_route("/static/sw.js", methods=["GET", "HEAD"], include_in_schema=False)
+async def service_worker() -> FileResponse:
+    """The page's service worker, with the headers that let it control ``/``."""
+    return FileResponse(
+        STATIC_DIR / "sw.js",
+        media_type="text/javascript; charset=utf-8",
+        headers=SERVICE_WORKER_HEADERS,
+    )
+
+
 def mount_page(app: FastAPI) -> None:
-    """Add ``/`` and ``/static`` to ``app``."""
+    """Add ``/``, the service worker and ``/static`` to ``app`` (the route before the mount,
+    which would serve the file without its headers)."""
     app.include_router(router)
     app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
