@@ -9,7 +9,7 @@ again adds no mention twice and queues nothing already notified (``notified_id``
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from sqlalchemy import func, literal, select
 from sqlalchemy.dialects import postgresql, sqlite
@@ -22,8 +22,22 @@ from app.notify.mentions import from_stored
 from app.notify.rules import Level, Reason
 from app.store.schema import mentions, notification_levels, notify_state, participants
 
-if TYPE_CHECKING:
-    from app.store.messages import StoredMessage
+
+class StoredMessage(Protocol):
+    """What this module reads of a stored row (app.store.messages.StoredMessage)."""
+
+    @property
+    def conversation(self) -> str: ...
+    @property
+    def id(self) -> int: ...
+    @property
+    def user(self) -> str: ...
+    @property
+    def ts_ms(self) -> int: ...
+    @property
+    def kind(self) -> int: ...
+    @property
+    def mentions(self) -> str | None: ...
 
 
 def greatest(engine_name: str, *values: ColumnElement[int] | int) -> ColumnElement[int]:
