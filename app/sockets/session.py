@@ -600,6 +600,10 @@ class Session:
             )
         except RoomError as exc:
             raise _frame_error(exc) from None
+        except BrokerUnavailable:  # who is present, for @here
+            raise FrameError(
+                ErrorCode.BROKER_UNAVAILABLE, "message not sent: the broker is unavailable"
+            ) from None
 
     def _check_text(self, text: str) -> None:
         if len(text) > self.settings.max_text_chars:
