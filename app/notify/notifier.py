@@ -11,13 +11,13 @@ decision), the message is not deleted, and no connection of the user is visible
 interval's end. The text it carries is read then, as it is then (newest edit), cut to
 ``CHAT_PUSH_TEXT_MAX_CHARS``. Sent: to every Web Push subscription of the user (one the push
 service says is gone is removed) and, with webhooks, queued as ``notification.needed``.
-Recorded as sent only after: a crash in between sends it again (at least once).
+Recorded as sent only after: a crash in between sends it again (at least once). While the
+webhook's queue (Redis) cannot be reached, nothing is sent: it is tried again later.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -41,6 +41,8 @@ from app.store.notifications import NotificationStore, Pending, PushSubscription
 
 logger = logging.getLogger(__name__)
 
+# A notification whose webhook could not be queued (Redis down) is tried again this much later.
+_RETRY_MS = 5_000
 # Queues ``notification.needed`` with its data (app.webhooks.queue.WebhookQueue.enqueue).
 Enqueue = Callable[[str, dict[str, Any]], Awaitable[bool]]
 
@@ -102,10 +104,12 @@ class Notifier:
             if payload is None:
                 outcome = "deleted"
                 await self._store.settle(pending, None, now_ms)
-            else:
-                await self._send(pending.user, payload)
+            elif await self._send(pending.user, payload):
                 outcome = "sent"
                 await self._store.settle(pending, now_ms, now_ms + interval_ms)
+            else:  # the webhook could not be queued: nothing was sent, all of it again later
+                outcome = "deferred"
+                await self._store.defer(pending, now_ms + _RETRY_MS)
         self._metrics.notifications.labels(outcome).inc()
 
     async def _outcome(self, pending: Pending, now_ms: int) -> str | None:
@@ -151,21 +155,26 @@ class Notifier:
             payload["text"] = text if len(text) <= most else text[: max(most - 1, 0)] + "…"
         return payload
 
-    async def _send(self, user: str, payload: dict[str, Any]) -> None:
+    async def _send(self, user: str, payload: dict[str, Any]) -> bool:
+        """Queue the webhook, then push; False (nothing sent) when the webhook's queue (Redis)
+        cannot be reached."""
         if self._enqueue is not None:
-            with contextlib.suppress(BrokerUnavailable):  # counted by the queue's metrics
+            try:
                 await self._enqueue("notification.needed", {"recipient": user, **payload})
+            except BrokerUnavailable:
+                return False
         if self._sender is None:
-            return
+            return True
         subscriptions = await self._store.subscriptions_of(user)
         if not subscriptions:
-            return
+            return True
         body = orjson.dumps(payload)
         outcomes = await asyncio.gather(*(self._push(s, body) for s in subscriptions))
         for subscription, outcome in zip(subscriptions, outcomes, strict=True):
             self._metrics.pushes.labels(outcome.value).inc()
             if outcome is PushOutcome.GONE:
                 await self._store.unsubscribe(subscription.endpoint)
+        return True
 
     async def _push(self, row: PushSubscriptionRow, body: bytes) -> PushOutcome:
         assert self._sender is not None
