@@ -17,8 +17,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
-from sqlalchemy import and_, case, delete, exists, func, or_, select, update
+from sqlalchemy import Executable, and_, case, delete, exists, func, or_, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncEngine
 from sqlalchemy.sql.elements import ColumnElement
@@ -108,6 +109,15 @@ class NotificationStore:
     def __init__(self, engine: AsyncEngine) -> None:
         self._engine = engine
 
+    async def _read(self, query: Executable, what: str) -> Sequence[Any]:
+        """The rows of ``query``; StoreError (saying ``what`` failed) when the database does."""
+        try:
+            async with self._engine.connect() as connection:
+                rows: Sequence[Any] = (await connection.execute(query)).all()
+                return rows
+        except DATABASE_ERRORS as exc:
+            raise StoreError(f"{what} failed: {exc!r}") from exc
+
     # -- mentions -----------------------------------------------------------------------------
 
     async def mentions_of(self, user: str, before_ms: int | None, limit: int) -> list[Mention]:
@@ -155,11 +165,7 @@ class NotificationStore:
         )
         if before_ms is not None:
             query = query.where(mentions.c.ts_ms < before_ms)
-        try:
-            async with self._engine.connect() as connection:
-                rows = (await connection.execute(query)).all()
-        except DATABASE_ERRORS as exc:
-            raise StoreError(f"reading mentions failed: {exc!r}") from exc
+        rows = await self._read(query, "reading mentions")
         return [
             Mention(str(c), int(i), str(u), str(t), int(ts), bool(unread))
             for c, i, u, t, ts, unread in rows
@@ -178,11 +184,7 @@ class NotificationStore:
             )
             .group_by(mentions.c.conversation)
         )
-        try:
-            async with self._engine.connect() as connection:
-                rows = (await connection.execute(query)).all()
-        except DATABASE_ERRORS as exc:
-            raise StoreError(f"counting mentions failed: {exc!r}") from exc
+        rows = await self._read(query, "counting mentions")
         return {str(c): min(int(n), cap + 1) for c, n in rows}
 
     async def taking_part(self, conversation: str, users: Sequence[str]) -> set[str]:
@@ -199,11 +201,7 @@ class NotificationStore:
                 )
             )
         )
-        try:
-            async with self._engine.connect() as connection:
-                return {str(row[0]) for row in (await connection.execute(query)).all()}
-        except DATABASE_ERRORS as exc:
-            raise StoreError(f"reading participants failed: {exc!r}") from exc
+        return {str(row[0]) for row in await self._read(query, "reading participants")}
 
     # -- levels -------------------------------------------------------------------------------
 
@@ -212,11 +210,8 @@ class NotificationStore:
         query = select(notification_levels.c.level, notification_levels.c.muted_until_ms).where(
             notification_levels.c.user == user, notification_levels.c.conversation == conversation
         )
-        try:
-            async with self._engine.connect() as connection:
-                row = (await connection.execute(query)).first()
-        except DATABASE_ERRORS as exc:
-            raise StoreError(f"reading a notification level failed: {exc!r}") from exc
+        found = await self._read(query.limit(1), "reading a notification level")
+        row = found[0] if found else None
         return None if row is None else LevelSetting(conversation, Level(row[0]), row[1])
 
     async def set_level(
@@ -251,11 +246,7 @@ class NotificationStore:
             .order_by(notification_levels.c.conversation)
             .limit(limit)
         )
-        try:
-            async with self._engine.connect() as connection:
-                rows = (await connection.execute(query)).all()
-        except DATABASE_ERRORS as exc:
-            raise StoreError(f"reading notification levels failed: {exc!r}") from exc
+        rows = await self._read(query, "reading notification levels")
         return [LevelSetting(str(c), Level(level), muted) for c, level, muted in rows]
 
     # -- pending notifications ----------------------------------------------------------------
@@ -275,11 +266,7 @@ class NotificationStore:
             .order_by(notify_state.c.due_ms)
             .limit(limit)
         )
-        try:
-            async with self._engine.connect() as connection:
-                rows = (await connection.execute(query)).all()
-        except DATABASE_ERRORS as exc:
-            raise StoreError(f"reading pending notifications failed: {exc!r}") from exc
+        rows = await self._read(query, "reading pending notifications")
         return [
             Pending(str(u), str(c), int(i), Reason(r), int(n), int(s)) for u, c, i, r, n, s in rows
         ]
@@ -336,11 +323,8 @@ class NotificationStore:
         query = select(read_state.c.last_read_id).where(
             read_state.c.user == user, read_state.c.conversation == conversation
         )
-        try:
-            async with self._engine.connect() as connection:
-                return int(await connection.scalar(query) or 0)
-        except DATABASE_ERRORS as exc:
-            raise StoreError(f"reading a read position failed: {exc!r}") from exc
+        found = await self._read(query, "reading a read position")
+        return int(found[0][0]) if found else 0
 
     async def message_now(self, conversation: str, message_id: int) -> tuple[str, str, int] | None:
         """The author, text as it is now (newest edit) and time of a message; None when it
@@ -356,11 +340,7 @@ class NotificationStore:
                 ),
             ),
         ).order_by(messages.c.id)  # fmt: skip
-        try:
-            async with self._engine.connect() as connection:
-                rows = (await connection.execute(query)).all()
-        except DATABASE_ERRORS as exc:
-            raise StoreError(f"reading a message failed: {exc!r}") from exc
+        rows = await self._read(query, "reading a message")
         found: tuple[str, str, int] | None = None
         for _, kind, user, text, ts_ms in rows:
             if kind == Kind.MESSAGE:
@@ -370,15 +350,6 @@ class NotificationStore:
             elif found is not None:
                 found = (found[0], str(text), found[2])
         return found
-
-    async def pending_count(self) -> int:
-        """How many (user, conversation) notifications are pending (the backlog gauge)."""
-        query = select(func.count()).where(notify_state.c.pending_id.is_not(None))
-        try:
-            async with self._engine.connect() as connection:
-                return int(await connection.scalar(query) or 0)
-        except DATABASE_ERRORS as exc:
-            raise StoreError(f"counting pending notifications failed: {exc!r}") from exc
 
     # -- Web Push subscriptions ---------------------------------------------------------------
 
@@ -436,9 +407,5 @@ class NotificationStore:
         query = select(
             push_subscriptions.c.endpoint, push_subscriptions.c.p256dh, push_subscriptions.c.auth
         ).where(push_subscriptions.c.user == user)
-        try:
-            async with self._engine.connect() as connection:
-                rows = (await connection.execute(query)).all()
-        except DATABASE_ERRORS as exc:
-            raise StoreError(f"reading push subscriptions failed: {exc!r}") from exc
+        rows = await self._read(query, "reading push subscriptions")
         return [PushSubscriptionRow(str(e), str(p), str(a)) for e, p, a in rows]
