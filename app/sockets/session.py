@@ -587,7 +587,7 @@ class Session:
     async def _mentions(self, frame: Send) -> str | None:
         """Who ``frame``'s text mentions (app.notify.service), in the stored form."""
         notifications = self._state.notifications
-        if notifications is None or "@" not in frame.text:
+        if notifications is None:
             return None
         conn = self.conn
         if frame.room is not None:
@@ -694,7 +694,7 @@ class Session:
             target, _ = await self._find(conversation, frame.reply_to)
             if target.deleted:
                 raise FrameError(ErrorCode.NOT_FOUND, f"message {frame.reply_to} was deleted")
-        mentions = await self._mentions(frame)
+        mentions = await self._mentions(frame) if "@" in frame.text else None
         attachments: str | None = None
         if frame.attachments is not None:
             files = self._files()
