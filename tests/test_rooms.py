@@ -137,6 +137,49 @@ async def test_private_rooms_admit_members_only_and_removal_is_immediate_everywh
         assert error["code"] == "forbidden"
 
 
+async def test_a_removed_socket_gets_its_notice_once_and_nothing_posted_after(
+    tmp_path: Path,
+) -> None:
+    """On the other server, the removed member's socket gets ``left`` and its removal notice,
+    each once, and not the message the owner posts the moment the removal is answered: the
+    notice on the room's channel takes it out before anything after it on that channel."""
+    async with (
+        two_servers("redis", tmp_path) as (one, two),
+        connected(one.ws_url("ada")) as ada,
+        connected(two.ws_url("bob")) as bob,
+        connected(two.ws_url("cy")) as cy,
+    ):
+        for round_ in range(5):  # the race it closes is a matter of milliseconds: several goes
+            room = f"fenced{round_}"
+            await answer(ada, {"type": "create", "room": room, "private": True}, "room")
+            for user in ("bob", "cy"):
+                await answer(ada, {"type": "invite", "room": room, "user": user}, "room")
+            for c in (ada, bob, cy):
+                await c.send({"type": "join", "room": room})
+                while (await c.next_frame(skip=("ping", "presence", "member", "invited")))[
+                    "type"
+                ] != "room":  # after `joined`, the room's record
+                    pass
+            await answer(ada, {"type": "remove", "room": room, "user": "bob"}, "room")
+            await ada.say(room, "after the removal")
+            while (await cy.next_frame()).get("text") != "after the removal":
+                pass  # server two has delivered it
+            got: list[dict[str, Any]] = []
+            while not ({"member", "left"} <= {f["type"] for f in got}):
+                got.append(await bob.next_frame(skip=("ping", "presence", "room")))
+            await bob.send({"type": "ping"})  # what was queued for bob before its answer
+            while (frame := await bob.next_frame(skip=("ping", "presence", "room")))["type"] != (
+                "pong"
+            ):
+                got.append(frame)
+            assert [f for f in got if f["type"] == "message"] == [], got
+            notices = [f for f in got if f["type"] == "member" and f["user"] == "bob"]
+            assert len(notices) == 1, got
+            assert [f for f in got if f["type"] == "left"] == [
+                {"type": "left", "room": room, "reason": "removed"}
+            ], got
+
+
 @pytest.mark.parametrize("kind", ["embedded", "redis"])
 async def test_the_directory_lists_public_rooms_never_private_ones(
     kind: str, tmp_path: Path

@@ -29,6 +29,8 @@ from collections import Counter
 from collections.abc import Callable, Collection, Container
 from dataclasses import dataclass, field
 
+import orjson
+
 from app.broker import Broker, History
 from app.errors import BrokerUnavailable, CloseCode, ErrorCode
 from app.notify import VISIBLE_ROOM
@@ -41,6 +43,10 @@ from app.transport.budget import OutboxBudget
 
 logger = logging.getLogger(__name__)
 
+# How a ``member`` frame (app.protocol.member_frame) begins: the only frames without an id that
+# deliver_room looks into.
+_MEMBER_PREFIX = b'{"type":"member"'
+
 
 @dataclass(slots=True, eq=False)
 class _Room:
@@ -51,6 +57,9 @@ class _Room:
     members: set[Connection] = field(default_factory=set)
     behind: dict[Connection, Replay] = field(default_factory=dict)
     heard: int = 0
+    # A private room's: a removal notice it carries takes the removed user's connections out
+    # before anything after it on the room's channel can reach them (see deliver_room).
+    private: bool = False
     # The first join's subscription, awaited by the joins that come while it is under way.
     subscribed: asyncio.Future[None] | None = None
 
@@ -113,6 +122,8 @@ class Hub:
         state = self._rooms.get(room)
         if state is None:
             return
+        if message_id is None and state.private and payload.startswith(_MEMBER_PREFIX):
+            self._fence_removal(state, room, payload)
         frame = payload.decode()
         nbytes = len(payload)
         members = state.members
@@ -130,6 +141,21 @@ class Hub:
             for replay in caught_up:
                 self._make_live(state, replay)
             self._metrics.delivered_since_sync += len(caught_up)  # each was given the frame
+
+    def _fence_removal(self, state: _Room, room: str, payload: bytes) -> None:
+        """A private room's removal notice came on its channel: the removed user's connections
+        here leave the room now, before the notice (which they get once, on their user's
+        channel) and before any frame published after the removal, which the channel brings
+        after it. Rechecking the members from the store (:meth:`room_changed`) comes later."""
+        notice = orjson.loads(payload)
+        if notice.get("event") != "removed":
+            return
+        user = notice.get("user")
+        for conn in [c for c in (*state.members, *state.behind) if c.user == user]:
+            was_present = self._detach(conn, room)
+            conn.offer(left_frame(room, "removed"))
+            task = asyncio.ensure_future(self._after_leave(conn, room, was_present))
+            task.add_done_callback(retrieve_exception)
 
     def link_lost(self) -> None:
         """The broker's subscription ended: every member of every room falls behind, from the
@@ -373,7 +399,9 @@ class Hub:
 
     # -- rooms ------------------------------------------------------------------------------
 
-    async def join(self, conn: Connection, room: str, since: int | None) -> None:
+    async def join(
+        self, conn: Connection, room: str, since: int | None, *, private: bool = False
+    ) -> None:
         """Put ``conn`` in ``room`` and queue its ``joined`` frame, then (with ``since``) the
         missed messages, paced by the socket, then live ones: no gap, no duplicate, in id
         order (see :mod:`app.sockets.replay`).
@@ -384,7 +412,8 @@ class Hub:
         A join with ``since`` of a room ``conn`` is already in replays from ``since`` again
         (the client lost track). Raises :class:`BrokerUnavailable` when the broker is down:
         a new member is then not in the room; a member rejoining stays in it, behind from
-        where it was, and catches up by itself.
+        where it was, and catches up by itself. ``private``: the room is private (what
+        :meth:`deliver_room` fences removals in; a room never stops being private).
         """
         if not self._broker.ready or not self.linked:
             raise BrokerUnavailable("the broker is not connected")
@@ -393,6 +422,7 @@ class Hub:
             state = self._rooms[room] = _Room()
             state.subscribed = asyncio.ensure_future(self._broker.subscribe_room(room))
             state.subscribed.add_done_callback(retrieve_exception)
+        state.private = state.private or private
         subscribed = state.subscribed
         assert subscribed is not None
         previous = self._take_out(state, conn)
@@ -458,6 +488,10 @@ class Hub:
         """Take ``conn`` out of ``room``; the last local member out unsubscribes the broker."""
         if room not in conn.rooms:
             return
+        await self._after_leave(conn, room, self._detach(conn, room))
+
+    def _detach(self, conn: Connection, room: str) -> bool:
+        """Take ``conn`` (in ``room``) out of its delivery at once; whether it was present."""
         conn.rooms.discard(room)
         state = self._rooms.get(room)
         was_present = False
@@ -471,6 +505,10 @@ class Hub:
                 was_present = replay.joined
             if not state:
                 del self._rooms[room]
+        return was_present
+
+    async def _after_leave(self, conn: Connection, room: str, was_present: bool) -> None:
+        """What a leave does after :meth:`_detach`: presence, and the broker's subscription."""
         key = (room, conn.user)
         if was_present and self._present[key] > 0:
             self._present[key] -= 1

@@ -216,7 +216,8 @@ class Session:
             conn.offer(joined_frame(frame.room, None, presence.count, presence.users))
             return
         try:
-            await self._hub.join(conn, frame.room, frame.since)
+            private = record is not None and record.room.private
+            await self._hub.join(conn, frame.room, frame.since, private=private)
         except BrokerUnavailable:
             raise FrameError(ErrorCode.BROKER_UNAVAILABLE, "cannot join now, try again") from None
         if record is not None:
