@@ -137,6 +137,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             pending_auth, history, store, rooms,
         )  # fmt: skip
         app.state.chat = state
+        hub.routed = state.streams.deliver_routed
         if store is not None:
             await store.open()
         storage = await storage_for(settings) if store is not None else None

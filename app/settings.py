@@ -179,6 +179,30 @@ class Settings(BaseSettings):
         ge=1_024,
         description="Largest frame the writer builds when it joins queued messages with `\\n`.",
     )
+    sse: bool = Field(
+        True,
+        description="Serve the HTTP fallback transport (`/sse`: server-sent events down, POSTs "
+        "up, docs/protocol.md) for clients whose WebSocket upgrade is blocked.",
+    )
+    sse_post_max_bytes: int = Field(
+        262_144,
+        ge=1_024,
+        description="Largest body of one POST to `/sse` (frames joined by `\\n`; each frame is "
+        "still held to `CHAT_MAX_FRAME_BYTES`); a larger one is answered 413.",
+    )
+    sse_posts_ahead_max: int = Field(
+        32,
+        ge=1,
+        le=10_000,
+        description="POSTs of one stream held while an earlier one (by `Hubbub-Seq`) has not "
+        "come yet; one more closes the stream with 1008.",
+    )
+    sse_inbound_max_frames: int = Field(
+        256,
+        ge=16,
+        description="Frames of one stream POSTed but not yet read by its session; more close "
+        "the stream with 1008 (the rate limit applies to each frame as it is read).",
+    )
     ws_per_message_deflate: bool = Field(
         False,
         description="Offer permessage-deflate. Off by default: it costs ~50 KB of memory per "

@@ -21,6 +21,7 @@ from app.settings import Settings
 from app.sockets.hub import Hub
 from app.store.running import RunningStore
 from app.transport.flusher import Flusher
+from app.transport.stream_socket import Streams
 
 
 @dataclass(slots=True)
@@ -42,6 +43,8 @@ class ChatState:
     files: Files | None = None
     # Mentions, levels and push subscriptions (None: no store, or CHAT_NOTIFICATIONS=false).
     notifications: Notifications | None = None
+    # The HTTP fallback transport's streams held by this worker (app.sockets.stream).
+    streams: Streams = field(default_factory=Streams)
     # Failed attempts at the admin and service tokens (app.web.bearer), from the settings.
     failed_logins: FailedLogins = field(init=False)
     # Who may do what to which conversation (every path asks it).

@@ -34,6 +34,7 @@ from app.errors import CloseCode, FrameError
 from app.protocol import USER_PATTERN, Auth, parse_client_frame
 from app.sockets.connection import Connection
 from app.state import ChatState
+from app.transport.stream_socket import StreamSocket
 
 logger = logging.getLogger(__name__)
 _USER = re.compile(USER_PATTERN)
@@ -48,7 +49,7 @@ class Refused:
     reason: str
 
 
-async def identify(ws: WebSocket, state: ChatState) -> Identity | Refused | None:
+async def identify(ws: WebSocket | StreamSocket, state: ChatState) -> Identity | Refused | None:
     """The connection's identity (see ``CHAT_AUTH_MODE``); a refusal (4001, or 1008 for a bad
     name or guest key); None when the client left before saying who it is."""
     mode, query = state.settings.auth_mode, ws.query_params
@@ -92,7 +93,7 @@ async def identify(ws: WebSocket, state: ChatState) -> Identity | Refused | None
         return Refused(CloseCode.AUTH_FAILED, str(exc)[:120])
 
 
-async def _first_frame(ws: WebSocket, state: ChatState) -> str | Refused | None:
+async def _first_frame(ws: WebSocket | StreamSocket, state: ChatState) -> str | Refused | None:
     """The text of the client's first frame ("" for a binary one), waited for at most
     ``CHAT_AUTH_TIMEOUT_S`` (4001 after that); None when the client left first. The socket
     counts as waiting to authenticate meanwhile (:class:`app.access.pending.PendingAuth`)."""

@@ -72,6 +72,11 @@ class BrokerHandler(Protocol):
         only those opened before it."""
         ...
 
+    def deliver_routed(self, payload: bytes) -> None:
+        """``payload`` was routed to this worker (:meth:`Broker.route_to_worker`): a POST of
+        the HTTP fallback transport for a stream this worker holds."""
+        ...
+
 
 class Message(NamedTuple):
     """A stored message: its id and its encoded ``message`` frame
@@ -257,6 +262,17 @@ class Broker(Protocol):
 
     async def is_private(self, room: str) -> bool:
         """Whether ``room`` was marked private."""
+        ...
+
+    @property
+    def worker_id(self) -> str:
+        """This worker, as :meth:`route_to_worker` names it (opaque, unguessable)."""
+        ...
+
+    async def route_to_worker(self, worker: str, payload: bytes) -> bool:
+        """Hand ``payload`` to the worker named ``worker`` (:meth:`BrokerHandler.deliver_routed`):
+        at most once, and in call order for one caller. False when no such worker listens (it
+        is gone); True when one does or, on Redis Cluster, where that cannot be told."""
         ...
 
     async def kick(self, user: str, reason: str) -> None:

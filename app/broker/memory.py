@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import secrets
 import time
 from collections import OrderedDict, deque
 from collections.abc import Callable
@@ -59,6 +60,7 @@ class MemoryBroker:
     ) -> None:
         """``archiver``: where every published message goes to be stored (with a store)."""
         self._settings = settings
+        self._worker_id = secrets.token_hex(6)
         self._archiver = archiver
         self._handler: BrokerHandler | None = None
         self._rooms: set[str] = set()
@@ -259,6 +261,16 @@ class MemoryBroker:
         if log is None:
             return {}
         return {i: log.states[i] for i in ids if i in log.states}
+
+    @property
+    def worker_id(self) -> str:
+        return self._worker_id
+
+    async def route_to_worker(self, worker: str, payload: bytes) -> bool:
+        if worker != self._worker_id:
+            return False
+        self._running().deliver_routed(payload)
+        return True
 
     async def kick(self, user: str, reason: str) -> None:
         self._running().kick(user, reason)

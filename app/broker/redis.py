@@ -506,6 +506,8 @@ class RedisBroker:
             elif channel == self._moderation_bytes:
                 order = orjson.loads(data)
                 handler.kick(order["user"], order["reason"])
+            elif channel == self._control_bytes and data[:1] == b"{":  # not a canary's time
+                handler.deliver_routed(data)
             elif channel in self._canaries:
                 self._heard_canary(channel, data)
         elif kind == b"smessage":  # Redis Cluster: a room's shard channel, or a canary
@@ -580,7 +582,7 @@ class RedisBroker:
                 logger.warning("no canary for %.1f s: resubscribing", silent_for)
                 self._listener.cancel()
 
-    async def _publish_anywhere(self, channel: str, payload: str) -> None:
+    async def _publish_anywhere(self, channel: str, payload: str | bytes) -> None:
         """Redis Cluster: ``PUBLISH`` (which every node hears) on the first master that
         answers: the one of ``channel``'s slot, else each shard canary's in turn (through
         the pipelines: redis-py's cluster client, after an error, asks a node that may be
@@ -921,6 +923,18 @@ class RedisBroker:
         ttl_ms = int(self._settings.history_ttl_s * 1000)
         await call_redis(lambda: self._redis.set(self._kick_key(user), order, px=ttl_ms))
         await call_redis(lambda: self._redis.publish(self._moderation_channel, order))
+
+    async def route_to_worker(self, worker: str, payload: bytes) -> bool:
+        """Through the worker's control channel (a canary's payload is a time, never JSON)."""
+        channel = f"{self._prefix}:w:{worker}"
+        if self._cluster is not None:
+            # A PUBLISH's count is only of the subscribers on the node that took it.
+            await call_redis(lambda: self._publish_anywhere(channel, payload))
+            return True
+        heard = await call_redis(
+            lambda: self._pipeline.command(channel, "PUBLISH", channel, payload)
+        )
+        return bool(heard)
 
     async def room_changed(self, room: str) -> None:
         await call_redis(lambda: self._redis.publish(self._rooms_channel, room))

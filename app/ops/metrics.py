@@ -96,6 +96,7 @@ class HubSnapshot:
     :meth:`app.sockets.hub.Hub.snapshot`)."""
 
     connections: int
+    sse_connections: int  # of which over the HTTP fallback transport
     queued_bytes: int
     max_queued_bytes: int
     rooms: int
@@ -127,6 +128,12 @@ class Metrics:
 
         # -- connections
         self.connections = gauge("hubbub_connections", "Open WebSocket connections.", "livesum")
+        self.by_transport = gauge(
+            "hubbub_connections_by_transport",
+            "Open connections by transport: `websocket`, or `sse` (the HTTP fallback).",
+            "livesum",
+            ("transport",),
+        )
         self.opened = counter("hubbub_connections_opened_total", "WebSocket upgrades accepted.")
         self.upgrades_refused = counter(
             "hubbub_upgrades_refused_total",
@@ -489,6 +496,8 @@ class Metrics:
                 self.gc_collected.labels(str(generation)).inc(collected)
 
         self.connections.set(hub.connections)
+        self.by_transport.labels("websocket").set(hub.connections - hub.sse_connections)
+        self.by_transport.labels("sse").set(hub.sse_connections)
         self.outbox_bytes.set(hub.queued_bytes)
         self.outbox_max_bytes.set(hub.max_queued_bytes)
         self.rooms.set(hub.rooms)

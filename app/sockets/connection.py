@@ -24,6 +24,7 @@ from app.ops.metrics import Metrics
 from app.transport.eager import start_eagerly
 from app.transport.flusher import Flusher
 from app.transport.outbox import Outbox
+from app.transport.stream_socket import StreamSocket
 from app.transport.uvicorn_seam import DirectSocket, abort
 
 logger = logging.getLogger(__name__)
@@ -68,13 +69,14 @@ class Connection:
         "opened_at",
         "refresh_asked",
         "rooms",
+        "transport",
         "user",
         "visible",
     )
 
     def __init__(
         self,
-        ws: WebSocket,
+        ws: WebSocket | StreamSocket,
         user: str,
         outbox: Outbox,
         limiter: RateLimiter,
@@ -89,6 +91,8 @@ class Connection:
         self.ip: str | None = None
         self.refresh_asked = False
         self.rooms: set[str] = set()
+        # "websocket", or "sse": the HTTP fallback (app.sockets.stream).
+        self.transport = "sse" if isinstance(ws, StreamSocket) else "websocket"
         self.last_seen = now
         self.opened_at = now
         self.limiter = limiter
@@ -216,7 +220,8 @@ class Connection:
                 await self._ws.close(int(code), close_reason(reason))
         except TimeoutError:
             logger.info("conn=%s close %d timed out; aborting the transport", self.id, code)
-            abort(self._ws)
+            if isinstance(self._ws, WebSocket):
+                abort(self._ws)
         except _GONE:
             pass
 

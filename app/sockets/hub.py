@@ -105,6 +105,8 @@ class Hub:
         # Told of every room whose record changed (None: any may have: app.conversations.rooms
         # rechecks).
         self.rooms_changed: Callable[[str | None], None] = lambda room: None
+        # POSTs of the HTTP fallback transport routed to this worker (app.sockets.stream).
+        self.routed: Callable[[bytes], None] | None = None
         # Every outbox of this worker counts here (app.transport.budget); over it, the slowest
         # are cut.
         self.outbox_budget = OutboxBudget(outbox_budget_bytes, self._cut_slowest_consumers)
@@ -255,6 +257,11 @@ class Hub:
             if message_id is not None:
                 self._metrics.delivered_since_sync += len(conns)
                 self._metrics.sample_fanout(message_id)
+
+    def deliver_routed(self, payload: bytes) -> None:
+        """A POST of the HTTP fallback transport routed here: to :mod:`app.sockets.stream`."""
+        if self.routed is not None:
+            self.routed(payload)
 
     def room_changed(self, room: str) -> None:
         """A room's record changed: :mod:`app.conversations.rooms` forgets it and rechecks who
@@ -564,6 +571,7 @@ class Hub:
         queued = [conn.queued_bytes for conn in conns]
         return HubSnapshot(
             connections=len(conns),
+            sse_connections=sum(1 for conn in conns if conn.transport == "sse"),
             queued_bytes=sum(queued),
             max_queued_bytes=max(queued, default=0),
             rooms=len(self._rooms),

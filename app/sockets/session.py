@@ -94,6 +94,7 @@ from app.store.database import StoreError
 from app.store.rooms import Role
 from app.store.running import RunningStore
 from app.transport.outbox import Outbox
+from app.transport.stream_socket import StreamSocket
 from app.transport.uvicorn_seam import FALLBACK_NO_PROTOCOL, DirectSocket
 
 logger = logging.getLogger(__name__)
@@ -772,8 +773,9 @@ def _in(conversation: str) -> str:
     return "in this direct conversation" if is_direct(conversation) else f"in room {conversation!r}"
 
 
-async def serve(ws: WebSocket, state: ChatState) -> None:
-    """Run one WebSocket from upgrade to close (the ``/ws`` endpoint).
+async def serve(ws: WebSocket | StreamSocket, state: ChatState) -> None:
+    """Run one WebSocket from upgrade to close (the ``/ws`` endpoint), or one stream of the
+    HTTP fallback transport (:mod:`app.sockets.stream`), which is served the same way.
 
     A foreign ``Origin`` gets HTTP 403 before any socket exists. Then, on the accepted socket:
     draining (1012), server full (1013), identity (:func:`app.access.admission.identify`: 4001,
@@ -821,7 +823,8 @@ async def serve(ws: WebSocket, state: ChatState) -> None:
     inbox_push: asyncio.Task[None] | None = None
     try:
         await ws.accept()
-        conn.write_directly(_direct_socket(ws, metrics))
+        if isinstance(ws, WebSocket):
+            conn.write_directly(_direct_socket(ws, metrics))
         metrics.opened.inc()
         # The address pays for the socket now, not once it has authenticated: sockets that
         # never do cannot be opened for free.
@@ -939,7 +942,9 @@ def _direct_socket(ws: WebSocket, metrics: Metrics) -> DirectSocket | None:
 _FALLBACKS_LOGGED: set[str] = set()
 
 
-async def _refuse(ws: WebSocket, metrics: Metrics, code: CloseCode, reason: str) -> None:
+async def _refuse(
+    ws: WebSocket | StreamSocket, metrics: Metrics, code: CloseCode, reason: str
+) -> None:
     """Accept, then close at once with ``code``: browsers see close codes, not HTTP statuses."""
     await ws.accept()
     metrics.opened.inc()
@@ -948,7 +953,10 @@ async def _refuse(ws: WebSocket, metrics: Metrics, code: CloseCode, reason: str)
 
 
 async def _read_frames(
-    ws: WebSocket, session: Session, settings: Settings, loop: asyncio.AbstractEventLoop
+    ws: WebSocket | StreamSocket,
+    session: Session,
+    settings: Settings,
+    loop: asyncio.AbstractEventLoop,
 ) -> int:
     """Read and answer frames until the socket ends; returns the close code seen."""
     conn = session.conn

@@ -19,6 +19,7 @@ from app.conversations.search import search
 from app.errors import BrokerUnavailable, ErrorCode
 from app.protocol import ROOM_PATTERN, USER_PATTERN
 from app.sockets.session import serve
+from app.sockets.stream import open_stream, post_frames
 from app.state import ChatState
 from app.store.database import StoreError
 
@@ -31,8 +32,9 @@ def _state(request: Request) -> ChatState:
 
 
 class ChatSocket:
-    """ASGI middleware serving the chat socket, ``/ws`` (docs/protocol.md), ahead of FastAPI's
-    router; every other request, and WebSockets on other paths, go on to the app.
+    """ASGI middleware serving the chat socket, ``/ws`` (docs/protocol.md), and its HTTP
+    fallback, ``/sse`` (:mod:`app.sockets.stream`), ahead of FastAPI's router; every other
+    request, and WebSockets on other paths, go on to the app.
 
     A WebSocket holds its ASGI call stack for as long as it is open. Each layer between the
     middleware above and the session (the instrumentation, exception and exit-stack
@@ -49,6 +51,12 @@ class ChatSocket:
             ws = WebSocket(scope, receive, send)
             await serve(ws, ws.app.state.chat)
             return
+        if scope["type"] == "http" and scope["path"] == "/sse":
+            state: ChatState = scope["app"].state.chat
+            if state.settings.sse and scope["method"] in ("GET", "POST"):
+                serve_sse = open_stream if scope["method"] == "GET" else post_frames
+                await serve_sse(scope, receive, send, state)
+                return
         await self.app(scope, receive, send)
 
 

@@ -1,0 +1,201 @@
+"""StreamSocket: one stream of the HTTP fallback transport, as a WebSocket to the session.
+
+A stream is a server-sent-events response down and POSTs up (:mod:`app.sockets.stream` serves
+both). The session (:func:`app.sockets.session.serve`) and its
+:class:`~app.sockets.connection.Connection` run on it unchanged: it has the members of
+Starlette's ``WebSocket`` they use (``headers``, ``query_params``, ``client``, ``accept``,
+``receive``, ``send_text``, ``close``), so auth, frames, acks, limits, heartbeats and close
+codes are the WebSocket's, by construction.
+
+Up: POSTs are numbered (``Hubbub-Seq``: 0, 1, 2… per stream) and may arrive in any order, on
+any worker (routed here through the broker). :meth:`post` hands their frames to ``receive`` in
+number order, drops a number already taken (a retried POST), and holds at most
+``posts_ahead_max`` POSTs that came before an earlier one. Frames waiting to be read are
+bounded too. Past either bound the stream is closed with 1008.
+
+Down: ``send_text`` hands one text (frames joined by ``\\n``, as a WebSocket text frame) to the
+response as one event; it waits while the event before is not written yet, so a client that
+does not read fills its connection's outbox (4008), exactly as a WebSocket's would. ``close``
+queues the last event, ``close`` with the code and reason a WebSocket close frame would carry.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import deque
+from collections.abc import AsyncIterator
+from typing import Any, Final
+
+import orjson
+from starlette.datastructures import Address, Headers, QueryParams
+from starlette.types import Message, Scope
+
+from app.errors import CloseCode
+
+logger = logging.getLogger(__name__)
+
+# Close code for a client that leaves (its response ended before the server closed it).
+GOING_AWAY: Final = 1001
+
+
+def data_event(text: str) -> bytes:
+    """An SSE event whose data is ``text`` (lines become ``data:`` lines: the client gets
+    ``text`` back, its ``\\n``s included)."""
+    return b"data: " + text.replace("\n", "\ndata: ").encode() + b"\n\n"
+
+
+def named_event(name: str, data: dict[str, Any]) -> bytes:
+    return b"event: " + name.encode() + b"\ndata: " + orjson.dumps(data) + b"\n\n"
+
+
+class StreamSocket:
+    """One stream (see the module's docstring). ``id`` is its secret name."""
+
+    def __init__(
+        self, scope: Scope, stream_id: str, posts_ahead_max: int, inbound_max_frames: int
+    ) -> None:
+        self.scope = scope
+        self.headers = Headers(scope=scope)
+        self.query_params = QueryParams(scope.get("query_string", b""))
+        client = scope.get("client")
+        self.client = Address(*client) if client else None
+        self.id = stream_id
+        self._posts_ahead_max = posts_ahead_max
+        self._inbound_max = inbound_max_frames
+        self._inbound: deque[Message] = deque()
+        self._inbound_ready = asyncio.Event()
+        self._next_seq = 0
+        self._ahead: dict[int, str] = {}
+        self._events: deque[bytes] = deque()
+        self._event_ready = asyncio.Event()
+        self._event_taken = asyncio.Event()
+        self._last: bytes | None = None  # the close event, once closed
+
+    # -- up ------------------------------------------------------------------------------------
+
+    def post(self, seq: int, body: str) -> None:
+        """Take POST number ``seq`` (its frames, one per line), in number order."""
+        if self._last is not None or seq < self._next_seq:
+            return  # closed, or a POST already taken (a retry)
+        if seq > self._next_seq:
+            if seq not in self._ahead and len(self._ahead) >= self._posts_ahead_max:
+                self.refuse("too many POSTs ahead of a missing one")
+                return
+            self._ahead[seq] = body
+            return
+        self._take(body)
+        self._next_seq += 1
+        while self._last is None and self._next_seq in self._ahead:
+            self._take(self._ahead.pop(self._next_seq))
+            self._next_seq += 1
+
+    def _take(self, body: str) -> None:
+        for line in body.split("\n"):
+            if not line:
+                continue
+            if len(self._inbound) >= self._inbound_max:
+                self.refuse("too many frames waiting to be read")
+                return
+            self._inbound.append({"type": "websocket.receive", "text": line})
+        self._inbound_ready.set()
+
+    def refuse(self, reason: str) -> None:
+        """Close the stream for breaking a bound (1008), dropping the frames not yet read."""
+        self._close_now(CloseCode.POLICY_VIOLATION, reason)
+
+    def gone(self) -> None:
+        """The client left (the response ended first): the session sees a disconnect."""
+        self._close_now(GOING_AWAY, "")
+
+    # -- the WebSocket members the session uses -------------------------------------------------
+
+    async def accept(self) -> None:
+        """Nothing to do: the response started when the stream opened."""
+
+    async def receive(self) -> Message:
+        """The next frame POSTed (in number order), or the disconnect once closed."""
+        while not self._inbound:
+            self._inbound_ready.clear()
+            await self._inbound_ready.wait()
+        return self._inbound.popleft()
+
+    async def send_text(self, text: str) -> None:
+        """Queue ``text`` as one event, once the one before is written; raises RuntimeError
+        once the stream is closed (as Starlette's WebSocket does)."""
+        while self._events and self._last is None:
+            self._event_taken.clear()
+            await self._event_taken.wait()
+        if self._last is not None:
+            raise RuntimeError("the stream is closed")
+        self._events.append(data_event(text))
+        self._event_ready.set()
+
+    async def close(self, code: int = 1000, reason: str | None = None) -> None:
+        """End the stream: an ``event: close`` with ``code`` and ``reason`` after what is
+        queued; the session sees a disconnect with ``code``."""
+        self._close_now(code, reason or "")
+
+    def _close_now(self, code: int, reason: str) -> None:
+        if self._last is not None:
+            return
+        self._last = named_event("close", {"code": int(code), "reason": reason})
+        self._event_ready.set()
+        self._event_taken.set()  # a send waiting for room raises now
+        self._inbound.clear()
+        self._ahead.clear()
+        self._inbound.append({"type": "websocket.disconnect", "code": int(code)})
+        self._inbound_ready.set()
+
+    @property
+    def closed(self) -> bool:
+        return self._last is not None
+
+    # -- the response ---------------------------------------------------------------------------
+
+    async def events(self) -> AsyncIterator[bytes]:
+        """The response body: the ``stream`` event naming it, the data events, the ``close``
+        event last."""
+        yield named_event("stream", {"stream": self.id})
+        while True:
+            while not self._events:
+                if self._last is not None:
+                    yield self._last
+                    return
+                self._event_ready.clear()
+                await self._event_ready.wait()
+            event = self._events.popleft()
+            self._event_taken.set()
+            yield event
+
+
+class Streams:
+    """The streams this worker holds, by id; where POSTs routed here go."""
+
+    def __init__(self) -> None:
+        self._held: dict[str, StreamSocket] = {}
+
+    def __len__(self) -> int:
+        return len(self._held)
+
+    def add(self, stream: StreamSocket) -> None:
+        self._held[stream.id] = stream
+
+    def discard(self, stream: StreamSocket) -> None:
+        self._held.pop(stream.id, None)
+
+    def post(self, stream_id: str, seq: int, body: str) -> bool:
+        """Hand a POST to the stream; False when it is not held here."""
+        stream = self._held.get(stream_id)
+        if stream is None or stream.closed:
+            return False
+        stream.post(seq, body)
+        return True
+
+    def deliver_routed(self, payload: bytes) -> None:
+        """A POST another worker routed here (:func:`app.sockets.stream.post_frames`)."""
+        try:
+            routed = orjson.loads(payload)
+            self.post(routed["s"], int(routed["q"]), routed["b"])
+        except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
+            logger.warning("dropped a malformed routed POST")
