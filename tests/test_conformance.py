@@ -112,12 +112,18 @@ def _python_command() -> list[str]:
     return [sys.executable, str(ROOT / "clients" / "python" / "conformance" / "driver.py")]
 
 
-DRIVERS: dict[str, Callable[[], list[str]]] = {"js": _js_command, "python": _python_command}
+DRIVERS: dict[str, Callable[[], list[str]]] = {
+    "js": _js_command, "js-sse": _js_command, "python": _python_command,
+}  # fmt: skip
+# The drivers whose clients use the HTTP fallback transport only (the rest: WebSockets).
+OVER_SSE = {"js-sse"}
 
 
 @pytest.fixture(params=sorted(DRIVERS))
 async def driver(request: pytest.FixtureRequest, js_sdk: Path) -> AsyncIterator[Driver]:
     env = {**os.environ, "HUBBUB_SDK": str(js_sdk)}
+    if request.param in OVER_SSE:
+        env["HUBBUB_TRANSPORTS"] = "sse"
     proc = await asyncio.create_subprocess_exec(
         *DRIVERS[request.param](), cwd=ROOT, env=env,
         stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
@@ -125,6 +131,9 @@ async def driver(request: pytest.FixtureRequest, js_sdk: Path) -> AsyncIterator[
     driver = Driver(proc)
     try:
         yield driver
+        if request.param in OVER_SSE:  # every connection the scenario made was a stream
+            tries = [d for _, kind, d in driver.events if kind == "state" and "transport" in d]
+            assert tries and {d["transport"] for d in tries} == {"sse"}, tries
     finally:
         await driver.stop()
 

@@ -7,7 +7,8 @@
 // send {room, text, cid?} / send_to {user, text, cid?} / edit {room, id, text} /
 // react {room, id, emoji} / delete {room, id} (answered with the ack), history {room},
 // direct_history {user}, typing {room}, create_room {room, private?}, invite {room, user},
-// mark_read {room, id}, state, close, exit. HUBBUB_SDK: the build to drive.
+// mark_read {room, id}, state, close, exit. HUBBUB_SDK: the build to drive; HUBBUB_TRANSPORTS:
+// the clients' `transports` (comma-separated).
 import { createInterface } from "node:readline";
 import WebSocket from "ws";
 
@@ -27,8 +28,11 @@ function connect(command) {
   const getToken = tokens.length
     ? async () => tokens[Math.min(asked++, tokens.length - 1)]
     : undefined;
+  // HUBBUB_TRANSPORTS=sse: every client on the HTTP fallback transport.
+  const transports = process.env.HUBBUB_TRANSPORTS?.split(",");
   const client = new sdk.HubbubClient({
-    url: command.url, name: command.name, getToken, WebSocket, ...(command.options ?? {}),
+    url: command.url, name: command.name, getToken, WebSocket,
+    ...(transports ? { transports } : {}), ...(command.options ?? {}),
   });
   for (const type of EVENTS) {
     client.on(type, (detail) => out({ client: command.client, event: type, detail }));

@@ -1,7 +1,8 @@
 /**
  * The Hubbub client: one WebSocket, kept open (reconnects with jittered backoff), rooms
  * rejoined with `since`, every room message delivered once and in order, sends retried safely
- * (same `cid`) and answered as promises.
+ * (same `cid`) and answered as promises. Where no WebSocket gets through (a proxy that blocks
+ * or breaks the upgrade), it falls back to the HTTP transport by itself (`./sse.js`).
  *
  * @module
  */
@@ -19,13 +20,19 @@ import {
   type RoomFrame, type RoomName, type RoomsFrame, type SearchFrame, type SendFrame,
   type ServerFrame, type TypingNoticeFrame, type UploadFrame, type UserId,
 } from "./frames.js";
+import { SseSocket, type FetchLike } from "./sse.js";
 
 /** Where the connection stands. `idle`: before `connect()`; `closed`: for good (after
  * `close()` or a terminal close code); `reconnecting`: waiting `delayMs` before the next try. */
 export type ConnectionState = "idle" | "connecting" | "open" | "reconnecting" | "closed";
 
+/** How frames travel: a WebSocket, or the HTTP fallback (server-sent events down, POSTs up). */
+export type Transport = "websocket" | "sse";
+
 export interface StateChange {
   state: ConnectionState;
+  /** `connecting`, `reconnecting`, `open`: the transport of that connection. */
+  transport?: Transport;
   /** `reconnecting`: how long until the next try. */
   delayMs?: number;
   /** The close code and reason that ended the last connection. */
@@ -174,6 +181,17 @@ export interface ClientOptions {
   heartbeatSlackMs?: number;
   /** The WebSocket class (Node before 22: `import WebSocket from "ws"`). */
   WebSocket?: WebSocketConstructor;
+  /** The transports to use, in order of preference: by default a WebSocket, and the HTTP
+   * fallback when no WebSocket opens (or none brings a frame within `fallbackAfterMs`);
+   * `["sse"]` uses the fallback only. */
+  transports?: readonly Transport[];
+  /** How long an open WebSocket may bring no frame before the client falls back. */
+  fallbackAfterMs?: number;
+  /** After falling back, how long the client stays on the fallback before it tries a
+   * WebSocket again (remembered by every client of the page for that URL meanwhile). */
+  websocketRetryMs?: number;
+  /** The `fetch` of the HTTP fallback (the global one by default). */
+  fetch?: FetchLike;
 }
 
 interface PendingSend {
@@ -215,6 +233,8 @@ function integer(name: string, value: number, min: number, max = 2 ** 53): numbe
 // Error codes after which a refused join is sent again (the server did not join the room).
 const RETRY_JOIN_CODES = new Set(["broker_unavailable", "rate_limited"]);
 const OPEN = 1;
+/** Per server URL, until when this page's clients use the HTTP fallback (epoch ms). */
+const fallbackUntil = new Map<string, number>();
 
 /** The message frame `message` as event `event` leaves it: a new object, as history pages
  * show messages. */
@@ -300,8 +320,15 @@ export class HubbubClient extends EventTarget {
 
   private readonly stableAfterMs: number;
   private readonly heartbeatSlackMs: number;
-  private readonly WebSocketClass: WebSocketConstructor;
+  private readonly WebSocketClass: WebSocketConstructor | undefined;
   private ws: WebSocketLike | null = null;
+  /** The transport of the current (or last) connection. */
+  transport: Transport | null = null;
+  private readonly transports: readonly Transport[];
+  private readonly fallbackAfterMs: number;
+  private readonly websocketRetryMs: number;
+  private readonly fetchImpl: FetchLike | undefined;
+  private fallbackTimer: ReturnType<typeof setTimeout> | undefined;
   private attempt = 0;
   private retryTimer: ReturnType<typeof setTimeout> | undefined;
   private watchdog: ReturnType<typeof setTimeout> | undefined;
@@ -332,10 +359,16 @@ export class HubbubClient extends EventTarget {
     this.ackTimeoutMs = options.ackTimeoutMs ?? 10_000;
     this.stableAfterMs = options.stableAfterMs ?? 10_000;
     this.heartbeatSlackMs = options.heartbeatSlackMs ?? 5_000;
-    const WebSocketClass =
+    this.transports = options.transports ?? ["websocket", "sse"];
+    if (!this.transports.length) throw new Error("HubbubClient: `transports` names none");
+    this.fallbackAfterMs = options.fallbackAfterMs ?? 5_000;
+    this.websocketRetryMs = options.websocketRetryMs ?? 300_000;
+    this.fetchImpl = options.fetch;
+    this.WebSocketClass =
       options.WebSocket ?? (globalThis as { WebSocket?: WebSocketConstructor }).WebSocket;
-    if (!WebSocketClass) throw new Error("HubbubClient: no WebSocket here: pass `WebSocket`");
-    this.WebSocketClass = WebSocketClass;
+    if (!this.WebSocketClass && !this.transports.includes("sse")) {
+      throw new Error("HubbubClient: no WebSocket here: pass `WebSocket`");
+    }
   }
 
   /** Listen to `type`; returns the function that stops listening. */
@@ -855,26 +888,66 @@ export class HubbubClient extends EventTarget {
     }
   }
 
+  /** The transport of the next connection: a WebSocket unless there is none, or this page
+   * fell back lately. */
+  private pickTransport(): Transport {
+    if (!this.transports.includes("websocket") || !this.WebSocketClass) return "sse";
+    if (!this.transports.includes("sse")) return "websocket";
+    return (fallbackUntil.get(this.url) ?? 0) > Date.now() ? "sse" : "websocket";
+  }
+
+  /** Leave `ws` for the other transport now: the HTTP fallback (for every client of this
+   * page, `websocketRetryMs` long), or a WebSocket again. */
+  private switchTransport(ws: WebSocketLike, toFallback: boolean): void {
+    if (toFallback) fallbackUntil.set(this.url, Date.now() + this.websocketRetryMs);
+    else fallbackUntil.delete(this.url);
+    if (ws !== this.ws) return;
+    this.ws = null;
+    this.clearTimers();
+    ws.close(1000, toFallback ? "falling back" : "trying a WebSocket again");
+    this.open();
+  }
+
   private open(): void {
     clearTimeout(this.retryTimer);
-    this.setState(this.attempt === 0 ? "connecting" : "reconnecting");
+    const transport = this.pickTransport();
+    this.transport = transport;
+    this.setState(this.attempt === 0 ? "connecting" : "reconnecting", { transport });
     const url = new URL(this.url);
     // Who we are goes in the first frame, never in the URL (URLs end up in logs).
     url.searchParams.set("auth", "frame");
-    const ws = new this.WebSocketClass(url.toString());
+    const ws: WebSocketLike = transport === "sse"
+      ? new SseSocket(url.toString(), this.fetchImpl)
+      : new this.WebSocketClass!(url.toString());
     this.ws = ws;
+    let opened = false;
+    let heard = false;
+    if (transport === "websocket" && this.transports.includes("sse")) {
+      // Upgraded, but nothing comes through (a proxy that breaks WebSockets): fall back.
+      this.fallbackTimer = setTimeout(() => {
+        if (!heard) this.switchTransport(ws, true);
+      }, this.fallbackAfterMs);
+    }
     ws.onopen = () => {
+      opened = true;
       void this.authenticate(ws);
     };
     ws.onmessage = (event) => {
       if (ws !== this.ws) return;
+      heard = true;
+      clearTimeout(this.fallbackTimer);
       this.armWatchdog();
       for (const line of String(event.data).split("\n")) {
         if (line) this.handle(JSON.parse(line) as ServerFrame);
       }
     };
     ws.onclose = (event) => {
-      if (ws === this.ws) this.closed(event.code, event.reason);
+      if (ws !== this.ws) return;
+      if (transport === "websocket" && !opened && this.transports.includes("sse")) {
+        this.switchTransport(ws, true); // the upgrade failed: try the HTTP fallback at once
+        return;
+      }
+      this.closed(event.code, event.reason);
     };
     // A failed connection is followed by its close event, which decides what comes next. (In
     // Node, the `ws` package throws an `error` nobody listens to.)
@@ -922,8 +995,15 @@ export class HubbubClient extends EventTarget {
       case "hello":
         this.hello = frame;
         if (frame.guest) this.guestKey = frame.guest; // made for us: reconnect as the same guest
-        this.setState("open");
+        this.setState("open", this.transport ? { transport: this.transport } : {});
         this.stableTimer = setTimeout(() => { this.attempt = 0; }, this.stableAfterMs);
+        if (this.transport === "sse" && this.transports.includes("websocket")) {
+          // Try a WebSocket again once the page's fallback time is over (a reconnect: the
+          // rooms are rejoined with `since`, nothing is lost).
+          const ws = this.ws;
+          const retryIn = (fallbackUntil.get(this.url) ?? 0) - Date.now();
+          if (retryIn > 0 && ws) this.fallbackTimer = setTimeout(() => this.switchTransport(ws, false), retryIn);
+        }
         this.armWatchdog();
         this.emit("hello", frame);
         if (this.visible) this.write({ type: "visibility", visible: true });
@@ -1096,6 +1176,7 @@ export class HubbubClient extends EventTarget {
   private clearTimers(): void {
     clearTimeout(this.watchdog);
     clearTimeout(this.stableTimer);
+    clearTimeout(this.fallbackTimer);
   }
 
   private setState(state: ConnectionState, extra: Omit<StateChange, "state"> = {}): void {
