@@ -44,18 +44,18 @@ class SseClient:
     @classmethod
     @contextlib.asynccontextmanager
     async def connect(
-        cls, base_url: str, auth: Frame | None = None, post_url: str | None = None, **query: str
+        cls, base_url: str, first: Frame | None = None, post_url: str | None = None, **query: str
     ) -> AsyncIterator[SseClient]:
-        """Open a stream on ``base_url`` (its query: ``query``, e.g. ``name``), POST ``auth``
-        first when given, and wait for ``hello``."""
+        """Open a stream on ``base_url`` (its query: ``query``, e.g. ``name``), POST ``first``
+        (an ``auth`` frame) when given, and wait for ``hello``."""
         async with httpx.AsyncClient(timeout=httpx.Timeout(10, read=None)) as http:
             client = cls(http, (post_url or base_url) + "/sse")
             opened = asyncio.get_running_loop().create_future()
             client._reader = asyncio.create_task(client._read(base_url + "/sse", query, opened))
             try:
                 await asyncio.wait_for(asyncio.shield(opened), 5)
-                if auth is not None:
-                    await client.send(auth)
+                if first is not None:
+                    await client.send(first)
                 client.hello = await client.next_frame()
                 assert client.hello["type"] == "hello", client.hello
                 yield client
