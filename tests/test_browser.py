@@ -19,7 +19,7 @@ from playwright.async_api import Browser, Page, WebSocket, async_playwright, exp
 from redis.asyncio import Redis
 
 from tests.helpers import ChatClient, LiveServer, make_settings, run_server, wait_until
-from tests.processes import ROOT, AppProcess, RedisServer
+from tests.processes import ROOT, AppProcess, NginxServer, RedisServer
 
 ARTIFACTS = ROOT / "test-artifacts"
 CHROMIUM_ARGS = [
@@ -741,3 +741,52 @@ async def test_namesakes_are_told_apart_invited_by_picking_and_join_only_with_co
             await alice.close()
             await impostor.close()
             await bob.close()
+
+
+async def test_where_websockets_are_blocked_the_page_chats_over_http(
+    browser: Browser, redis_server: RedisServer
+) -> None:
+    """Through the repository's nginx with the WebSocket upgrade refused (as a proxy that
+    blocks WebSockets does), the page falls back to the HTTP transport by itself, says so,
+    and chats with a WebSocket user; gunicorn's two workers take the stream and its POSTs
+    wherever nginx sends them."""
+    app = AppProcess({"CHAT_REDIS_URL": redis_server.url}, gunicorn_workers=2)
+    await app.start()
+    refused = {"location = /ws {\n            proxy_pass http://hubbub;":
+               "location = /ws {\n            return 403;"}  # fmt: skip
+    nginx = NginxServer(f"127.0.0.1:{app.port}", refused)
+    try:
+        await nginx.start()
+        ada = await ChatPage.open(browser, nginx.http_url, "ada", "lobby")
+        try:
+            status = ada.page.locator("#status")
+            await expect(status).to_have_text("Connected (HTTP fallback)")
+            await expect(status).to_have_attribute("data-transport", "sse")
+            async with ChatClient.connect(app.ws_url("bob")) as bob:
+                await bob.join("lobby")
+                await bob.say("lobby", "hi ada")
+                await ada.shows(["hi ada"])
+                await ada.say("hi bob")
+                await ada.shows(["hi ada", "hi bob"])
+                while (await bob.next_frame(skip=("ping", "presence", "typing"))).get("text") != (
+                    "hi bob"
+                ):
+                    pass
+            # Its one WebSocket try was refused (the browser logs it), and sent nothing; the
+            # rest went over HTTP.
+            tried = "Error during WebSocket handshake: Unexpected response code: 403"
+            assert [e for e in ada.errors if tried in e], ada.errors
+            ada.errors = [e for e in ada.errors if tried not in e]
+            assert [sent for _, sent in ada.sockets] in ([], [[]])
+            posts = [line for line in nginx.access_log() if line["path"] == "/sse"]
+            assert {(line["method"], line["status"]) for line in posts} == {("POST", 202)}
+        finally:
+            await ada.close()
+        # The stream is logged once it ends (the page is gone): one GET, answered 200.
+        await wait_until(
+            lambda: any(line["path"] == "/sse" and line["method"] == "GET" and
+                        line["status"] == 200 for line in nginx.access_log()),
+        )  # fmt: skip
+    finally:
+        await nginx.stop()
+        await app.stop()

@@ -765,20 +765,22 @@ async def test_ingress_routes_only_what_clients_use() -> None:
     )
     assert admin.router.prefix == "/admin"
 
-    routed = ["/", "/ws", "/rooms/lobby/messages", "/rooms/team-1/messages"]
+    routed = ["/", "/ws", "/sse", "/rooms/lobby/messages", "/rooms/team-1/messages"]
     routed += ["/dms/alice/messages", "/inbox", "/search", "/mentions"]
     routed += [f"/static/{f.name}" for f in (ROOT / "app/static").iterdir()]
     static = (ROOT / "app/static/index.html").read_text()
     assert set(re.findall(r'(?:href|src)="(/[^"]*)"', static)) <= set(routed)
     client = (ROOT / "clients/js/src/client.ts").read_text()  # the page's hubbub.js's source
     assert "/ws`" in client and "`/rooms/${encodeURIComponent(room)}/messages`" in client
+    assert '"/sse")' in (ROOT / "clients/js/src/sse.ts").read_text()  # the fallback's path
     for path in routed:
         backend = _ingress_backend(ingress, path)
         assert backend == {"service": {"name": "hubbub", "port": {"name": "http"}}}, path
     refused = [
         "/admin", "/admin/", "/admin/users/troll/kick", "/admin/users/troll/ban",
         DEFAULTS.metrics_path, "/metrics", "/healthz", "/readyz", "/openapi.json", "/redoc",
-        "/docs", "/docs/oauth2-redirect", "/index.html", "/wsx", "/ws/x", "/staticx", "/rooms-x",
+        "/docs", "/docs/oauth2-redirect", "/index.html", "/wsx", "/ws/x", "/ssex", "/sse/x",
+        "/staticx", "/rooms-x",
         "/dmsx", "/inbox/x", "/search/x", "/mentions/x", "/api/", "/api/v1/rooms",
         "/api/v1/users/ada/messages",
     ]  # fmt: skip

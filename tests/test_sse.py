@@ -4,29 +4,20 @@ order once each whichever server they reach, and every bad POST gets a clear ans
 
 from __future__ import annotations
 
-import asyncio
 import time
 from pathlib import Path
-from typing import Any
 
 import httpx2 as httpx
 import jwt
 import orjson
 import pytest
 
-from tests.helpers import ChatClient, LiveServer, make_settings, run_server
+from tests.helpers import ChatClient, LiveServer, make_settings, run_server, wait_until
 from tests.processes import RedisServer
 from tests.sse_client import SseClient, StreamClosed
 
 pytestmark = pytest.mark.timeout(60)
 SECRET = "a-stream-secret-that-is-long-enough-for-hs256"
-
-
-async def until(condition: Any, timeout: float = 5.0) -> None:
-    """Wait for ``condition()`` to hold (polled)."""
-    async with asyncio.timeout(timeout):
-        while not condition():
-            await asyncio.sleep(0.02)
 
 
 async def test_a_stream_chats_with_a_websocket_user(server: LiveServer) -> None:
@@ -89,7 +80,7 @@ async def test_a_frame_too_large_closes_the_stream_with_1009() -> None:
         await ada.say("room", "x" * 2_000)
         closed = await ada.closing()
         assert (closed.code, closed.reason) == (1009, "frame too large")
-        await until(lambda: not live.state.hub.connections)
+        await wait_until(lambda: not live.state.hub.connections)
 
 
 async def test_posts_ahead_of_a_missing_one_are_bounded() -> None:
@@ -143,7 +134,7 @@ async def test_a_stream_the_client_leaves_is_gone_from_the_server(server: LiveSe
             assert (await bob.presence_of("ada"))["event"] == "join"
             stream_id = ada.stream_id
         assert (await bob.presence_of("ada"))["event"] == "leave"
-        await until(lambda: len(server.state.hub.connections) == 1)
+        await wait_until(lambda: len(server.state.hub.connections) == 1)
         assert len(server.state.streams) == 0
         async with httpx.AsyncClient(base_url=server.http_url) as http:
             gone = await http.post("/sse", headers={"Hubbub-Stream": stream_id, "Hubbub-Seq": "9"})

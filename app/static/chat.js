@@ -384,9 +384,10 @@ function closeReason(code, reason) {
   return CLOSE_REASONS[code] ?? (reason || "the connection was lost");
 }
 
-function showState({ state, delayMs, code, reason }) {
+function showState({ state, delayMs, code, reason, transport }) {
   const status = $("status");
   if (state !== undefined) status.dataset.state = state;
+  if (transport !== undefined) status.dataset.transport = transport;
   clearInterval(countdown);
   countdown = null;
   if (state === "reconnecting") {
@@ -402,9 +403,13 @@ function showState({ state, delayMs, code, reason }) {
     tick();
     if (delayMs) countdown = setInterval(tick, 250);
   } else if (state !== undefined) {
-    const texts = { idle: "Not connected", connecting: "Connecting…", open: "Connected",
+    // Over the HTTP fallback (no WebSocket got through on the way here), it says so.
+    const connected = transport === "sse" ? "Connected (HTTP fallback)" : "Connected";
+    const texts = { idle: "Not connected", connecting: "Connecting…", open: connected,
                     closed: `Disconnected: ${closeReason(code, reason)}` };
     status.textContent = texts[state] ?? state;
+    status.title = transport === "sse" && state === "open"
+      ? "WebSockets are blocked between you and the server: messages go over plain HTTP" : "";
   }
   if (state === "open") relinkAttachments(); // links asked while offline: ask again
   renderComposer();
