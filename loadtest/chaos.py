@@ -9,7 +9,9 @@ drain, canary and reconnect settings and per-user limits out of the way. ``--cli
 (with ``since`` after a reconnect), send at a steady rate with a ``cid`` and retry it after an
 error or a reconnect until acked, reconnect with jittered backoff to either instance after any
 close, rejoin on a ``resync`` error, reload over HTTP after ``"recovered": false``, answer
-pings. Meanwhile the fault schedule runs, ``--gap`` seconds apart:
+pings. A share of them (``--sse-share``, a quarter by default) speak it over the HTTP fallback
+transport instead (:mod:`loadtest.sse`: a stream on one instance, each POST to either). Meanwhile
+the fault schedule runs, ``--gap`` seconds apart:
 
 - ``pubsub_kill``: ``CLIENT KILL TYPE pubsub`` (every worker's subscription);
 - ``pubsub_burst``: ten of those, 100 ms apart;
@@ -109,6 +111,7 @@ from loadtest.invariants import (
     SendError,
     check,
 )
+from loadtest.sse import SseConnection
 from tests.processes import ClusterDeployment, PostgresServer, SentinelDeployment
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -499,6 +502,14 @@ class Run:
     log: RunLog
     instances: list[Instance]
     http: httpx.AsyncClient
+    # The SSE clients' streams and POSTs: a pool of its own, without a bound (each stream
+    # holds a connection for its whole life).
+    streams: httpx.AsyncClient = field(
+        default_factory=lambda: httpx.AsyncClient(
+            trust_env=False,
+            limits=httpx.Limits(max_connections=None, max_keepalive_connections=None),
+        )
+    )
     last_activity: float = 0.0
     stop_sending: bool = False
     closing: bool = False
@@ -509,9 +520,12 @@ class Run:
 class ChaosClient:
     """One user of the chat, following docs/protocol.md; records every event for the checker."""
 
-    def __init__(self, run: Run, name: str, rooms: list[str], instance: int, seed: int) -> None:
+    def __init__(
+        self, run: Run, name: str, rooms: list[str], instance: int, seed: int, sse: bool = False
+    ) -> None:
         self.run = run
         self.name = name
+        self.sse = sse  # over the HTTP fallback transport (loadtest.sse), not a WebSocket
         self.rooms = rooms
         self.instance = instance
         self.rng = random.Random(seed)
@@ -520,7 +534,7 @@ class ChaosClient:
         self.pending: dict[str, _Pending] = {}
         self.seq = 0
         self.mine: dict[str, list[int]] = {}  # room -> ids of this client's acked messages
-        self.ws: ClientConnection | None = None
+        self.ws: ClientConnection | SseConnection | None = None
         self.conn = 0
         self.joined: set[str] = set()
         self.joins: deque[tuple[str, int | None, float]] = deque()  # awaiting an answer
@@ -558,12 +572,19 @@ class ChaosClient:
                 self.instance = 1 - self.instance  # the other instance next
             first = False
             instance = self.run.instances[self.instance]
+            ws: ClientConnection | SseConnection
             try:
-                ws = await connect(
-                    f"{instance.ws_url}?name={self.name}", open_timeout=5, close_timeout=2,
-                    compression=None, proxy=None, ping_interval=None, max_size=None,
-                )  # fmt: skip
-            except (OSError, TimeoutError, InvalidHandshake) as exc:
+                if self.sse:
+                    ws = await SseConnection.open(
+                        self.run.streams, instance.http_url,
+                        [i.http_url for i in self.run.instances], {"name": self.name}, self.rng,
+                    )  # fmt: skip
+                else:
+                    ws = await connect(
+                        f"{instance.ws_url}?name={self.name}", open_timeout=5, close_timeout=2,
+                        compression=None, proxy=None, ping_interval=None, max_size=None,
+                    )  # fmt: skip
+            except (OSError, TimeoutError, InvalidHandshake, ConnectionClosed) as exc:
                 self.run.connect_failures[type(exc).__name__] += 1
                 continue
             connections = self.conn
@@ -578,7 +599,7 @@ class ChaosClient:
             if self.conn != connections:
                 attempt = 0  # it got as far as hello: start the backoff over
 
-    async def _session(self, ws: ClientConnection) -> None:
+    async def _session(self, ws: ClientConnection | SseConnection) -> None:
         """Serve one connection until it ends."""
         try:
             async with asyncio.timeout(5):
@@ -1006,6 +1027,7 @@ class Config:
     store: bool = False
     sentinel: bool = False
     cluster: bool = False
+    sse_share: float = 0.25  # of the clients on the HTTP fallback transport
 
 
 def _client_sockets(pid: int, port: int) -> int:
@@ -1151,7 +1173,10 @@ async def run_chaos(config: Config) -> tuple[Report, dict[str, Any]]:
         for n in range(config.clients):
             rooms = {names[n % config.rooms]}
             rooms.update(rng.sample(names, rng.randint(1, 3) - 1))
-            client = ChaosClient(run, f"c{n:03d}", sorted(rooms), n % 2, config.seed * 7919 + n)
+            sse = int((n + 1) * config.sse_share) > int(n * config.sse_share)  # spread evenly
+            client = ChaosClient(
+                run, f"c{n:03d}", sorted(rooms), n % 2, config.seed * 7919 + n, sse
+            )
             clients.append(client)
             client.start()
             await asyncio.sleep(0.01)
@@ -1195,6 +1220,7 @@ async def run_chaos(config: Config) -> tuple[Report, dict[str, Any]]:
         run.closing = True
         await asyncio.gather(*(c.close() for c in clients), return_exceptions=True)
         await http.aclose()
+        await run.streams.aclose()
         for instance in instances:
             instance.stop()
         redis.stop()
@@ -1210,6 +1236,7 @@ async def run_chaos(config: Config) -> tuple[Report, dict[str, Any]]:
     if config.events is not None:
         save_log(log, config.events)
     facts |= {
+        "sse_clients": sum(c.sse for c in clients),
         "connect_failures": dict(run.connect_failures),
         "other_errors": dict(run.other_errors),
         "unsettled_clients": sum(not c.settled_all for c in clients),
@@ -1256,12 +1283,16 @@ def parse_args(argv: list[str] | None) -> tuple[Config, argparse.Namespace]:
         "Redis faults are a master's SIGKILL",
     )
     parser.add_argument(
+        "--sse-share", type=float, default=0.25,
+        help="share of the clients on the HTTP fallback transport (default 0.25)",
+    )  # fmt: skip
+    parser.add_argument(
         "--recheck", type=Path, help="run no chaos: check the event log written by --events"
     )
     args = parser.parse_args(argv)
     config = Config(
         seed=args.seed, keep=args.keep, server_root=args.server_root.resolve(), events=args.events,
-        store=args.store, sentinel=args.sentinel, cluster=args.cluster,
+        store=args.store, sentinel=args.sentinel, cluster=args.cluster, sse_share=args.sse_share,
     )  # fmt: skip
     replicated = args.sentinel or args.cluster
     if replicated:

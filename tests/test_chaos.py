@@ -427,11 +427,13 @@ async def test_chaos_smoke_run_loses_nothing_silently(tmp_path: Path) -> None:
     through a pub/sub kill, a Redis SIGKILL and restart from its AOF, a 3 s Redis SIGSTOP, a
     worker SIGKILL and a PostgreSQL SIGKILL: no silent loss, duplicate or reordering, real
     traffic (sends acked, messages delivered) with every fault verified and recovered from,
-    and every acked message stored once."""
+    and every acked message stored once. A quarter of the clients are on the HTTP fallback
+    transport (a stream on one instance, each POST to either)."""
     out = tmp_path / "chaos.json"
     status, text, err = await _chaos("--smoke", "--store", "--json", str(out), limit_s=160)
     report: dict[str, Any] = json.loads(out.read_text())
     context = f"{text}\n{err[-3000:]}"
+    assert report["facts"]["sse_clients"] == 10, context
     assert report["sent"] > 500 and report["acked"] >= 0.99 * report["sent"], context
     assert report["deliveries"] > 2000 and report["delivered_live"] > 2000, context
     assert report["owed"] > 2000 and report["memberships"] >= 40, context
