@@ -119,6 +119,7 @@ class Server:
     port: int = 0
     pid: int = 0  # the process whose memory is measured
     postgres: Postgres | None = None
+    extra_env: dict[str, str] = field(default_factory=dict)  # on top of the bench's own
 
     @property
     def url(self) -> str:
@@ -137,7 +138,7 @@ class Server:
     def start(self) -> None:
         self.tmp = Path(tempfile.mkdtemp(prefix="hubbub-bench-"))
         python = sys.executable
-        env = {**OPEN_LIMITS, "TMPDIR": str(self.tmp)}
+        env = {**OPEN_LIMITS, "TMPDIR": str(self.tmp), **self.extra_env}
         app_port = free_port()
         if self.kind == "baseline":
             proc = self._spawn(
@@ -216,8 +217,8 @@ class Server:
 
 
 @contextlib.contextmanager
-def running(kind: str) -> Iterator[Server]:
-    server = Server(kind)
+def running(kind: str, env: dict[str, str] | None = None) -> Iterator[Server]:
+    server = Server(kind, extra_env=env or {})
     try:
         server.start()
         yield server

@@ -15,14 +15,12 @@ have URLs): the stream's first event carries it, POSTs send it in ``Hubbub-Strea
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import re
 import secrets
 from typing import Final
 
 import orjson
-from sse_starlette.sse import AppStatus, EventSourceResponse
 from starlette.datastructures import Headers
 from starlette.responses import JSONResponse, Response
 from starlette.types import Receive, Scope, Send
@@ -34,10 +32,6 @@ from app.transport.stream_socket import StreamSocket
 
 logger = logging.getLogger(__name__)
 
-# Streams end by the session's close (the drain closes each with 1012, spread over its
-# window), not all at once when the server is told to exit.
-AppStatus.enable_automatic_graceful_drain = False  # what its disable_…() does, typed
-
 STREAM_HEADER: Final = "hubbub-stream"
 SEQ_HEADER: Final = "hubbub-seq"
 _STREAM_ID = re.compile(r"[0-9a-f]{12}\.[A-Za-z0-9_-]{22}")
@@ -45,37 +39,29 @@ _MAX_SEQ: Final = 2**53  # what a JavaScript number counts to exactly
 
 
 async def open_stream(scope: Scope, receive: Receive, send: Send, state: ChatState) -> None:
-    """``GET /sse``: a stream, served by the session until either side ends it."""
+    """``GET /sse``: a stream, served by the session (in this task, as a WebSocket's is) until
+    either side ends it."""
     settings = state.settings
-    headers = Headers(scope=scope)
-    if not state.origins.allows(headers):
+    if not state.origins.allows(Headers(scope=scope)):
         state.metrics.upgrades_refused.labels("origin").inc()
         await Response(status_code=403)(scope, receive, send)
         return
     stream = StreamSocket(
         scope,
+        send,
         f"{state.broker.worker_id}.{secrets.token_urlsafe(16)}",
         settings.sse_posts_ahead_max,
         settings.sse_inbound_max_frames,
     )
-    streams = state.streams
-    streams.add(stream)
-    session = asyncio.ensure_future(serve(stream, state))
-    # A client that takes nothing for a heartbeat's whole span is gone: its response ends.
-    stuck_after = settings.heartbeat_interval_s + settings.heartbeat_timeout_s
-    response = EventSourceResponse(
-        stream.events(),
-        ping=0,  # the session's own heartbeat pings (frames) keep the stream alive
-        send_timeout=stuck_after,
-        headers={"Cache-Control": "no-store"},
-    )
+    await stream.start()
+    watcher = asyncio.ensure_future(stream.watch(receive))
+    state.streams.add(stream)
     try:
-        await response(scope, receive, send)
+        await serve(stream, state)
     finally:
-        stream.gone()  # nothing if the session ended it: the client left otherwise
-        streams.discard(stream)
-        with contextlib.suppress(asyncio.CancelledError):
-            await session
+        state.streams.discard(stream)
+        watcher.cancel()
+        await stream.finish(settings.close_timeout_s)
 
 
 async def post_frames(scope: Scope, receive: Receive, send: Send, state: ChatState) -> None:

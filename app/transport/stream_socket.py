@@ -13,23 +13,30 @@ number order, drops a number already taken (a retried POST), and holds at most
 ``posts_ahead_max`` POSTs that came before an earlier one. Frames waiting to be read are
 bounded too. Past either bound the stream is closed with 1008.
 
-Down: ``send_text`` hands one text (frames joined by ``\\n``, as a WebSocket text frame) to the
-response as one event; it waits while the event before is not written yet, so a client that
-does not read fills its connection's outbox (4008), exactly as a WebSocket's would. ``close``
-queues the last event, ``close`` with the code and reason a WebSocket close frame would carry.
+Down: ``send_text`` writes one text (frames joined by ``\\n``, as a WebSocket text frame) as one
+event, straight through the ASGI ``send`` of the response (uvicorn writes it to the socket
+without suspending unless the socket is full: then it waits, the connection's outbox fills, and
+a client that does not read is closed with 4008, exactly as a WebSocket's would be). ``close``
+ends the session; :meth:`finish` then writes the last event, ``close``, with the code and
+reason a WebSocket close frame would carry, and ends the response.
+
+The response is written here rather than through a generator-based SSE response (such as
+sse-starlette's): those run three tasks and a task group per stream and a cancel scope per
+event, which cost this transport three times a WebSocket's memory and 2.4 times its CPU per delivery
+(docs/benchmarks.md, "The HTTP fallback").
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections import deque
-from collections.abc import AsyncIterator
 from typing import Any, Final
 
 import orjson
 from starlette.datastructures import Address, Headers, QueryParams
-from starlette.types import Message, Scope
+from starlette.types import Message, Receive, Scope, Send
 
 from app.errors import CloseCode
 
@@ -37,6 +44,13 @@ logger = logging.getLogger(__name__)
 
 # Close code for a client that leaves (its response ended before the server closed it).
 GOING_AWAY: Final = 1001
+# What the response carries: events, never cached, never buffered by a proxy (nginx reads
+# X-Accel-Buffering), never compressed.
+_HEADERS: Final = [
+    (b"content-type", b"text/event-stream; charset=utf-8"),
+    (b"cache-control", b"no-store"),
+    (b"x-accel-buffering", b"no"),
+]
 
 
 def data_event(text: str) -> bytes:
@@ -53,7 +67,12 @@ class StreamSocket:
     """One stream (see the module's docstring). ``id`` is its secret name."""
 
     def __init__(
-        self, scope: Scope, stream_id: str, posts_ahead_max: int, inbound_max_frames: int
+        self,
+        scope: Scope,
+        send: Send,
+        stream_id: str,
+        posts_ahead_max: int,
+        inbound_max_frames: int,
     ) -> None:
         self.scope = scope
         self.headers = Headers(scope=scope)
@@ -61,16 +80,44 @@ class StreamSocket:
         client = scope.get("client")
         self.client = Address(*client) if client else None
         self.id = stream_id
+        self._send = send
         self._posts_ahead_max = posts_ahead_max
         self._inbound_max = inbound_max_frames
         self._inbound: deque[Message] = deque()
-        self._inbound_ready = asyncio.Event()
+        self._inbound_ready: asyncio.Future[None] | None = None
         self._next_seq = 0
         self._ahead: dict[int, str] = {}
-        self._events: deque[bytes] = deque()
-        self._event_ready = asyncio.Event()
-        self._event_taken = asyncio.Event()
         self._last: bytes | None = None  # the close event, once closed
+        self._gone = False  # the client left: nothing more can be written
+
+    # -- the response ---------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Send the response's head and the ``stream`` event naming it."""
+        await self._send({"type": "http.response.start", "status": 200, "headers": _HEADERS})
+        await self._body(named_event("stream", {"stream": self.id}))
+
+    async def watch(self, receive: Receive) -> None:
+        """Until the client leaves (then the session sees a disconnect, 1001)."""
+        while (await receive())["type"] != "http.disconnect":
+            pass
+        self._gone = True
+        self._close_now(GOING_AWAY, "")
+
+    async def finish(self, timeout_s: float) -> None:
+        """Once the session is over: the ``close`` event and the response's end, given at most
+        ``timeout_s`` to be written (a client that does not read is not waited for)."""
+        self._close_now(GOING_AWAY, "")
+        if self._gone:
+            return
+        assert self._last is not None
+        with contextlib.suppress(TimeoutError, OSError, RuntimeError):
+            async with asyncio.timeout(timeout_s):
+                await self._body(self._last)
+                await self._send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    async def _body(self, chunk: bytes) -> None:
+        await self._send({"type": "http.response.body", "body": chunk, "more_body": True})
 
     # -- up ------------------------------------------------------------------------------------
 
@@ -98,15 +145,16 @@ class StreamSocket:
                 self.refuse("too many frames waiting to be read")
                 return
             self._inbound.append({"type": "websocket.receive", "text": line})
-        self._inbound_ready.set()
+        self._wake()
+
+    def _wake(self) -> None:
+        waiter = self._inbound_ready
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
 
     def refuse(self, reason: str) -> None:
         """Close the stream for breaking a bound (1008), dropping the frames not yet read."""
         self._close_now(CloseCode.POLICY_VIOLATION, reason)
-
-    def gone(self) -> None:
-        """The client left (the response ended first): the session sees a disconnect."""
-        self._close_now(GOING_AWAY, "")
 
     # -- the WebSocket members the session uses -------------------------------------------------
 
@@ -116,57 +164,34 @@ class StreamSocket:
     async def receive(self) -> Message:
         """The next frame POSTed (in number order), or the disconnect once closed."""
         while not self._inbound:
-            self._inbound_ready.clear()
-            await self._inbound_ready.wait()
+            self._inbound_ready = asyncio.get_running_loop().create_future()
+            await self._inbound_ready
         return self._inbound.popleft()
 
     async def send_text(self, text: str) -> None:
-        """Queue ``text`` as one event, once the one before is written; raises RuntimeError
-        once the stream is closed (as Starlette's WebSocket does)."""
-        while self._events and self._last is None:
-            self._event_taken.clear()
-            await self._event_taken.wait()
+        """Write ``text`` as one event; raises RuntimeError once the stream is closed (as
+        Starlette's WebSocket does)."""
         if self._last is not None:
             raise RuntimeError("the stream is closed")
-        self._events.append(data_event(text))
-        self._event_ready.set()
+        await self._body(data_event(text))
 
     async def close(self, code: int = 1000, reason: str | None = None) -> None:
-        """End the stream: an ``event: close`` with ``code`` and ``reason`` after what is
-        queued; the session sees a disconnect with ``code``."""
+        """End the stream with ``code`` and ``reason`` (the ``close`` event :meth:`finish`
+        writes); the session sees a disconnect with ``code``."""
         self._close_now(code, reason or "")
 
     def _close_now(self, code: int, reason: str) -> None:
         if self._last is not None:
             return
         self._last = named_event("close", {"code": int(code), "reason": reason})
-        self._event_ready.set()
-        self._event_taken.set()  # a send waiting for room raises now
         self._inbound.clear()
         self._ahead.clear()
         self._inbound.append({"type": "websocket.disconnect", "code": int(code)})
-        self._inbound_ready.set()
+        self._wake()
 
     @property
     def closed(self) -> bool:
         return self._last is not None
-
-    # -- the response ---------------------------------------------------------------------------
-
-    async def events(self) -> AsyncIterator[bytes]:
-        """The response body: the ``stream`` event naming it, the data events, the ``close``
-        event last."""
-        yield named_event("stream", {"stream": self.id})
-        while True:
-            while not self._events:
-                if self._last is not None:
-                    yield self._last
-                    return
-                self._event_ready.clear()
-                await self._event_ready.wait()
-            event = self._events.popleft()
-            self._event_taken.set()
-            yield event
 
 
 class Streams:
