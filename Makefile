@@ -17,7 +17,7 @@ export UV_SYSTEM_CERTS := 1
 # lets Chromium draw the page's reactions in its screenshots.
 DEB_TEST_DEPS := node:nodejs npm:npm redis-server:redis-server promtool:prometheus nginx:nginx kubectl:kubernetes-client chromium:chromium pg_ctlcluster:postgresql /usr/share/fonts/truetype/noto/NotoColorEmoji.ttf:fonts-noto-color-emoji
 
-.PHONY: help install run test bench bench-core bench-redis bench-scale bench-search bench-100k chaos attack k8s-check lint typecheck check deb-deps node-deps s3-deps docs-config dashboard clean
+.PHONY: help install run test bench bench-core bench-redis bench-scale bench-search bench-sse bench-100k chaos attack k8s-check lint typecheck check deb-deps node-deps s3-deps docs-config dashboard clean
 
 help:  ## list the targets
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -84,6 +84,9 @@ bench-scale: $(STAMP) deb-deps  ## deliveries/s with W = 1, 2, 4, 8… workers o
 
 bench-search: $(STAMP) deb-deps  ## search p50/p95 over 1,000,000 stored messages and archiving with and without the index, SQLite and PostgreSQL (~10 min); writes docs/bench/search.json
 	$(VENV)/bin/python -m loadtest.search --json docs/bench/search.json
+
+bench-sse: $(STAMP) deb-deps  ## the HTTP fallback against WebSockets on one worker: deliveries/s, latency, CPU, memory per connection (~12 min); writes docs/bench/sse.json
+	$(VENV)/bin/python -m loadtest.sse_bench --json docs/bench/sse.json
 
 bench-100k: $(STAMP) deb-deps  ## hold 100,000 WebSockets for 5 min (gunicorn + Redis, ~10 min); writes docs/bench/hold-100k.json
 	$(VENV)/bin/python -m loadtest.hold --json docs/bench/hold-100k.json

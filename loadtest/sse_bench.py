@@ -139,7 +139,8 @@ class SseClients:
             for reader in self.readers:
                 writer.write(
                     f"POST /sse HTTP/1.1\r\nHost: 127.0.0.1\r\nHubbub-Stream: {reader.stream}\r\n"
-                    f"Hubbub-Seq: 0\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body
+                    f"Hubbub-Seq: 0\r\nContent-Length: {len(body)}\r\n\r\n".encode()
+                    + body
                 )
                 status = await reader_.readline()
                 assert b" 202 " in status, status
@@ -154,9 +155,7 @@ class SseClients:
                 reader.transport.close()
 
 
-async def _ws_clients(
-    port: int, count: int, latencies: Latencies, prefix: str
-) -> list[Client]:
+async def _ws_clients(port: int, count: int, latencies: Latencies, prefix: str) -> list[Client]:
     url = f"ws://127.0.0.1:{port}/ws"
     clients: list[Client] = []
     for start in range(0, count, 100):
@@ -232,11 +231,23 @@ async def held(port: int, pid: int, transport: str, count: int) -> dict[str, Any
             ws = await _ws_clients(port, count, latencies, "h")
         await asyncio.sleep(3.0)
         alive = sum(not r.lost for r in sse.readers) + sum(not c.closed.done() for c in ws)
-        return {"alive": alive, "rss_kib_per_connection": round((_rss_kib(pid) - before) / count, 2)}
+        return {
+            "alive": alive,
+            "rss_kib_per_connection": round((_rss_kib(pid) - before) / count, 2),
+        }
     finally:
         sse.close()
         for client in ws:
             client.abort()
+
+
+async def _case(
+    case: str, args: argparse.Namespace, port: int, pid: int, transport: str
+) -> dict[str, Any]:
+    if case == "held":
+        return await held(port, pid, transport, args.hold)
+    rate = args.rate if case == "fanout" else args.saturate
+    return await fanout(port, pid, transport, args.subscribers, rate, args.seconds)
 
 
 def measure(args: argparse.Namespace) -> dict[str, Any]:
@@ -245,15 +256,9 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     env = {"CHAT_HEARTBEAT_INTERVAL_S": "3600"}  # no pings to answer during a measurement
     for round_ in range(args.rounds):
         for transport in order if round_ % 2 == 0 else order[::-1]:
-            for case, run in (
-                ("fanout", lambda p, pid, t: fanout(p, pid, t, args.subscribers, args.rate,
-                                                   args.seconds)),
-                ("saturation", lambda p, pid, t: fanout(p, pid, t, args.subscribers,
-                                                       args.saturate, args.seconds)),
-                ("held", lambda p, pid, t: held(p, pid, t, args.hold)),
-            ):  # fmt: skip
+            for case in args.cases:
                 with running("hubbub", env) as server:
-                    result = uvloop.run(run(server.port, server.pid, transport))
+                    result = uvloop.run(_case(case, args, server.port, server.pid, transport))
                 rows.setdefault(case, {}).setdefault(transport, []).append(result)
                 print(f"round {round_ + 1} {case} {transport}: {result}", flush=True)
     return rows
@@ -282,10 +287,12 @@ def report(rows: dict[str, dict[str, list[dict[str, Any]]]], args: argparse.Name
         "held": ("connections held", ("alive", "rss_kib_per_connection")),
     }  # fmt: skip
     for case, (title, keys) in cases.items():
+        if case not in rows:
+            continue
         for key in keys:
             ws = _median(rows[case]["websocket"], key)
             sse = _median(rows[case]["sse"], key)
-            ratio = f"{sse / ws:.2f}" if ws and sse is not None else "–"
+            ratio = f"{sse / ws:.2f}" if ws and sse is not None else "-"
             lines.append(f"| {title} | {key} | {ws:,} | {sse:,} | {ratio} |")
     return "\n".join(lines)
 
@@ -298,6 +305,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--saturate", type=float, default=400.0, help="msg/s offered")
     parser.add_argument("--seconds", type=float, default=6.0)
     parser.add_argument("--hold", type=int, default=2000)
+    parser.add_argument(
+        "--cases", type=lambda text: text.split(","), default=["fanout", "saturation", "held"],
+        help="comma-separated: fanout, saturation, held (default all)",
+    )  # fmt: skip
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
     with contextlib.suppress(AttributeError, OSError):

@@ -54,6 +54,20 @@ HEADER: Final = (
 
 Schema = dict[str, Any]
 CHANNEL: Final = "chat"
+# The same frames over the HTTP fallback transport (docs/protocol.md, "HTTP fallback").
+FALLBACK: Final = "fallback"
+FALLBACK_DESCRIPTION: Final = """\
+The same frames where a WebSocket cannot be had: server-sent events down (`GET /sse`), POSTs up
+(`POST /sse`), the same session behind them (auth first, acks, ordering, recovery, heartbeats,
+limits, close codes). The stream's first event, `stream`, names it (`{"stream": ID}`: a secret,
+never put in a URL); each later event's data is what a WebSocket text frame would carry (one
+frame, or several joined by `\\n`); the last, `close`, carries the close code and reason
+(`{"code": C, "reason": R}`). POSTs carry frames, one per line, with the headers
+`Hubbub-Stream: ID` and `Hubbub-Seq: N` (0, 1, 2… per stream): read in that order, a repeated
+number dropped, taken by any server (routed to the one holding the stream). Answers: 202
+taken, 410 no such stream (reconnect, rejoin with `since`), 400/413 a bad POST, 403 a foreign
+Origin, 503 try the same POST again.
+"""
 SCHEMAS: Final = "#/components/schemas/"
 
 
@@ -1085,6 +1099,17 @@ def build(doc_text: str) -> Schema:
                 "description": "behind TLS (nginx, Kubernetes ingress)",
                 "variables": {"host": {"default": "chat.example.com"}},
             },
+            "local-fallback": {
+                "host": "127.0.0.1:8000",
+                "protocol": "http",
+                "description": "`make run`, the HTTP fallback transport",
+            },
+            "deployed-fallback": {
+                "host": "{host}",
+                "protocol": "https",
+                "description": "behind TLS, the HTTP fallback transport",
+                "variables": {"host": {"default": "chat.example.com"}},
+            },
         },
         "channels": {
             CHANNEL: {
@@ -1094,10 +1119,51 @@ def build(doc_text: str) -> Schema:
                 "messages": {name: {"$ref": f"#/components/messages/{name}"} for name in messages},
                 "bindings": {"ws": _ws_binding()},
                 "x-close-codes": closes,
-            }
+                "servers": [{"$ref": "#/servers/local"}, {"$ref": "#/servers/deployed"}],
+            },
+            FALLBACK: {
+                "address": "/sse",
+                "title": "The chat socket's HTTP fallback",
+                "description": FALLBACK_DESCRIPTION,
+                "messages": {name: {"$ref": f"#/components/messages/{name}"} for name in messages},
+                "servers": [
+                    {"$ref": "#/servers/local-fallback"},
+                    {"$ref": "#/servers/deployed-fallback"},
+                ],
+            },
         },
-        "operations": operations,
+        "operations": operations | _fallback_operations(messages),
         "components": {"schemas": schemas, "messages": messages},
+    }
+
+
+def _fallback_operations(messages: dict[str, Schema]) -> dict[str, Schema]:
+    """The fallback channel's two operations: every client frame POSTed, every server frame
+    as an event of the stream."""
+    channel = {"$ref": f"#/channels/{FALLBACK}"}
+
+    def of(prefix: str) -> list[Schema]:
+        return [
+            {"$ref": f"#/channels/{FALLBACK}/messages/{name}"}
+            for name in messages
+            if name.startswith(prefix)
+        ]
+
+    return {
+        "receiveOverFallback": {
+            "action": "receive",
+            "channel": channel,
+            "summary": "client frames, POSTed (one per line)",
+            "messages": of("client"),
+            "bindings": {"http": {"method": "POST"}},
+        },
+        "sendOverFallback": {
+            "action": "send",
+            "channel": channel,
+            "summary": "server frames, as the events of the stream",
+            "messages": of("server"),
+            "bindings": {"http": {"method": "GET"}},
+        },
     }
 
 

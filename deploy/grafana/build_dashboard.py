@@ -174,6 +174,14 @@ def build() -> dict[str, Any]:
         stacked=True,
     )
     d.graph(
+        "Connections by transport",
+        "WebSockets, and streams of the HTTP fallback (server-sent events + POSTs): a rising "
+        "share of `sse` says proxies on users' way block WebSockets.",
+        [_q(f"sum by (transport) (hubbub_connections_by_transport{{{SEL}}})", "{{transport}}")],
+        "short",
+        stacked=True,
+    )
+    d.graph(
         "Connects and disconnects",
         "Upgrades accepted, and connections ended, per second.",
         [
