@@ -43,8 +43,9 @@ class ChatState:
     files: Files | None = None
     # Mentions, levels and push subscriptions (None: no store, or CHAT_NOTIFICATIONS=false).
     notifications: Notifications | None = None
-    # The HTTP fallback transport's streams held by this worker (app.sockets.stream).
-    streams: Streams = field(default_factory=Streams)
+    # The HTTP fallback transport's streams held by this worker, and its POSTs' routing
+    # (app.sockets.stream).
+    streams: Streams = field(init=False)
     # Failed attempts at the admin and service tokens (app.web.bearer), from the settings.
     failed_logins: FailedLogins = field(init=False)
     # Who may do what to which conversation (every path asks it).
@@ -52,4 +53,5 @@ class ChatState:
 
     def __post_init__(self) -> None:
         self.access = ConversationAccess(self.rooms, self.quotas)
+        self.streams = Streams(self.broker, self.settings.redis_timeout_s)
         self.failed_logins = FailedLogins.of(self.settings)

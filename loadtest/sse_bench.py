@@ -266,7 +266,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
 
 def _median(results: list[dict[str, Any]], key: str) -> float | None:
     values = [r[key] for r in results if r.get(key) is not None]
-    return statistics.median(values) if values else None
+    return round(statistics.median(values), 2) if values else None
 
 
 def report(rows: dict[str, dict[str, list[dict[str, Any]]]], args: argparse.Namespace) -> str:

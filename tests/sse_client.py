@@ -1,5 +1,6 @@
-"""A protocol client over the HTTP fallback transport, for tests: the stream read with a real
-HTTP client (its events parsed as the SSE spec says), frames POSTed with their numbers.
+"""A protocol client over the HTTP fallback transport, for tests: the stream read by
+:class:`loadtest.sse.SseConnection` (a real HTTP client), frames POSTed here with numbers the
+test may choose.
 
 Its frame methods are :class:`tests.helpers.ChatClient`'s, so a test can chat over either.
 """
@@ -14,6 +15,9 @@ from typing import Any
 
 import httpx2 as httpx
 import orjson
+from websockets.exceptions import ConnectionClosed
+
+from loadtest.sse import SseConnection
 
 Frame = dict[str, Any]
 
@@ -29,17 +33,16 @@ class StreamClosed(Exception):
 class SseClient:
     """One stream. ``post_url`` may name another server than the stream's: any may take POSTs."""
 
-    def __init__(self, http: httpx.AsyncClient, post_url: str) -> None:
-        self.http = http
+    def __init__(self, conn: SseConnection, post_url: str) -> None:
+        self.conn = conn
         self.post_url = post_url
-        self.stream_id = ""
         self.seq = 0
         self.hello: Frame = {}
-        self.closed: StreamClosed | None = None
-        self.statuses: list[int] = []  # each POST's answer
         self._frames: deque[Frame] = deque()
-        self._arrived = asyncio.Event()
-        self._reader: asyncio.Task[None] | None = None
+
+    @property
+    def stream_id(self) -> str:
+        return self.conn.stream_id
 
     @classmethod
     @contextlib.asynccontextmanager
@@ -47,65 +50,29 @@ class SseClient:
         cls, base_url: str, first: Frame | None = None, post_url: str | None = None, **query: str
     ) -> AsyncIterator[SseClient]:
         """Open a stream on ``base_url`` (its query: ``query``, e.g. ``name``), POST ``first``
-        (an ``auth`` frame) when given, and wait for ``hello``."""
+        (an ``auth`` frame) when given, and wait for ``hello``; :class:`StreamClosed` if the
+        stream ends first."""
         async with httpx.AsyncClient(timeout=httpx.Timeout(10, read=None)) as http:
-            client = cls(http, (post_url or base_url) + "/sse")
-            opened = asyncio.get_running_loop().create_future()
-            client._reader = asyncio.create_task(client._read(base_url + "/sse", query, opened))
             try:
-                await asyncio.wait_for(asyncio.shield(opened), 5)
+                conn = await SseConnection.open(http, base_url, [base_url], query)
+            except ConnectionClosed:
+                raise StreamClosed(1006, "no stream") from None
+            client = cls(conn, (post_url or base_url) + "/sse")
+            try:
                 if first is not None:
                     await client.send(first)
                 client.hello = await client.next_frame()
                 assert client.hello["type"] == "hello", client.hello
                 yield client
             finally:
-                client._reader.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await client._reader
-
-    async def _read(self, url: str, query: dict[str, str], opened: asyncio.Future[None]) -> None:
-        code, reason = 1006, "the stream ended without a close event"
-        try:
-            async with self.http.stream("GET", url, params=query) as response:
-                assert response.status_code == 200, response.status_code
-                assert response.headers["content-type"].startswith("text/event-stream")
-                event, data = "message", []
-                async for line in response.aiter_lines():
-                    if line:
-                        field, _, value = line.partition(":")
-                        value = value.removeprefix(" ")
-                        if field == "event":
-                            event = value
-                        elif field == "data":
-                            data.append(value)
-                        continue
-                    if event == "stream":
-                        self.stream_id = orjson.loads(data[0])["stream"]
-                        opened.set_result(None)
-                    elif event == "close":
-                        closing = orjson.loads(data[0])
-                        code, reason = closing["code"], closing["reason"]
-                    else:
-                        self._frames.extend(orjson.loads(d) for d in data)
-                        self._arrived.set()
-                    event, data = "message", []
-        except httpx.HTTPError:
-            pass
-        finally:
-            if not opened.done():
-                opened.set_exception(StreamClosed(code, reason))
-            self.closed = StreamClosed(code, reason)
-            self._arrived.set()
+                await conn.close()
 
     async def post(self, body: str, seq: int | None = None) -> httpx.Response:
         """POST ``body`` as number ``seq`` (the next one by default)."""
         if seq is None:
             seq, self.seq = self.seq, self.seq + 1
         headers = {"Hubbub-Stream": self.stream_id, "Hubbub-Seq": str(seq)}
-        response = await self.http.post(self.post_url, content=body.encode(), headers=headers)
-        self.statuses.append(response.status_code)
-        return response
+        return await self.conn.http.post(self.post_url, content=body.encode(), headers=headers)
 
     async def send(self, frame: Frame) -> None:
         response = await self.post(orjson.dumps(frame).decode())
@@ -119,10 +86,12 @@ class SseClient:
         async with asyncio.timeout(timeout):
             while True:
                 while not self._frames:
-                    if self.closed is not None:
-                        raise self.closed
-                    self._arrived.clear()
-                    await self._arrived.wait()
+                    try:
+                        text = await self.conn.recv()
+                    except ConnectionClosed:
+                        conn = self.conn
+                        raise StreamClosed(conn.close_code or 1006, conn.close_reason) from None
+                    self._frames.extend(orjson.loads(line) for line in text.split("\n"))
                 frame = self._frames.popleft()
                 if frame["type"] not in skip:
                     return frame

@@ -156,14 +156,17 @@ def described() -> tuple[dict[str, set[str]], dict[str, Any]]:
             node = target
         return node
 
-    types: dict[str, set[str]] = {"receive": set(), "send": set()}
+    # The WebSocket's channel, and the HTTP fallback's: the same frames both ways.
+    by_channel = {name: {"receive": set(), "send": set()} for name in ("chat", "fallback")}
     for operation in document["operations"].values():
-        assert resolve(operation["channel"]) is channels["chat"]
+        channel = resolve(operation["channel"])
+        (name,) = [name for name in by_channel if channels[name] is channel]
         for message_ref in operation["messages"]:
             payload = resolve(resolve(message_ref)["payload"])
-            types[operation["action"]].add(payload["properties"]["type"]["const"])
+            by_channel[name][operation["action"]].add(payload["properties"]["type"]["const"])
     assert components["messages"], "the document has no messages"
-    return types, document
+    assert by_channel["fallback"] == by_channel["chat"], "the fallback carries every frame"
+    return by_channel["chat"], document
 
 
 def documented_frames(section: str) -> set[str]:

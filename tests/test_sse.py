@@ -198,6 +198,12 @@ async def test_posts_reach_the_stream_through_the_other_server() -> None:
                 acks = [(await ada.next_frame(skip=skip))["cid"] for _ in range(6)]
                 assert acks == list(range(6))
                 stream_id = ada.stream_id
+                # The stream ends, its server lives on: the other asks it, and answers 410.
+                await ada.conn.close()
+                await wait_until(lambda: len(one.state.streams) == 0)
+                async with httpx.AsyncClient(base_url=two.http_url) as http:
+                    headers = {"Hubbub-Stream": stream_id, "Hubbub-Seq": "6"}
+                    assert (await http.post("/sse", headers=headers)).status_code == 410
             # The stream's server is gone: the other answers 410 (no worker of that name).
             async with httpx.AsyncClient(base_url=two.http_url) as http:
                 headers = {"Hubbub-Stream": stream_id, "Hubbub-Seq": "7"}

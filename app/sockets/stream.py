@@ -20,7 +20,6 @@ import re
 import secrets
 from typing import Final
 
-import orjson
 from starlette.datastructures import Headers
 from starlette.responses import JSONResponse, Response
 from starlette.types import Receive, Scope, Send
@@ -92,21 +91,19 @@ async def _answer_post(headers: Headers, receive: Receive, state: ChatState) -> 
     except UnicodeDecodeError:
         return _problem(400, "frames are UTF-8 JSON, one per line")
     seq, worker = int(seq_text), stream_id.partition(".")[0]
+    taken: bool | None
     if worker == state.broker.worker_id:
         taken = state.streams.post(stream_id, seq, text)
     else:
         try:
-            taken = await _route(state, worker, stream_id, seq, text)
+            taken = await state.streams.route(worker, stream_id, seq, text)
         except BrokerUnavailable:
-            return _problem(503, "cannot reach the stream now: send this POST again")
+            taken = None
+    if taken is None:
+        return _problem(503, "cannot reach the stream now: send this POST again")
     if not taken:
         return _problem(410, "no such stream: open another (and rejoin with since)")
     return Response(status_code=202)
-
-
-async def _route(state: ChatState, worker: str, stream_id: str, seq: int, text: str) -> bool:
-    payload = orjson.dumps({"s": stream_id, "q": seq, "b": text})
-    return await state.broker.route_to_worker(worker, payload)
 
 
 class _ClientGone(Exception):

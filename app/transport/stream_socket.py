@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 from collections import deque
 from typing import Any, Final
@@ -38,7 +39,8 @@ import orjson
 from starlette.datastructures import Address, Headers, QueryParams
 from starlette.types import Message, Receive, Scope, Send
 
-from app.errors import CloseCode
+from app.broker import Broker
+from app.errors import BrokerUnavailable, CloseCode
 
 logger = logging.getLogger(__name__)
 
@@ -195,10 +197,22 @@ class StreamSocket:
 
 
 class Streams:
-    """The streams this worker holds, by id; where POSTs routed here go."""
+    """The streams this worker holds, by id, and the routing of POSTs between workers.
 
-    def __init__(self) -> None:
+    A POST for a stream held by another worker goes to it through the broker
+    (:meth:`~app.broker.Broker.route_to_worker`) with this worker's name and a number; the
+    holder hands it to the stream and answers, the same way, whether it held the stream. So
+    :meth:`route` tells a POST taken (True) from one for a stream that is gone (False), on
+    Redis Cluster too (where a publish cannot tell whether anyone listened).
+    """
+
+    def __init__(self, broker: Broker, answer_timeout_s: float) -> None:
+        self._broker = broker
+        self._answer_timeout_s = answer_timeout_s
         self._held: dict[str, StreamSocket] = {}
+        self._asked: dict[int, asyncio.Future[bool]] = {}
+        self._numbers = itertools.count()
+        self._answers: set[asyncio.Task[None]] = set()
 
     def __len__(self) -> int:
         return len(self._held)
@@ -210,17 +224,48 @@ class Streams:
         self._held.pop(stream.id, None)
 
     def post(self, stream_id: str, seq: int, body: str) -> bool:
-        """Hand a POST to the stream; False when it is not held here."""
+        """Hand a POST to the stream, if it is held here (and open)."""
         stream = self._held.get(stream_id)
         if stream is None or stream.closed:
             return False
         stream.post(seq, body)
         return True
 
+    async def route(self, worker: str, stream_id: str, seq: int, body: str) -> bool | None:
+        """Hand a POST to the stream held by ``worker``: whether it was taken, None when no
+        answer came in time; raises BrokerUnavailable."""
+        number = next(self._numbers)
+        answer = self._asked[number] = asyncio.get_running_loop().create_future()
+        routed = {"s": stream_id, "q": seq, "b": body, "r": self._broker.worker_id, "n": number}
+        try:
+            if not await self._broker.route_to_worker(worker, orjson.dumps(routed)):
+                return False  # no such worker listens: gone
+            async with asyncio.timeout(self._answer_timeout_s):
+                return bool(await answer)
+        except TimeoutError:
+            return None
+        finally:
+            self._asked.pop(number, None)
+
     def deliver_routed(self, payload: bytes) -> None:
-        """A POST another worker routed here (:func:`app.sockets.stream.post_frames`)."""
+        """What another worker routed here: a POST for a stream (taken, then answered), or
+        the answer to one this worker routed."""
         try:
             routed = orjson.loads(payload)
-            self.post(routed["s"], int(routed["q"]), routed["b"])
+            if "ok" in routed:
+                answer = self._asked.get(int(routed["n"]))
+                if answer is not None and not answer.done():
+                    answer.set_result(bool(routed["ok"]))
+                return
+            taken = self.post(routed["s"], int(routed["q"]), routed["b"])
+            reply = orjson.dumps({"n": int(routed["n"]), "ok": taken})
+            task = asyncio.ensure_future(self._answer(str(routed["r"]), reply))
         except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
             logger.warning("dropped a malformed routed POST")
+            return
+        self._answers.add(task)
+        task.add_done_callback(self._answers.discard)
+
+    async def _answer(self, worker: str, reply: bytes) -> None:
+        with contextlib.suppress(BrokerUnavailable):  # the asker answers 503 after its wait
+            await self._broker.route_to_worker(worker, reply)
