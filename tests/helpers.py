@@ -8,7 +8,7 @@ import socket
 from collections import deque
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import orjson
 import uvicorn
@@ -115,25 +115,29 @@ async def wait_until(condition: Callable[[], bool], timeout: float = 5.0) -> Non
             await asyncio.sleep(0.01)
 
 
-class ChatClient:
-    """A protocol client for tests: splits coalesced frames and can skip server pings."""
+class FrameSocket(Protocol):
+    """What :class:`FrameClient` reads and writes: a WebSocket client connection, or a stream
+    of the HTTP fallback (``tests.sse_client``)."""
 
-    def __init__(self, ws: ClientConnection) -> None:
-        self.ws = ws
+    @property
+    def close_code(self) -> int | None: ...
+
+    async def send(self, message: str) -> None: ...
+
+    async def recv(self) -> str | bytes: ...
+
+
+class FrameClient:
+    """A protocol client for tests over any :class:`FrameSocket`: splits coalesced frames and
+    can skip server pings. :class:`ChatClient` is the WebSocket one."""
+
+    def __init__(self, socket: FrameSocket) -> None:
+        self.socket = socket
         self._pending: deque[Frame] = deque()
         self.hello: Frame = {}
 
-    @classmethod
-    @contextlib.asynccontextmanager
-    async def connect(cls, url: str, **kwargs: Any) -> AsyncIterator[ChatClient]:
-        async with connect(url, open_timeout=5, close_timeout=2, **kwargs) as ws:
-            client = cls(ws)
-            client.hello = await client.next_frame()
-            assert client.hello["type"] == "hello", client.hello
-            yield client
-
     async def send(self, frame: Frame) -> None:
-        await self.ws.send(orjson.dumps(frame).decode())
+        await self.socket.send(orjson.dumps(frame).decode())
 
     async def next_frame(
         self, timeout: float = 5.0, skip: tuple[str, ...] = ("ping", "presence")
@@ -143,7 +147,7 @@ class ChatClient:
         async with asyncio.timeout(timeout):
             while True:
                 while not self._pending:
-                    data = await self.ws.recv()
+                    data = await self.socket.recv()
                     assert isinstance(data, str), "server frames are text"
                     self._pending.extend(orjson.loads(line) for line in data.split("\n"))
                 frame = self._pending.popleft()
@@ -204,15 +208,32 @@ class ChatClient:
         async with asyncio.timeout(timeout):
             with contextlib.suppress(ConnectionClosed):
                 while True:
-                    await self.ws.recv()
-        assert self.ws.close_code is not None
-        return self.ws.close_code
+                    await self.socket.recv()
+        assert self.socket.close_code is not None
+        return self.socket.close_code
 
     async def is_responsive(self) -> bool:
         """The socket is open and the server answers a ping."""
         await self.send({"type": "ping"})
         frame = await self.expect("pong")
         return bool(frame == {"type": "pong"})
+
+
+class ChatClient(FrameClient):
+    """A protocol client for tests on a WebSocket (``ws``: the websockets connection)."""
+
+    def __init__(self, ws: ClientConnection) -> None:
+        super().__init__(ws)
+        self.ws = ws
+
+    @classmethod
+    @contextlib.asynccontextmanager
+    async def connect(cls, url: str, **kwargs: Any) -> AsyncIterator[ChatClient]:
+        async with connect(url, open_timeout=5, close_timeout=2, **kwargs) as ws:
+            client = cls(ws)
+            client.hello = await client.next_frame()
+            assert client.hello["type"] == "hello", client.hello
+            yield client
 
 
 async def send_until_acked(client: ChatClient, room: str, text: str, acks: dict[str, int]) -> None:

@@ -157,7 +157,9 @@ def described() -> tuple[dict[str, set[str]], dict[str, Any]]:
         return node
 
     # The WebSocket's channel, and the HTTP fallback's: the same frames both ways.
-    by_channel = {name: {"receive": set(), "send": set()} for name in ("chat", "fallback")}
+    by_channel: dict[str, dict[str, set[str]]] = {
+        name: {"receive": set(), "send": set()} for name in ("chat", "fallback")
+    }
     for operation in document["operations"].values():
         channel = resolve(operation["channel"])
         (name,) = [name for name in by_channel if channels[name] is channel]

@@ -30,6 +30,7 @@ class Recorder:
         self.users: list[tuple[str, int | None, bytes]] = []
         self.kicks: list[tuple[str, str]] = []
         self.room_notices: list[str] = []
+        self.routed: list[bytes] = []
 
     def deliver_room(self, room: str, message_id: int | None, payload: bytes) -> None:
         self.rooms.append((room, message_id, payload))
@@ -50,13 +51,17 @@ class Recorder:
     def kick(self, user: str, reason: str, issued_at: float | None = None) -> None:
         self.kicks.append((user, reason))
 
+    def deliver_routed(self, payload: bytes) -> None:
+        self.routed.append(payload)
+
 
 class Opened:
     """A started broker and what it delivered."""
 
-    def __init__(self, broker: Broker, recorder: Recorder) -> None:
+    def __init__(self, broker: Broker, recorder: Recorder, kind: str) -> None:
         self.broker = broker
         self.recorder = recorder
+        self.kind = kind  # memory, redis or cluster
 
 
 BrokerFactory = Callable[..., AbstractAsyncContextManager[Broker]]
@@ -79,7 +84,7 @@ async def opened_of(request: pytest.FixtureRequest) -> AsyncIterator[OpenedFacto
         await broker.start(recorder)
         try:
             await wait_until(lambda: broker.ready)
-            yield Opened(broker, recorder)
+            yield Opened(broker, recorder, request.param)
         finally:
             await broker.stop()
 
@@ -207,6 +212,20 @@ async def test_a_kick_reaches_the_handler(opened_of: OpenedFactory) -> None:
     async with opened_of() as opened:
         await opened.broker.kick("mallory", "spam")
         await wait_until(lambda: opened.recorder.kicks == [("mallory", "spam")])
+
+
+async def test_a_payload_routed_to_a_worker_reaches_it_in_order(opened_of: OpenedFactory) -> None:
+    """What the HTTP fallback routes its POSTs by: to this worker, in call order; to a worker
+    nobody runs, False (except on Redis Cluster, where a publish cannot tell)."""
+    async with opened_of() as opened:
+        broker = opened.broker
+        payloads = [orjson.dumps({"n": n}) for n in range(5)]
+        for payload in payloads:
+            assert await broker.route_to_worker(broker.worker_id, payload)
+        await wait_until(lambda: opened.recorder.routed == payloads)
+        gone = await broker.route_to_worker("0" * 12, b'{"n":9}')
+        assert gone is (opened.kind == "cluster")
+        assert opened.recorder.routed == payloads
 
 
 async def test_history_before_pages_backwards_with_ids(broker_of: BrokerFactory) -> None:

@@ -22,7 +22,7 @@ SECRET = "a-stream-secret-that-is-long-enough-for-hs256"
 
 async def test_a_stream_chats_with_a_websocket_user(server: LiveServer) -> None:
     async with (
-        SseClient.connect(server.http_url, name="ada") as ada,
+        SseClient.open(server.http_url, name="ada") as ada,
         ChatClient.connect(server.ws_url("bob")) as bob,
     ):
         assert ada.hello["user"] == "ada" and ada.hello["limits"]["max_frame_bytes"] == 65_536
@@ -50,7 +50,7 @@ async def test_a_stream_chats_with_a_websocket_user(server: LiveServer) -> None:
 
 
 async def test_posts_are_taken_in_number_order_once_each(server: LiveServer) -> None:
-    async with SseClient.connect(server.http_url, name="ada") as ada:
+    async with SseClient.open(server.http_url, name="ada") as ada:
         await ada.join("room")
 
         def send(text: str) -> str:
@@ -75,30 +75,30 @@ async def test_posts_are_taken_in_number_order_once_each(server: LiveServer) -> 
 async def test_a_frame_too_large_closes_the_stream_with_1009() -> None:
     async with (
         run_server(make_settings(max_frame_bytes=1_024)) as live,
-        SseClient.connect(live.http_url, name="ada") as ada,
+        SseClient.open(live.http_url, name="ada") as ada,
     ):
         await ada.say("room", "x" * 2_000)
-        closed = await ada.closing()
-        assert (closed.code, closed.reason) == (1009, "frame too large")
+        assert await ada.closed_with() == 1009
+        assert ada.conn.close_reason == "frame too large"
         await wait_until(lambda: not live.state.hub.connections)
 
 
 async def test_posts_ahead_of_a_missing_one_are_bounded() -> None:
     async with (
         run_server(make_settings(sse_posts_ahead_max=2)) as live,
-        SseClient.connect(live.http_url, name="ada") as ada,
+        SseClient.open(live.http_url, name="ada") as ada,
     ):
         for ahead in (1, 2, 3):  # number 0 never comes
             await ada.post('{"type":"ping"}', ada.seq + ahead)
-        closed = await ada.closing()
-        assert closed.code == 1008 and "ahead" in closed.reason
+        assert await ada.closed_with() == 1008
+        assert "ahead" in ada.conn.close_reason
         # Its POSTs are now answered: gone.
         assert (await ada.post('{"type":"ping"}', 0)).status_code == 410
 
 
 async def test_bad_posts_get_clear_answers(server: LiveServer) -> None:
     async with (
-        SseClient.connect(server.http_url, name="ada") as ada,
+        SseClient.open(server.http_url, name="ada") as ada,
         httpx.AsyncClient(base_url=server.http_url) as http,
     ):
         worker = ada.stream_id.partition(".")[0]
@@ -129,7 +129,7 @@ async def test_bad_posts_get_clear_answers(server: LiveServer) -> None:
 async def test_a_stream_the_client_leaves_is_gone_from_the_server(server: LiveServer) -> None:
     async with ChatClient.connect(server.ws_url("bob")) as bob:
         await bob.join("room")
-        async with SseClient.connect(server.http_url, name="ada") as ada:
+        async with SseClient.open(server.http_url, name="ada") as ada:
             await ada.join("room")
             assert (await bob.presence_of("ada"))["event"] == "join"
             stream_id = ada.stream_id
@@ -151,7 +151,7 @@ async def test_the_token_goes_in_the_first_post_and_a_ban_closes_the_stream(
     )  # fmt: skip
     token = jwt.encode({"sub": "ada", "exp": int(time.time()) + 120}, SECRET, "HS256")
     async with run_server(settings) as live:
-        async with SseClient.connect(
+        async with SseClient.open(
             live.http_url, first={"type": "auth", "token": token}, auth="frame"
         ) as ada:
             assert ada.hello["user"] == "ada"
@@ -161,10 +161,10 @@ async def test_the_token_goes_in_the_first_post_and_a_ban_closes_the_stream(
                     headers={"Authorization": f"Bearer {admin}"},
                 )  # fmt: skip
                 assert banned.status_code == 200, banned.text
-            assert (await ada.closing()).code == 4003
+            assert await ada.closed_with() == 4003
         # No auth frame in time: 4001, as on a WebSocket.
         with pytest.raises(StreamClosed) as refused:
-            async with SseClient.connect(live.http_url, auth="frame"):
+            async with SseClient.open(live.http_url, auth="frame"):
                 pass
         assert refused.value.code == 4001
 
@@ -179,7 +179,7 @@ async def test_posts_reach_the_stream_through_the_other_server() -> None:
         async with run_server(settings) as two:
             async with (
                 run_server(settings) as one,
-                SseClient.connect(one.http_url, name="ada", post_url=two.http_url) as ada,
+                SseClient.open(one.http_url, name="ada", post_url=two.http_url) as ada,
                 ChatClient.connect(two.ws_url("bob")) as bob,
             ):
                 assert ada.stream_id.partition(".")[0] == one.state.broker.worker_id
@@ -214,7 +214,7 @@ async def test_posts_reach_the_stream_through_the_other_server() -> None:
 
 async def test_the_transport_is_counted_in_the_metrics(server: LiveServer) -> None:
     async with (
-        SseClient.connect(server.http_url, name="ada"),
+        SseClient.open(server.http_url, name="ada"),
         ChatClient.connect(server.ws_url("bob")),
     ):
         state = server.state
