@@ -131,9 +131,13 @@ async def driver(request: pytest.FixtureRequest, js_sdk: Path) -> AsyncIterator[
     driver = Driver(proc)
     try:
         yield driver
+        opened = [d for _, kind, d in driver.events if kind == "state" and d["state"] == "open"]
         if request.param in OVER_SSE:  # every connection the scenario made was a stream
             tries = [d for _, kind, d in driver.events if kind == "state" and "transport" in d]
             assert tries and {d["transport"] for d in tries} == {"sse"}, tries
+        elif request.param == "js":  # servers killed and restarted did not push it onto the
+            # fallback (it is taken only where a WebSocket fails and plain HTTP works)
+            assert {d.get("transport") for d in opened} <= {"websocket"}, opened
     finally:
         await driver.stop()
 

@@ -329,6 +329,11 @@ export class HubbubClient extends EventTarget {
   private readonly websocketRetryMs: number;
   private readonly fetchImpl: FetchLike | undefined;
   private fallbackTimer: ReturnType<typeof setTimeout> | undefined;
+  /** The next connection's transport, once (a switch under way). */
+  private nextTransport: Transport | null = null;
+  /** This connection is the fallback tried after a WebSocket failed: once it is open the
+   * page remembers to use the fallback (a server that is merely down fails both). */
+  private fallingBack = false;
   private attempt = 0;
   private retryTimer: ReturnType<typeof setTimeout> | undefined;
   private watchdog: ReturnType<typeof setTimeout> | undefined;
@@ -891,17 +896,21 @@ export class HubbubClient extends EventTarget {
   /** The transport of the next connection: a WebSocket unless there is none, or this page
    * fell back lately. */
   private pickTransport(): Transport {
+    const next = this.nextTransport;
+    this.nextTransport = null;
     if (!this.transports.includes("websocket") || !this.WebSocketClass) return "sse";
     if (!this.transports.includes("sse")) return "websocket";
+    if (next) return next;
     return (fallbackUntil.get(this.url) ?? 0) > Date.now() ? "sse" : "websocket";
   }
 
-  /** Leave `ws` for the other transport now: the HTTP fallback (for every client of this
-   * page, `websocketRetryMs` long), or a WebSocket again. */
+  /** Leave `ws` for the other transport now: the HTTP fallback (remembered for every client
+   * of this page, `websocketRetryMs` long, once it is open), or a WebSocket again. */
   private switchTransport(ws: WebSocketLike, toFallback: boolean): void {
-    if (toFallback) fallbackUntil.set(this.url, Date.now() + this.websocketRetryMs);
-    else fallbackUntil.delete(this.url);
     if (ws !== this.ws) return;
+    if (!toFallback) fallbackUntil.delete(this.url);
+    this.nextTransport = toFallback ? "sse" : "websocket";
+    this.fallingBack = toFallback;
     this.ws = null;
     this.clearTimers();
     ws.close(1000, toFallback ? "falling back" : "trying a WebSocket again");
@@ -973,6 +982,7 @@ export class HubbubClient extends EventTarget {
 
   private closed(code: number, reason: string): void {
     this.ws = null;
+    this.fallingBack = false; // the fallback failed too: the server is down, not the upgrade
     this.clearTimers();
     this.failAnswers(new Error("disconnected"));
     for (const pending of this.pending.values()) clearTimeout(pending.timer); // resent later
@@ -996,6 +1006,11 @@ export class HubbubClient extends EventTarget {
         this.hello = frame;
         if (frame.guest) this.guestKey = frame.guest; // made for us: reconnect as the same guest
         this.setState("open", this.transport ? { transport: this.transport } : {});
+        if (this.fallingBack) {
+          // A WebSocket failed where plain HTTP works: this page uses the fallback a while.
+          fallbackUntil.set(this.url, Date.now() + this.websocketRetryMs);
+          this.fallingBack = false;
+        }
         this.stableTimer = setTimeout(() => { this.attempt = 0; }, this.stableAfterMs);
         if (this.transport === "sse" && this.transports.includes("websocket")) {
           // Try a WebSocket again once the page's fallback time is over (a reconnect: the
