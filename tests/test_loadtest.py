@@ -183,6 +183,27 @@ async def test_the_delivery_cost_smoke() -> None:
 
 
 @pytest.mark.timeout(150)
+async def test_the_sse_benchmark_smoke(tmp_path: Path) -> None:
+    """``python -m loadtest.sse_bench`` (``make bench-sse``), tiny: each transport's fan-out
+    delivers every message to every subscriber, its connections are all held, and the report
+    compares the two."""
+    out = tmp_path / "sse.json"
+    await run_module(
+        "loadtest.sse_bench", "--rounds", "1", "--subscribers", "20", "--rate", "20",
+        "--seconds", "1", "--hold", "30", "--cases", "fanout,held", "--json", str(out),
+        timeout=120,
+    )  # fmt: skip
+    result = json.loads(out.read_text())
+    for transport in ("websocket", "sse"):
+        (fanout,) = result["rows"]["fanout"][transport]
+        assert 300 <= fanout["deliveries_per_s"] <= 500, fanout  # 20 msg/s x 20, all of them
+        assert fanout["p99_ms"] is not None and fanout["server_cpu_percent"] > 0
+        (held,) = result["rows"]["held"][transport]
+        assert held["alive"] == 30, held
+    assert "| fan-out at 20 msg/s | deliveries_per_s |" in result["report"]
+
+
+@pytest.mark.timeout(150)
 async def run_module(module: str, *args: str, timeout: float) -> None:
     """``python -m module args`` from the project root; fails the test unless it exits 0 in
     ``timeout`` seconds (its stderr in the message)."""
