@@ -36,11 +36,22 @@ async def _module_json(module: str, *args: str, timeout_s: float) -> dict[str, A
         sys.executable, "-m", module, *args, cwd=ROOT,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
     )  # fmt: skip
-    async with asyncio.timeout(timeout_s):
-        out, err = await proc.communicate()
+    out, err = await _finished(proc, timeout_s)
     assert proc.returncode == 0, err.decode()
     result: dict[str, Any] = json.loads(out)
     return result
+
+
+async def _finished(proc: asyncio.subprocess.Process, timeout_s: float) -> tuple[bytes, bytes]:
+    """``proc``'s output once it exits; past ``timeout_s`` it is killed (a hung benchmark must
+    fail its test, not hold the suite: the event loop waits for its children at the end)."""
+    try:
+        async with asyncio.timeout(timeout_s):
+            return await proc.communicate()
+    except TimeoutError:
+        proc.kill()
+        await proc.wait()
+        raise
 
 
 @pytest.fixture
@@ -211,8 +222,7 @@ async def run_module(module: str, *args: str, timeout: float) -> None:
         sys.executable, "-m", module, *args, cwd=ROOT,
         stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
     )  # fmt: skip
-    async with asyncio.timeout(timeout):
-        _, err = await proc.communicate()
+    _, err = await _finished(proc, timeout)
     assert proc.returncode == 0, err.decode()
 
 

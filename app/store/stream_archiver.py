@@ -123,9 +123,12 @@ class StreamArchiver:
         return self._stats
 
     async def run(self) -> None:
-        """Lead when the lease is free, follow (reading the lag) when it is not."""
+        """Lead when the lease is free, follow (reading the lag) when it is not. Ends when
+        cancelled, even if a library call it was in turned the cancellation into an error
+        (redis-py may, cancelled mid-read: the task's cancel request is still pending)."""
         lease_s = self._settings.archive_lease_s
         lag_task = asyncio.create_task(self._watch_lag(), name="archive-lag")
+        this = asyncio.current_task()
         try:
             while True:
                 try:
@@ -140,6 +143,8 @@ class StreamArchiver:
                 finally:
                     self._leading = False
                     self._stats.leading = False
+                if this is not None and this.cancelling():
+                    raise asyncio.CancelledError  # asked to stop while in a call that hid it
                 await asyncio.sleep(random.uniform(lease_s / 6, lease_s / 3))
         finally:
             lag_task.cancel()
@@ -195,7 +200,11 @@ class StreamArchiver:
         positions = {stream: "0" for stream, _ in self.streams}
         interval_ms = int(settings.archive_interval_s * 1000)
         single = len(positions) == 1
+        this = asyncio.current_task()
         while True:
+            if this is not None and this.cancelling():
+                # Cancelled in a blocking read that swallowed it (see run): stop all the same.
+                raise asyncio.CancelledError
             full = partial = False  # a batch filled up; one of new entries did not
             for stream, position in positions.items():
                 # One stream: wait in Redis for new entries; several: look at each in turn.
