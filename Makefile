@@ -85,7 +85,7 @@ bench-scale: $(STAMP) deb-deps  ## deliveries/s with W = 1, 2, 4, 8… workers o
 bench-search: $(STAMP) deb-deps  ## search p50/p95 over 1,000,000 stored messages and archiving with and without the index, SQLite and PostgreSQL (~10 min); writes docs/bench/search.json
 	$(VENV)/bin/python -m loadtest.search --json docs/bench/search.json
 
-bench-sse: $(STAMP) deb-deps  ## the HTTP fallback against WebSockets on one worker: deliveries/s, latency, CPU, memory per connection (~12 min); writes docs/bench/sse.json
+bench-sse: $(STAMP) deb-deps  ## the HTTP fallback against WebSockets on one worker: deliveries/s, latency, CPU, memory per connection (~25 min); writes docs/bench/sse.json
 	$(VENV)/bin/python -m loadtest.sse_bench --json docs/bench/sse.json
 
 bench-100k: $(STAMP) deb-deps  ## hold 100,000 WebSockets for 5 min (gunicorn + Redis, ~10 min); writes docs/bench/hold-100k.json
