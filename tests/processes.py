@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import json
 import os
+import re
 import resource
 import secrets
 import shutil
@@ -94,6 +95,9 @@ class RedisServer:
 
 # The service's settings for failover tests: acks wait for a replica, and a lost or moved
 # master is noticed, and reconnected to, within a couple of seconds.
+# A log line of the app's that a failing test's report shows (JSON or plain logs).
+_PROBLEM = re.compile(r'"level":"(warning|error|critical)"| (WARNING|ERROR|CRITICAL) |^Traceback')
+
 FAILOVER_ENV = {
     "CHAT_AUTH_MODE": "names",
     "CHAT_REDIS_WAIT_REPLICAS": "1",
@@ -558,6 +562,11 @@ class AppProcess:
                 os.killpg(self.proc.pid, signal.SIGKILL)  # the master and its workers
             if self.proc.returncode is None:
                 await self.proc.wait()
+        # What went wrong in the app, for a failing test's report (pytest shows a test's
+        # captured output only when it fails).
+        problems = [line for line in self.output().splitlines() if _PROBLEM.search(line)]
+        if problems:
+            print(f"app on port {self.port}, warnings and errors:", *problems[-40:], sep="\n")
         self.log.close()
         shutil.rmtree(self.tmpdir, ignore_errors=True)
 

@@ -120,6 +120,29 @@ async def test_calls_go_to_the_master_of_their_slot(cluster: ClusterDeployment) 
         await close_client(client)
 
 
+async def test_a_slot_missing_from_the_cache_is_a_redis_error(cluster: ClusterDeployment) -> None:
+    """redis-py's slot cache without a key's slot (as it can be in the middle of a failover)
+    fails the call with a Redis error, which the callers turn into ``broker_unavailable``,
+    not a KeyError that would close the socket with 1011; the slots are read again, and the
+    next call runs."""
+    client = RedisCluster(host="127.0.0.1", port=cluster.servers[0].port)
+    await client.initialize()
+    pipelines = ClusterPipelines(client, _node_client)
+    script = client.register_script(INCR)
+    key = "{missing}:k"
+    try:
+        del client.nodes_manager.slots_cache[key_slot(key.encode())]
+        with pytest.raises(RedisError):
+            await pipelines.call(script, [key], [])
+        await wait_until(
+            lambda: key_slot(key.encode()) in client.nodes_manager.slots_cache, timeout=10
+        )
+        assert await pipelines.call(script, [key], []) == 1
+    finally:
+        await pipelines.close()
+        await close_client(client)
+
+
 async def test_a_moved_slot_is_followed(cluster: ClusterDeployment) -> None:
     """A slot given to another master (CLUSTER SETSLOT ... NODE on every master): the call
     sent to the old one is answered MOVED, the slots are reloaded and it runs on the new one."""

@@ -36,6 +36,7 @@ import orjson
 from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.sentinel import SentinelConnectionPool
+from redis.exceptions import ConnectionError as RedisConnectionError
 
 from app.broker import BrokerHandler, BrokerStats, History, Message, Published
 from app.broker import redis_scripts as scripts
@@ -275,13 +276,35 @@ class RedisBroker:
             channels += [self._user_channel(u) for u in self._users]
             self._expect_canaries([self._control_channel])
             # The control channel goes last: its confirmation means all the others are done.
+            control = self._control_channel.encode()
+            confirmed = self._confirmations[control] = asyncio.get_running_loop().create_future()
             subscription.subscribe(
                 *channels, self._moderation_channel, self._rooms_channel, self._control_channel
             )
+            await self._confirmed_in_time(subscription, confirmed)
             raise await subscription.lost
         finally:
             self._subscription = None
             subscription.close()
+
+    async def _confirmed_in_time(
+        self, subscription: Subscription, confirmed: asyncio.Future[None]
+    ) -> None:
+        """Until Redis confirms the subscription (``confirmed``); raises when it has not within
+        the canary timeout (the canaries watch only a confirmed one: one never confirmed
+        would leave the worker unready for good). Returns at once if it is lost first."""
+        timeout_s = self._settings.canary_timeout_s
+        watched: set[asyncio.Future[Any]] = {confirmed, subscription.lost}
+        try:
+            await asyncio.wait(watched, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            if not confirmed.done():
+                confirmed.cancel()
+                self._confirmations.pop(self._control_channel.encode(), None)
+        if not confirmed.cancelled() and confirmed.exception() is None:
+            return
+        if not subscription.lost.done():
+            raise RedisConnectionError(f"the subscription was not confirmed in {timeout_s} s")
 
     async def _listen_to_shards(self, cluster: RedisCluster) -> None:
         """Redis Cluster: the rooms' shard channels on a connection per master (each with a
@@ -627,19 +650,22 @@ class RedisBroker:
     async def _subscribe(self, channel: str, room: bool = False) -> None:
         if not self._ready:
             return  # remembered; the next connection subscribes it
-        subscription = self._subscription_for(channel, room)
-        if subscription is None:
-            # Redis Cluster: the slot's master is failing over, or new to this worker: the
-            # room is subscribed once it is there (the join is refused meanwhile; the client
-            # tries again).
+        try:
+            subscription = self._subscription_for(channel, room)
+            if subscription is None:
+                # Redis Cluster: the slot's master is failing over, or new to this worker: the
+                # room is subscribed once it is there (the join is refused meanwhile; the
+                # client tries again).
+                if room and self._shards is not None:
+                    master = self._shards.master_of(channel).name
+                    self._recover(self._shards, master, [self._room_of_channel(channel)])
+                raise BrokerUnavailable(f"no subscription serves {channel!r} yet")
             if room and self._shards is not None:
-                master = self._shards.master_of(channel).name
-                self._recover(self._shards, master, [self._room_of_channel(channel)])
-            raise BrokerUnavailable(f"no subscription serves {channel!r} yet")
-        if room and self._shards is not None:
-            self._room_masters[self._room_of_channel(channel)] = self._shards.master_of(
-                channel
-            ).name
+                self._room_masters[self._room_of_channel(channel)] = self._shards.master_of(
+                    channel
+                ).name
+        except REDIS_ERRORS as exc:  # Redis Cluster: no master known for the slot yet
+            raise BrokerUnavailable(f"cannot subscribe: {exc!r}") from exc
         future = asyncio.get_running_loop().create_future()
         self._confirmations[channel.encode()] = future
         try:
@@ -654,9 +680,9 @@ class RedisBroker:
             raise BrokerUnavailable(f"cannot subscribe: {exc!r}") from exc
 
     async def _unsubscribe(self, channel: str, room: bool = False) -> None:
-        subscription = self._subscription_for(channel, room)
-        if subscription is not None and self._ready:
-            with contextlib.suppress(*REDIS_ERRORS):
+        with contextlib.suppress(*REDIS_ERRORS):  # lost: the next connection leaves it out
+            subscription = self._subscription_for(channel, room)
+            if subscription is not None and self._ready:
                 if room and self._cluster is not None:
                     subscription.sunsubscribe(channel)
                 else:

@@ -144,9 +144,9 @@ class ClusterPipelines:
         for attempt in range(1, _ATTEMPTS + 1):
             try:
                 pipeline = self.pipeline_for(key)
-            except RedisClusterException as exc:  # no master known for the slot (failing over)
-                self._reload_soon()
-                raise RedisConnectionError(f"redis cluster: {exc}") from exc
+            except (RedisClusterException, LookupError) as exc:  # no master known for the slot
+                self._reload_soon()  # (failing over; redis-py's cache may lack it: KeyError)
+                raise RedisConnectionError(f"redis cluster: {exc!r}") from exc
             try:
                 return await submit(pipeline)
             except ResponseError as exc:
@@ -157,7 +157,10 @@ class ClusterPipelines:
                 if reply.startswith("MOVED "):
                     # The node that answered knows the slot's owner: go there now. A full
                     # reload may ask a node that has not heard of the move yet (gossip).
-                    await self._cluster.nodes_manager.move_slot(MovedError(reply[6:]))
+                    try:
+                        await self._cluster.nodes_manager.move_slot(MovedError(reply[6:]))
+                    except LookupError:  # redis-py's slot cache changed meanwhile: reload
+                        await self.reload()
                     self._reload_soon()
                 else:
                     await self.reload()

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from redis.asyncio import Redis
 from redis.asyncio.cluster import ClusterNode, RedisCluster
 from redis.crc import key_slot
+from redis.exceptions import SlotNotCoveredError
 
 from app.redisio.subscription import PushHandler, Subscription
 
@@ -54,8 +55,13 @@ class Shards:
         return shards
 
     def master_of(self, channel: str) -> ClusterNode:
-        """The master serving ``channel``'s slot, as the topology last read says."""
-        return self._cluster.nodes_manager.get_node_from_slot(key_slot(channel.encode()))
+        """The master serving ``channel``'s slot, as the topology last read says. Raises
+        ``SlotNotCoveredError`` (a Redis error) when it names none."""
+        slot = key_slot(channel.encode())
+        try:
+            return self._cluster.nodes_manager.get_node_from_slot(slot)
+        except LookupError:  # redis-py's slot cache without the slot (IndexError is its own)
+            raise SlotNotCoveredError(f"slot {slot} has no master yet") from None
 
     def for_channel(self, channel: str) -> Subscription | None:
         """The sharded subscription of the master serving ``channel``'s slot."""
@@ -89,8 +95,7 @@ class Shards:
             if len(found) == len(self.by_master) or n > 100_000:
                 return found
             channel = f"{base}:{{c{n}}}"
-            node = self._cluster.nodes_manager.get_node_from_slot(key_slot(channel.encode()))
-            found.setdefault(node.name, channel)
+            found.setdefault(self.master_of(channel).name, channel)
         return found  # pragma: no cover
 
     async def lost_one(self) -> tuple[str | None, Exception]:
