@@ -43,6 +43,7 @@ from app.redisio import redis_seam
 from app.settings import Settings, load_settings
 from app.sockets.heartbeat import run_heartbeat
 from app.sockets.hub import Hub
+from app.sockets.rebalance import Rebalancer
 from app.sockets.replay import Pacing
 from app.state import ChatState
 from app.store.running import RunningStore
@@ -180,6 +181,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                 keep_counts(quotas, hub, settings.presence_ttl_s / 3), name="quota-upkeep"
             ),
         ]
+        if settings.uses_redis:
+            rebalancer = Rebalancer(hub, broker, settings, metrics)
+            background.append(asyncio.create_task(rebalancer.run(), name="rebalance"))
         if dispatcher is not None:
             background.append(asyncio.create_task(dispatcher.run(), name="webhooks"))
         if state.files is not None:

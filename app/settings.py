@@ -620,6 +620,38 @@ class Settings(BaseSettings):
         "spread over this many seconds.",
     )
 
+    rebalance: bool = Field(
+        True,
+        description="With Redis: a worker holding more connections than the deployment's "
+        "average (by `CHAT_REBALANCE_MARGIN` and `CHAT_REBALANCE_MIN_EXCESS`) closes the excess "
+        "with 1012, paced, so that after a scale-out clients move to the new pods "
+        "(docs/operations.md). Off: the census still runs, nothing is shed.",
+    )
+    rebalance_interval_s: float = Field(
+        5.0,
+        gt=0,
+        le=300,
+        description="How often each worker reports its connection count to the census in "
+        "Redis and decides whether to shed; a worker silent for three intervals is gone.",
+    )
+    rebalance_margin: float = Field(
+        0.25,
+        ge=0,
+        description="A worker sheds only above the average by more than this fraction of it "
+        "(0.25: more than 125 % of the average).",
+    )
+    rebalance_min_excess: int = Field(
+        100,
+        ge=1,
+        description="...and only above the average by at least this many connections.",
+    )
+    rebalance_shed_per_s: float = Field(
+        50.0,
+        gt=0,
+        description="Most connections a worker sheds a second while rebalancing (their "
+        "reconnects are what the rest of the deployment absorbs).",
+    )
+
     auth_mode: Literal["jwt", "guest", "names"] = Field(
         "jwt",
         description="`jwt`: the user is a signed token's `sub` (docs/security.md). `guest`: "

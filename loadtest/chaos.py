@@ -90,6 +90,7 @@ from websockets.exceptions import ConnectionClosed, InvalidHandshake
 from app.broker.keys import KeyLayout
 from app.broker.redis_scripts import archive_keys
 from app.settings import Settings
+from app.sockets.rebalance import SHED_REASON
 from app.store.database import engine_for
 from app.store.schema import messages
 from loadtest.bench import free_port
@@ -151,6 +152,11 @@ APP_ENV = {
     "CHAT_HISTORY_READ_BURST": "100000",
     "CHAT_USER_NEW_ROOMS_PER_S": "100000",
     "CHAT_USER_NEW_ROOM_BURST": "100000",
+    # Rebalancing at this run's scale (200 clients over 4 workers): after a fault leaves one
+    # instance's workers with everyone, they shed (1012) and the clients move back, mid-run.
+    "CHAT_REBALANCE_INTERVAL_S": "2",
+    "CHAT_REBALANCE_MIN_EXCESS": "10",
+    "CHAT_REBALANCE_SHED_PER_S": "20",
 }
 
 SEND_INTERVAL_S = (0.5, 1.0)  # between a client's new sends (uniform)
@@ -513,6 +519,7 @@ class Run:
     last_activity: float = 0.0
     stop_sending: bool = False
     closing: bool = False
+    rebalanced: int = 0  # connections moved by the servers' rebalancing (1012)
     connect_failures: Counter[str] = field(default_factory=Counter)
     other_errors: Counter[str] = field(default_factory=Counter)
 
@@ -633,6 +640,8 @@ class ChaosClient:
             self.joins.clear()
             if not self.run.closing:  # not the runner's own close at the end
                 self.events.append(Disconnected(self.name, self.conn, ws.close_code, time.time()))
+                if ws.close_reason == SHED_REASON:
+                    self.run.rebalanced += 1
             for pending in self.pending.values():
                 if pending.in_flight:
                     pending.in_flight = False
@@ -1240,6 +1249,7 @@ async def run_chaos(config: Config) -> tuple[Report, dict[str, Any]]:
         "connect_failures": dict(run.connect_failures),
         "other_errors": dict(run.other_errors),
         "unsettled_clients": sum(not c.settled_all for c in clients),
+        "rebalanced_connections": run.rebalanced,
     }
     return check(log), facts
 
@@ -1361,6 +1371,10 @@ def main(argv: list[str] | None = None) -> int:
             f"{store['archive_drained']}\n"
             f"  acked messages stored  {'PASS' if not store['missing'] else 'FAIL'}\n"
         )
+    sys.stdout.write(
+        f"\nMoved by rebalancing (1012, {SHED_REASON!r}): "
+        f"{facts['rebalanced_connections']} connections\n"
+    )
     if facts["connect_failures"] or facts["other_errors"]:
         sys.stdout.write(
             f"\nconnect failures: {facts['connect_failures']}; "

@@ -228,6 +228,22 @@ async def test_a_payload_routed_to_a_worker_reaches_it_in_order(opened_of: Opene
         assert opened.recorder.routed == payloads
 
 
+async def test_the_census_holds_each_workers_latest_record(opened_of: OpenedFactory) -> None:
+    """What rebalancing reads: every worker's latest record by worker id (on Redis, across
+    workers: two brokers report into one census), until it is forgotten."""
+    async with opened_of() as first, opened_of() as second:
+        a, b = first.broker, second.broker
+        assert await a.census(b"a1", 60_000) == {a.worker_id: b"a1"}
+        seen = await b.census(b"b1", 60_000)
+        if first.kind == "memory":  # one process: each broker is the only worker it knows
+            assert seen == {b.worker_id: b"b1"}
+            return
+        assert seen == {a.worker_id: b"a1", b.worker_id: b"b1"}
+        assert await a.census(b"a2", 60_000) == {a.worker_id: b"a2", b.worker_id: b"b1"}
+        await a.forget_workers([b.worker_id])
+        assert await a.census(b"a3", 60_000) == {a.worker_id: b"a3"}
+
+
 async def test_history_before_pages_backwards_with_ids(broker_of: BrokerFactory) -> None:
     async with broker_of(history_size=5) as broker:
         ids = [(await broker.publish("r", "u", str(n), None)).id for n in range(8)]

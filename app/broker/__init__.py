@@ -275,6 +275,17 @@ class Broker(Protocol):
         is gone); True when one does or, on Redis Cluster, where that cannot be told."""
         ...
 
+    async def census(self, record: bytes, ttl_ms: int) -> dict[str, bytes]:
+        """Publish this worker's ``record`` (what :mod:`app.sockets.rebalance` says of it) and
+        return every worker's, this one's included, by worker id: those that reported in
+        the last ``ttl_ms`` at least (older ones may linger; the caller reads their age in
+        the records and :meth:`forget_workers` them). Raises :class:`BrokerUnavailable`."""
+        ...
+
+    async def forget_workers(self, workers: list[str]) -> None:
+        """Drop the census records of ``workers`` (gone: they stopped reporting)."""
+        ...
+
     async def kick(self, user: str, reason: str) -> None:
         """Have every worker close ``user``'s connections (:meth:`BrokerHandler.kick`), those
         that do not hear it live too: a worker that was not subscribed when it was issued

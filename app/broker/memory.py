@@ -272,6 +272,13 @@ class MemoryBroker:
         self._running().deliver_routed(payload)
         return True
 
+    async def census(self, record: bytes, ttl_ms: int) -> dict[str, bytes]:
+        self._running()
+        return {self._worker_id: record}  # one process: the only worker
+
+    async def forget_workers(self, workers: list[str]) -> None:
+        pass
+
     async def kick(self, user: str, reason: str) -> None:
         self._running().kick(user, reason)
 

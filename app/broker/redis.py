@@ -962,6 +962,30 @@ class RedisBroker:
         )
         return bool(heard)
 
+    @property
+    def _census_key(self) -> str:
+        return f"{self._prefix}:workers"
+
+    async def census(self, record: bytes, ttl_ms: int) -> dict[str, bytes]:
+        """One hash of every worker's record (one key: one slot on Redis Cluster); it expires
+        ``ttl_ms`` after the last worker reported."""
+        key = self._census_key
+
+        async def report() -> dict[bytes, bytes]:
+            async with self._redis.pipeline(transaction=False) as pipe:
+                pipe.hset(key, self.worker_id, record)
+                pipe.pexpire(key, ttl_ms)
+                pipe.hgetall(key)
+                replies = await pipe.execute()
+            return cast(dict[bytes, bytes], replies[2])
+
+        records = await call_redis(report)
+        return {worker.decode(): value for worker, value in records.items()}
+
+    async def forget_workers(self, workers: list[str]) -> None:
+        if workers:
+            await call_redis(lambda: self._redis.hdel(self._census_key, *workers))
+
     async def room_changed(self, room: str) -> None:
         await call_redis(lambda: self._redis.publish(self._rooms_channel, room))
 

@@ -128,6 +128,16 @@ class Metrics:
 
         # -- connections
         self.connections = gauge("hubbub_connections", "Open WebSocket connections.", "livesum")
+        self.rebalance_shed = counter(
+            "hubbub_rebalance_shed_total",
+            "Connections closed with 1012 to move them to a less loaded worker "
+            "(app.sockets.rebalance).",
+        )
+        self.rebalance_average = gauge(
+            "hubbub_rebalance_average_connections",
+            "The deployment's average connections per worker, as this worker last read the census.",
+            "livemax",
+        )
         self.by_transport = gauge(
             "hubbub_connections_by_transport",
             "Open connections by transport: `websocket`, or `sse` (the HTTP fallback).",

@@ -182,6 +182,27 @@ def build() -> dict[str, Any]:
         stacked=True,
     )
     d.graph(
+        "Rebalancing",
+        "Connections per instance (pod) against the average per instance; the average per "
+        "worker that the census in Redis gives the workers (what each sheds down to); and "
+        "connections shed with 1012 to move them to emptier workers: after a scale-out the "
+        "old pods shed until their workers hold about that average (docs/operations.md).",
+        [
+            _q(f"sum by (instance) (hubbub_connections{{{SEL}}})", "{{instance}}"),
+            _q(
+                f"sum(hubbub_connections{{{SEL}}}) "
+                f"/ count(count by (instance) (hubbub_connections{{{SEL}}}))",
+                "average per instance",
+            ),
+            _q(
+                f"max(hubbub_rebalance_average_connections{{{SEL}}})",
+                "census: average per worker",
+            ),
+            _q(f"sum(rate(hubbub_rebalance_shed_total{{{SEL}}}[{RATE}]))", "shed/s"),
+        ],
+        "short",
+    )
+    d.graph(
         "Connects and disconnects",
         "Upgrades accepted, and connections ended, per second.",
         [
