@@ -269,6 +269,8 @@ async def test_the_search_benchmark_smoke(tmp_path: Path) -> None:
         assert result["archive_per_s"]["with_index"] > 0, result
         assert result["archive_per_s"]["without_index"] > 0, result
         assert all(len(runs) == 2 for runs in result["archive_runs_per_s"].values()), result
+        low, high = result["archive_ratio_range"]
+        assert 0 < low <= result["archive_ratio"] <= high, result
         assert 0 < result["p50_ms"] <= result["p95_ms"] <= result["p99_ms"], result
 
 
