@@ -38,12 +38,12 @@ from app.ops.descriptors import connection_cap, raise_soft_limit
 from app.ops.gc_tuning import GcTuning, keep_freezing
 from app.ops.metrics import Metrics, run_metrics_sync
 from app.ops.metrics_endpoint import MetricsEndpoint
+from app.ops.roster import is_roster_payload
 from app.presence import create_presence
 from app.redisio import redis_seam
 from app.settings import Settings, load_settings
 from app.sockets.heartbeat import run_heartbeat
 from app.sockets.hub import Hub
-from app.sockets.rebalance import Rebalancer
 from app.sockets.replay import Pacing
 from app.state import ChatState
 from app.store.running import RunningStore
@@ -138,7 +138,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             pending_auth, history, store, rooms,
         )  # fmt: skip
         app.state.chat = state
-        hub.routed = state.streams.deliver_routed
+        roster, streams = state.roster, state.streams
+        hub.routed = lambda payload: (
+            roster.deliver_routed(payload) if is_roster_payload(payload)
+            else streams.deliver_routed(payload)
+        )  # fmt: skip
         if store is not None:
             await store.open()
         storage = await storage_for(settings) if store is not None else None
@@ -182,8 +186,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             ),
         ]
         if settings.uses_redis:
-            rebalancer = Rebalancer(hub, broker, settings, metrics)
-            background.append(asyncio.create_task(rebalancer.run(), name="rebalance"))
+            background.append(asyncio.create_task(state.rebalancer.run(), name="rebalance"))
         if dispatcher is not None:
             background.append(asyncio.create_task(dispatcher.run(), name="webhooks"))
         if state.files is not None:

@@ -16,9 +16,11 @@ from app.conversations.rooms import RoomDirectory
 from app.files.service import Files
 from app.notify.service import Notifications
 from app.ops.metrics import Metrics
+from app.ops.roster import Roster
 from app.presence import Presence
 from app.settings import Settings
 from app.sockets.hub import Hub
+from app.sockets.rebalance import Rebalancer
 from app.store.running import RunningStore
 from app.transport.flusher import Flusher
 from app.transport.stream_socket import Streams
@@ -43,6 +45,10 @@ class ChatState:
     files: Files | None = None
     # Mentions, levels and push subscriptions (None: no store, or CHAT_NOTIFICATIONS=false).
     notifications: Notifications | None = None
+    # The census of workers (and, with Redis, the shedding after a scale-out).
+    rebalancer: Rebalancer = field(init=False)
+    # Who is connected where, across workers (the admin API).
+    roster: Roster = field(init=False)
     # The HTTP fallback transport's streams held by this worker, and its POSTs' routing
     # (app.sockets.stream).
     streams: Streams = field(init=False)
@@ -54,4 +60,6 @@ class ChatState:
     def __post_init__(self) -> None:
         self.access = ConversationAccess(self.rooms, self.quotas)
         self.streams = Streams(self.broker, self.settings.redis_timeout_s)
+        self.rebalancer = Rebalancer(self.hub, self.broker, self.settings, self.metrics)
+        self.roster = Roster(self.hub, self.broker, self.settings.redis_timeout_s)
         self.failed_logins = FailedLogins.of(self.settings)

@@ -165,11 +165,15 @@ class Rebalancer:
         interval = settings.rebalance_interval_s
         settling = False  # the round after one that shed: report only
         shedding = False  # its last decision was to shed
+        this = asyncio.current_task()
         while True:
             started = time.monotonic()
             try:
                 loads = await self.loads()
             except BrokerUnavailable as exc:
+                if this is not None and this.cancelling():
+                    # redis-py turned the cancellation into an error: stop all the same.
+                    raise asyncio.CancelledError from None
                 logger.info("rebalancing: no census this round (%s)", exc)
             else:
                 average = sum(load.connections for load in loads) / len(loads)

@@ -8,6 +8,16 @@ Off unless ``CHAT_ADMIN_TOKEN`` is set (every route answers 404 then); each call
 - ``PUT /admin/users/{user}/ban`` ``{"duration_s": S, "reason": R}`` — refuse the user's
   connections (4003) for S seconds, and kick the open ones.
 - ``GET`` / ``DELETE /admin/users/{user}/ban`` — the ban in force (404 if none) / lift it.
+
+Who is connected where (live, across every worker and pod: app.ops.roster):
+
+- ``GET /admin/workers`` — every worker of the census (app.sockets.rebalance): id, host,
+  pid, connections, ready, draining, when it last reported.
+- ``GET /admin/connections?user=U`` and/or ``&room=R`` — the matching connections on every
+  worker: id, user, transport, opened, rooms, outbox bytes, worker, host, pid; and the
+  workers that did not answer in time (``workers_unanswered``).
+- ``DELETE /admin/connections/{worker}/{conn}`` — close one connection (4003): 204, or 404
+  when that worker does not hold it, 504 when it did not answer.
 """
 
 from __future__ import annotations
@@ -15,11 +25,12 @@ from __future__ import annotations
 import logging
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, HTTPException, Path, Response
+from fastapi import APIRouter, Depends, HTTPException, Path, Query, Response
 from pydantic import BaseModel, Field
 
 from app.errors import BrokerUnavailable
-from app.protocol import USER_PATTERN
+from app.protocol import ROOM_PATTERN, USER_PATTERN
+from app.sockets.rebalance import WorkerLoad
 from app.state import ChatState
 from app.web.bearer import bearer_guard
 
@@ -32,6 +43,8 @@ _authorized = bearer_guard(lambda settings: settings.admin_token, "moderation AP
 router = APIRouter(prefix="/admin", include_in_schema=False)
 Admin = Annotated[ChatState, Depends(_authorized)]
 User = Annotated[str, Path(pattern=USER_PATTERN)]
+# Worker and connection ids: 12 hex digits (RedisBroker.worker_id, Connection.id).
+_ID_PATTERN = r"^[0-9a-f]{12}$"
 
 
 class BanRequest(BaseModel):
@@ -74,4 +87,67 @@ async def unban(state: Admin, user: User) -> Response:
     if not await state.quotas.unban(user):
         raise HTTPException(404, "not banned")
     logger.info("moderation: unban", extra={"user": user})
+    return Response(status_code=204)
+
+
+async def _workers(state: Admin) -> list[WorkerLoad]:
+    try:
+        return await state.rebalancer.loads()
+    except BrokerUnavailable:
+        raise HTTPException(503, "the broker is unavailable: try again") from None
+
+
+@router.get("/workers")
+async def workers(state: Admin) -> dict[str, object]:
+    loads = sorted(await _workers(state), key=lambda load: (load.host, load.pid, load.worker))
+    return {"workers": [_described(load) for load in loads]}
+
+
+def _described(load: WorkerLoad) -> dict[str, object]:
+    return {
+        "worker": load.worker,
+        "host": load.host,
+        "pid": load.pid,
+        "connections": load.connections,
+        "ready": load.ready,
+        "draining": load.draining,
+        "reported_ms": load.at_ms,
+    }
+
+
+@router.get("/connections")
+async def connections(
+    state: Admin,
+    user: Annotated[str | None, Query(pattern=USER_PATTERN)] = None,
+    room: Annotated[str | None, Query(pattern=ROOM_PATTERN)] = None,
+) -> dict[str, object]:
+    if user is None and room is None:
+        raise HTTPException(422, "give a user, a room, or both")
+    loads = await _workers(state)
+    try:
+        found = await state.roster.find([load.worker for load in loads], user, room)
+    except BrokerUnavailable:
+        raise HTTPException(503, "the broker is unavailable: try again") from None
+    return {
+        "connections": found.connections,
+        "workers_asked": found.asked,
+        "workers_unanswered": found.unanswered,
+    }
+
+
+@router.delete("/connections/{worker}/{conn}", status_code=204)
+async def close_connection(
+    state: Admin,
+    worker: Annotated[str, Path(pattern=_ID_PATTERN)],
+    conn: Annotated[str, Path(pattern=_ID_PATTERN)],
+) -> Response:
+    try:
+        closed = await state.roster.close(worker, conn)
+    except BrokerUnavailable:
+        raise HTTPException(503, "the broker is unavailable: try again") from None
+    if closed is None:
+        raise HTTPException(504, "the worker did not answer in time")
+    if not closed:
+        raise HTTPException(404, "no such connection on that worker")
+    logger.info("admin: close", extra={"worker": worker, "conn": conn})
     return Response(status_code=204)
