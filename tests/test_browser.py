@@ -14,6 +14,7 @@ import signal
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import httpx2 as httpx
 import pytest
 from playwright.async_api import Browser, Page, WebSocket, async_playwright, expect
 from redis.asyncio import Redis
@@ -790,3 +791,39 @@ async def test_where_websockets_are_blocked_the_page_chats_over_http(
     finally:
         await nginx.stop()
         await app.stop()
+
+
+async def test_the_admin_page_finds_a_users_connections_and_disconnects_one(
+    browser: Browser,
+) -> None:
+    """The admin page (/admin/), token typed in: it lists the worker, finds alice's two
+    connections with their rooms, and its Disconnect button closes the one picked (4003)
+    while the other stays; without the admin API the page is not there (404)."""
+    token = "d" * 32
+    async with run_server(make_settings(admin_token=token)) as server:
+        async with (
+            ChatClient.connect(server.ws_url("alice")) as first,
+            ChatClient.connect(server.ws_url("alice")) as second,
+        ):
+            await first.join("lobby")
+            context = await browser.new_context()
+            tab = ChatPage(await context.new_page())
+            await tab.page.goto(f"{server.http_url}/admin/")
+            await tab.page.locator("#token").fill(token)
+            await tab.page.get_by_role("button", name="Use").click()
+            await expect(tab.page.locator("#workers tbody tr")).to_have_count(1)
+            await expect(tab.page.locator("#workers tbody td").nth(3)).to_have_text("2")
+            await tab.page.locator("#find-user").fill("alice")
+            await tab.page.get_by_role("button", name="Find").click()
+            rows = tab.page.locator("#connections tbody tr")
+            await expect(rows).to_have_count(2)
+            await expect(tab.page.locator("#status")).to_have_text("2 connections on 1 workers")
+            lobby = rows.filter(has_text="lobby")
+            await expect(lobby).to_have_count(1)
+            await lobby.get_by_role("button", name="Disconnect").click()
+            assert await first.closed_with() == 4003
+            await expect(rows).to_have_count(1)
+            assert second.ws.close_code is None
+            await tab.close()
+    async with run_server(make_settings()) as server, httpx.AsyncClient() as http:
+        assert (await http.get(f"{server.http_url}/admin/")).status_code == 404

@@ -18,6 +18,8 @@ Who is connected where (live, across every worker and pod: app.ops.roster):
   workers that did not answer in time (``workers_unanswered``).
 - ``DELETE /admin/connections/{worker}/{conn}`` — close one connection (4003): 204, or 404
   when that worker does not hold it, 504 when it did not answer.
+- ``GET /admin/`` — a page that does the three (``app/static/admin.html``: the token is typed
+  in, kept for the tab, and sent by the page's requests; the page itself holds no data).
 """
 
 from __future__ import annotations
@@ -25,7 +27,8 @@ from __future__ import annotations
 import logging
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, HTTPException, Path, Query, Response
+from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request, Response
+from fastapi.responses import FileResponse
 from pydantic import BaseModel, Field
 
 from app.errors import BrokerUnavailable
@@ -33,6 +36,7 @@ from app.protocol import ROOM_PATTERN, USER_PATTERN
 from app.sockets.rebalance import WorkerLoad
 from app.state import ChatState
 from app.web.bearer import bearer_guard
+from app.web.page import SECURITY_HEADERS, STATIC_DIR
 
 logger = logging.getLogger(__name__)
 
@@ -151,3 +155,13 @@ async def close_connection(
         raise HTTPException(404, "no such connection on that worker")
     logger.info("admin: close", extra={"worker": worker, "conn": conn})
     return Response(status_code=204)
+
+
+@router.get("/")
+async def admin_page(request: Request) -> FileResponse:
+    """The admin page (no data in it: it calls the routes above with the token typed in).
+    404 while the admin API is off, as every route here."""
+    state: ChatState = request.app.state.chat
+    if state.settings.admin_token is None:
+        raise HTTPException(404, "Not Found")
+    return FileResponse(STATIC_DIR / "admin.html", headers=SECURITY_HEADERS)
