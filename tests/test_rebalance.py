@@ -10,7 +10,6 @@ import json
 import random
 import resource
 import time
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -103,25 +102,15 @@ class _Hub:
         return [conn.closed for conn in self.all if conn.closed is not None]
 
 
-@pytest.fixture
-async def redis() -> AsyncIterator[RedisServer]:
-    server = RedisServer()
-    await server.start()
-    try:
-        yield server
-    finally:
-        await server.stop()
-
-
 async def test_the_loaded_worker_sheds_its_excess_paced_and_the_empty_one_nothing(
-    redis: RedisServer,
+    redis_server: RedisServer,
 ) -> None:
     """Two workers on one Redis: 400 connections on one, none on the other (each closed one
     reconnects there). The loaded one closes 200 (down to the average of 200) with 1012 and
     the rebalancing reason, at most 100 a round (200/s over rounds of 0.5 s) with a round to
     settle after each, then stops; the other closes nothing; the metrics say so."""
     settings = make_settings(
-        redis_url=redis.url, rebalance_interval_s=0.5, rebalance_shed_per_s=200,
+        redis_url=redis_server.url, rebalance_interval_s=0.5, rebalance_shed_per_s=200,
         rebalance_min_excess=50,
     )  # fmt: skip
     brokers = [RedisBroker(settings), RedisBroker(settings)]
@@ -214,7 +203,7 @@ async def _census(redis: RedisServer) -> list[int]:
 
 @pytest.mark.timeout(240)
 async def test_after_a_scale_out_the_connections_even_out_and_no_message_is_lost(
-    redis: RedisServer,
+    redis_server: RedisServer,
 ) -> None:
     """2,000 connections on one server; a second one joins behind nginx (least_conn, the
     repository's nginx.conf). Within a minute each holds about half (the census in Redis
@@ -224,7 +213,7 @@ async def test_after_a_scale_out_the_connections_even_out_and_no_message_is_lost
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, min(hard, 16384)), hard))
     env = {
-        "CHAT_REDIS_URL": redis.url, "CHAT_REBALANCE_INTERVAL_S": "1",
+        "CHAT_REDIS_URL": redis_server.url, "CHAT_REBALANCE_INTERVAL_S": "1",
         "CHAT_REBALANCE_SHED_PER_S": "300",
     }  # fmt: skip
     first, second = AppProcess(env, descriptor_limit=8192), AppProcess(env, descriptor_limit=8192)
@@ -246,7 +235,7 @@ async def test_after_a_scale_out_the_connections_even_out_and_no_message_is_lost
         readers = holders[:10]
         await wait_until(lambda: all(r.joined.is_set() for r in readers), timeout=60)
         async with asyncio.timeout(60):
-            while await _census(redis) != [2000]:
+            while await _census(redis_server) != [2000]:
                 await asyncio.sleep(0.2)
         await second.start()
         await nginx.start()
@@ -254,7 +243,7 @@ async def test_after_a_scale_out_the_connections_even_out_and_no_message_is_lost
         sending = asyncio.create_task(_send_all(balanced, acks, stop_after=60))
         async with asyncio.timeout(90):
             while True:
-                counts = await _census(redis)
+                counts = await _census(redis_server)
                 if len(counts) == 2 and sum(counts) == 2000 and counts[0] >= 850:
                     break
                 await asyncio.sleep(0.2)

@@ -95,6 +95,7 @@ class Hub:
         self._rooms_down: dict[str, asyncio.Event] = {}
         self.pages = HistoryPages(history or broker, pacing.page)
         self.connections: set[Connection] = set()
+        self._sse_connections = 0  # of them over the HTTP fallback (counted as they come and go)
         self.draining = False
         # Users with a connection here are present in the internal room app.webhooks.ONLINE_ROOM
         # (user.online / user.offline webhooks) when this is set.
@@ -353,6 +354,8 @@ class Hub:
         if len(self.connections) >= self._max_connections:
             return False
         self.connections.add(conn)
+        if conn.transport == "sse":
+            self._sse_connections += 1
         return True
 
     async def register_user(self, conn: Connection) -> None:
@@ -386,6 +389,8 @@ class Hub:
     async def remove(self, conn: Connection) -> None:
         """Unregister ``conn``: out of every room, and out of its user's routing. Every step
         is taken even when the broker fails one (it is logged)."""
+        if conn in self.connections and conn.transport == "sse":
+            self._sse_connections -= 1
         self.connections.discard(conn)
         await self.set_visible(conn, False)
         for room in list(conn.rooms):
@@ -571,7 +576,7 @@ class Hub:
         queued = [conn.queued_bytes for conn in conns]
         return HubSnapshot(
             connections=len(conns),
-            sse_connections=sum(1 for conn in conns if conn.transport == "sse"),
+            sse_connections=self._sse_connections,
             queued_bytes=sum(queued),
             max_queued_bytes=max(queued, default=0),
             rooms=len(self._rooms),

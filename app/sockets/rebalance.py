@@ -20,7 +20,8 @@ reads everyone's. Contract:
   (it still reports): by then every other worker has reported again, with the clients it
   took, so the census shows where they went and the worker does not shed past the average
   on stale counts; it sheds again only if it is still over.
-- A worker that stops reporting is out of the census after three intervals.
+- A worker that stops reporting is out of the census after three intervals. A record this
+  release cannot read (a newer one's, during a rolling deploy) is left alone and not counted.
 
 ``hubbub_rebalance_shed_total`` counts what was shed; ``hubbub_rebalance_average_connections``
 is the average this worker last saw.
@@ -151,7 +152,9 @@ class Rebalancer:
             if worker == own.worker:
                 continue
             load = WorkerLoad.decode(worker, record)
-            if load is None or own.at_ms - load.at_ms > interval_ms * _ROUNDS_TO_FORGET:
+            if load is None:
+                continue  # another release's (a rolling deploy): not this one's to judge
+            if own.at_ms - load.at_ms > interval_ms * _ROUNDS_TO_FORGET:
                 gone.append(worker)
             else:
                 loads.append(load)
