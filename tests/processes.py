@@ -562,6 +562,8 @@ class AppProcess:
                 os.killpg(self.proc.pid, signal.SIGKILL)  # the master and its workers
             if self.proc.returncode is None:
                 await self.proc.wait()
+        if self.log.closed:  # stopped before (its log, a temporary file, is gone)
+            return
         # What went wrong in the app, for a failing test's report (pytest shows a test's
         # captured output only when it fails).
         problems = [line for line in self.output().splitlines() if _PROBLEM.search(line)]
