@@ -15,9 +15,9 @@ export UV_PROJECT_ENVIRONMENT := $(VENV)
 export UV_SYSTEM_CERTS := 1
 # Debian packages the test suite drives for real (binary or file:package); the emoji font
 # lets Chromium draw the page's reactions in its screenshots.
-DEB_TEST_DEPS := node:nodejs npm:npm redis-server:redis-server promtool:prometheus nginx:nginx kubectl:kubernetes-client chromium:chromium pg_ctlcluster:postgresql /usr/share/fonts/truetype/noto/NotoColorEmoji.ttf:fonts-noto-color-emoji
+DEB_TEST_DEPS := etcd:etcd-server openssl:openssl curl:curl node:nodejs npm:npm redis-server:redis-server promtool:prometheus nginx:nginx kubectl:kubernetes-client chromium:chromium pg_ctlcluster:postgresql /usr/share/fonts/truetype/noto/NotoColorEmoji.ttf:fonts-noto-color-emoji
 
-.PHONY: help install run test bench bench-core bench-redis bench-scale bench-search bench-sse bench-100k chaos attack k8s-check lint typecheck check deb-deps node-deps s3-deps docs-config dashboard clean
+.PHONY: help install run test bench bench-core bench-redis bench-scale bench-search bench-sse bench-100k chaos attack k8s-deps k8s-check lint typecheck check deb-deps node-deps s3-deps docs-config dashboard chart-files clean
 
 help:  ## list the targets
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -63,7 +63,7 @@ node-deps: deb-deps  ## npm ci in each Node project that has a package-lock.json
 s3-deps:  ## build .tools/bin/weed (SeaweedFS, the tests' S3 server), when missing
 	@bash scripts/seaweedfs.sh
 
-test: $(STAMP) deb-deps node-deps s3-deps  ## install everything the tests need, then run the whole suite
+test: $(STAMP) deb-deps node-deps s3-deps k8s-deps  ## install everything the tests need, then run the whole suite
 	$(VENV)/bin/python -m pytest
 
 bench: $(STAMP) deb-deps  ## every load-test scenario vs the baseline (~14 min); rewrites docs/benchmarks.md
@@ -91,15 +91,14 @@ bench-sse: $(STAMP) deb-deps  ## the HTTP fallback against WebSockets on one wor
 bench-100k: $(STAMP) deb-deps  ## hold 100,000 WebSockets for 5 min (gunicorn + Redis, ~10 min); writes docs/bench/hold-100k.json
 	$(VENV)/bin/python -m loadtest.hold --json docs/bench/hold-100k.json
 
-k8s-check: $(STAMP) deb-deps  ## server-side dry run of k8s/ on a real kube-apiserver under Pod Security restricted
-	@# The first run builds etcd + kube-apiserver (~5 min, ../shared/tools/k8s-dryrun.sh):
-	@# a one-object tree makes it build; the test then checks the real trees.
-	mkdir -p .tools/k8s-build
-	printf 'apiVersion: v1\nkind: ConfigMap\nmetadata: {name: build}\n' > .tools/k8s-build/cm.yaml
-	printf 'resources: [cm.yaml]\n' > .tools/k8s-build/kustomization.yaml
-	PYTHON=$(VENV)/bin/python bash ../shared/tools/k8s-dryrun.sh .tools/k8s-build >/dev/null
-	HUBBUB_REQUIRE_K8S_DRYRUN=1 $(VENV)/bin/python -m pytest -p no:cacheprovider -q \
-	  tests/test_deploy_files.py -k server_side_dry_run
+# The Kubernetes tools the deployment tests run (etcd, kube-apiserver, kubectl, helm): built once
+# into .tools/k8s/bin from their pinned Go modules (~6 min the first time).
+k8s-deps: deb-deps  ## build .tools/k8s/bin (kube-apiserver, kubectl, helm), when missing
+	@bash scripts/k8s-tools.sh
+
+k8s-check: $(STAMP) deb-deps k8s-deps  ## k8s/ and the Helm chart: helm lint, and a server-side dry run on a real kube-apiserver under Pod Security restricted
+	$(VENV)/bin/python -m pytest -p no:cacheprovider -q tests/test_deploy_files.py tests/test_helm.py \
+	  -k "server_side_dry_run or helm"
 
 chaos: $(STAMP) deb-deps  ## clients chat through Redis, worker and PostgreSQL faults (~4 min); fails on a silent loss or an acked message not stored
 	$(VENV)/bin/python -m loadtest.chaos --store
@@ -120,8 +119,15 @@ check: lint typecheck test  ## everything CI runs
 docs-config: $(STAMP)  ## regenerate the settings table in docs/configuration.md
 	$(VENV)/bin/python -m app.settings --write-docs docs/configuration.md
 
-dashboard: $(STAMP)  ## regenerate deploy/grafana/dashboards/hubbub.json from its builder
+dashboard: $(STAMP)  ## regenerate deploy/grafana/dashboards/hubbub.json from its builder (and the chart's copy)
 	$(VENV)/bin/python deploy/grafana/build_dashboard.py
+	$(MAKE) --no-print-directory chart-files
+
+# The Helm chart can only read files inside itself: it carries copies of the dashboard and the
+# alerts (tests/test_helm.py fails when they differ).
+chart-files:  ## copy the dashboard and the alert rules into the Helm chart (deploy/helm/hubbub/files)
+	cp deploy/grafana/dashboards/hubbub.json deploy/helm/hubbub/files/hubbub-dashboard.json
+	cp deploy/prometheus/alerts.yml deploy/helm/hubbub/files/alerts.yml
 
 clean:  ## remove the virtualenvs and caches
 	rm -rf $(VENV) $(TOOLS) .pytest_cache .mypy_cache .ruff_cache

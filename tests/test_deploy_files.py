@@ -660,8 +660,20 @@ async def test_node_tuning_is_an_opt_in_overlay() -> None:
     assert sorted(tuned, key=identity) == sorted(base, key=identity)
 
 
-DRYRUN = ROOT.parent / "shared/tools/k8s-dryrun.sh"
-DRYRUN_BIN = Path(os.environ.get("K8S_DRYRUN_CACHE", Path.home() / ".cache/k8s-dryrun")) / "bin"
+DRYRUN = ROOT / "scripts/k8s-dryrun.sh"
+K8S_BIN = ROOT / ".tools/k8s/bin"
+
+
+def k8s_tool(name: str) -> Path:
+    """A tool of scripts/k8s-tools.sh (kube-apiserver, kubectl, helm): `make test` builds them,
+    so a missing one fails the test instead of skipping it (CI would never run it)."""
+    tool = K8S_BIN / name
+    assert tool.exists() and shutil.which("etcd"), (
+        f"{tool} or etcd is missing: `make k8s-deps` (part of `make test`) builds them"
+    )
+    return tool
+
+
 # A stand-in for the Prometheus Operator's ServiceMonitor CRD (any content), so that the rest
 # of k8s/monitoring can be dry-run.
 SERVICEMONITOR_CRD = {
@@ -683,24 +695,14 @@ SERVICEMONITOR_CRD = {
 }  # fmt: skip
 
 
-@pytest.mark.skipif(
-    not (
-        DRYRUN.exists()
-        and shutil.which("etcd")
-        and (DRYRUN_BIN / "kube-apiserver").exists()
-        and (DRYRUN_BIN / "kubectl").exists()
-    )
-    and not os.environ.get("HUBBUB_REQUIRE_K8S_DRYRUN"),  # `make k8s-check`: never skipped
-    reason="shared/tools/k8s-dryrun.sh has not built its kube-apiserver on this machine "
-    "(`make k8s-check` builds it: ~5 min); the restricted check above stands in for it",
-)
 @pytest.mark.timeout(300)  # etcd and kube-apiserver start in ~3 s, up to 2 min when busy
 async def test_kubernetes_server_side_dry_run_under_pod_security_restricted(
     tmp_path: Path,
 ) -> None:
-    """A real kube-apiserver (shared/tools/k8s-dryrun.sh, on loopback) accepts every object of
+    """A real kube-apiserver (scripts/k8s-dryrun.sh, on loopback) accepts every object of
     k8s/, k8s/base and k8s/monitoring and a pod made from each pod template, in a namespace
     enforcing Pod Security "restricted", with no PodSecurity warning."""
+    k8s_tool("kube-apiserver")
     crd = tmp_path / "servicemonitor-crd.yaml"
     crd.write_text(yaml.safe_dump(SERVICEMONITOR_CRD))
     with _k8s_tree(TEST_SECRETS) as tree:
