@@ -17,7 +17,7 @@ export UV_SYSTEM_CERTS := 1
 # lets Chromium draw the page's reactions in its screenshots.
 DEB_TEST_DEPS := etcd:etcd-server openssl:openssl curl:curl node:nodejs npm:npm redis-server:redis-server promtool:prometheus nginx:nginx kubectl:kubernetes-client chromium:chromium pg_ctlcluster:postgresql /usr/share/fonts/truetype/noto/NotoColorEmoji.ttf:fonts-noto-color-emoji
 
-.PHONY: help install run test bench bench-core bench-redis bench-scale bench-search bench-sse bench-100k chaos attack k8s-deps k8s-check lint typecheck check deb-deps node-deps s3-deps docs-config dashboard chart-files clean
+.PHONY: help install run test bench bench-core bench-redis bench-scale bench-search bench-sse bench-tracing bench-100k chaos attack k8s-deps k8s-check lint typecheck check deb-deps node-deps s3-deps otel-deps docs-config dashboard chart-files clean
 
 help:  ## list the targets
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -63,7 +63,7 @@ node-deps: deb-deps  ## npm ci in each Node project that has a package-lock.json
 s3-deps:  ## build .tools/bin/weed (SeaweedFS, the tests' S3 server), when missing
 	@bash scripts/seaweedfs.sh
 
-test: $(STAMP) deb-deps node-deps s3-deps k8s-deps  ## install everything the tests need, then run the whole suite
+test: $(STAMP) deb-deps node-deps s3-deps k8s-deps otel-deps  ## install everything the tests need, then run the whole suite
 	$(VENV)/bin/python -m pytest
 
 bench: $(STAMP) deb-deps  ## every load-test scenario vs the baseline (~14 min); rewrites docs/benchmarks.md
@@ -88,8 +88,16 @@ bench-search: $(STAMP) deb-deps  ## search p50/p95 over 1,000,000 stored message
 bench-sse: $(STAMP) deb-deps  ## the HTTP fallback against WebSockets on one worker: deliveries/s, latency, CPU, memory per connection (~25 min); writes docs/bench/sse.json
 	$(VENV)/bin/python -m loadtest.sse_bench --json docs/bench/sse.json
 
+bench-tracing: $(STAMP) deb-deps otel-deps  ## closed-loop throughput with tracing off, at 1 % and at 100 % to a real collector (~4 min); writes docs/bench/tracing.json
+	$(VENV)/bin/python -m loadtest.tracing_cost --json docs/bench/tracing.json
+
 bench-100k: $(STAMP) deb-deps  ## hold 100,000 WebSockets for 5 min (gunicorn + Redis, ~10 min); writes docs/bench/hold-100k.json
 	$(VENV)/bin/python -m loadtest.hold --json docs/bench/hold-100k.json
+
+# The OpenTelemetry collector and trace store the tracing tests send spans to and read back
+# (Jaeger v2, not packaged by Debian): built once into .tools/bin/jaeger (~4 min).
+otel-deps:  ## build .tools/bin/jaeger (Jaeger, the tracing tests' collector), when missing
+	@bash scripts/jaeger.sh
 
 # The Kubernetes tools the deployment tests run (etcd, kube-apiserver, kubectl, helm): built once
 # into .tools/k8s/bin from their pinned Go modules (~6 min the first time).

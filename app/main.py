@@ -39,6 +39,7 @@ from app.ops.gc_tuning import GcTuning, keep_freezing
 from app.ops.metrics import Metrics, run_metrics_sync
 from app.ops.metrics_endpoint import MetricsEndpoint
 from app.ops.roster import is_roster_payload
+from app.ops.tracing import tracing_from
 from app.presence import create_presence
 from app.redisio import redis_seam
 from app.settings import Settings, load_settings
@@ -110,7 +111,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        tracing = tracing_from(settings)
         store = RunningStore(settings) if settings.database_url else None
+        if store is not None:
+            store.tracing = tracing
         archiver = store.embedded_archiver() if store and not settings.uses_redis else None
         broker = create_broker(settings, archiver)
         presence = create_presence(settings, broker)
@@ -124,6 +128,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             settings.worker_outbox_max_bytes,
             history,
         )
+        hub.tracing = tracing
         quotas = create_quotas(settings)
         authenticator = Authenticator(settings) if settings.auth_mode == "jwt" else None
         origins = OriginPolicy(settings.allowed_origins)
@@ -133,10 +138,13 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             store.messages if store else None,
         )  # fmt: skip
         dispatcher = connect_webhooks(settings, presence, hub, rooms)
+        if dispatcher is not None:
+            dispatcher.tracing = tracing
         state = ChatState(
             settings, broker, hub, presence, metrics, quotas, origins, authenticator,
             pending_auth, history, store, rooms,
         )  # fmt: skip
+        state.tracing = tracing
         app.state.chat = state
         roster, streams = state.roster, state.streams
         hub.routed = lambda payload: (
@@ -237,6 +245,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                 steps.append(sender.close)
             if store is not None:
                 steps.append(store.stop)  # after the broker: nothing more is offered
+            if tracing is not None:  # last: the spans of all the above, exported
+                steps.append(tracing.stop)
             for step in steps:
                 try:
                     await step()

@@ -10,6 +10,7 @@ the input: a property-based test holds it to that.
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Any, ClassVar, Final, Literal
 
 import orjson
@@ -41,6 +42,9 @@ ClientMessageId = (
 
 
 MessageId = Annotated[int, Field(ge=0, lt=2**63)]
+# W3C trace context, version 00 (app.ops.tracing): version-traceid-parentid-flags, lower-case.
+TRACEPARENT_PATTERN: Final = r"^00-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$"
+Traceparent = Annotated[str, StringConstraints(pattern=TRACEPARENT_PATTERN)]
 
 # What no stored text may hold: U+0000 (PostgreSQL's TEXT refuses it; one such row once stalled
 # archiving for every conversation). Unpaired surrogates cannot get this far: orjson refuses
@@ -90,6 +94,8 @@ class Send(_Frame):
     cid: ClientMessageId | None = None
     reply_to: MessageId | None = None
     attachments: Annotated[list[FileId], Field(min_length=1, max_length=100)] | None = None
+    # The sender's trace context: the message's spans continue its trace (app.ops.tracing).
+    traceparent: Traceparent | None = None
 
     @model_validator(mode="after")
     def _one_target(self) -> Send:
@@ -399,6 +405,30 @@ CLIENT_TYPES: Final = (
 )  # fmt: skip
 
 
+_ROOM = re.compile(ROOM_PATTERN)
+
+
+def raw_ref(data: str) -> dict[str, object] | None:
+    """What a frame that does not validate still says of itself, for its error frame: its
+    ``type`` (as ``ref``), ``room`` and ``cid``, each only when it is valid on its own (None:
+    not a JSON object of a known type)."""
+    try:
+        obj = orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return None
+    if not isinstance(obj, dict) or obj.get("type") not in CLIENT_TYPES:
+        return None
+    ref: dict[str, object] = {"ref": obj["type"]}
+    room, cid = obj.get("room"), obj.get("cid")
+    if isinstance(room, str) and _ROOM.match(room):
+        ref["room"] = room
+    if (isinstance(cid, str) and 1 <= len(cid) <= CID_MAX_CHARS) or (
+        type(cid) is int and -(2**63) <= cid < 2**63
+    ):
+        ref["cid"] = cid
+    return ref
+
+
 def parse_client_frame(data: str) -> ClientFrame:
     """Decode and validate one client text frame, or raise :class:`FrameError` saying why."""
     try:
@@ -426,6 +456,8 @@ def _describe(exc: ValidationError) -> str:
     message = first["msg"].removeprefix("Value error, ")
     if field == "cid":
         message = f"must be a string of 1 to {CID_MAX_CHARS} characters or a 64-bit integer"
+    elif field == "traceparent":
+        message = "must be a W3C traceparent: 00-<32 hex digits>-<16 hex digits>-<2 hex digits>"
     elif first["type"] == "string_pattern_mismatch":
         message = "invalid name (letters, digits and _ . - :, starting with a letter or digit)"
     return f"{field}: {message}"
@@ -444,13 +476,16 @@ def message_frame_parts(
     reply_to: int | None = None,
     attachments: str | None = None,
     mentions: str | None = None,
+    traceparent: str | None = None,
 ) -> tuple[bytes, bytes]:
     """The parts of a ``message`` frame that do not depend on its id and timestamp: the head
     (up to ``"id":``) and the body (from after the id up to ``"ts":``). ``target`` is
     ``room`` (a room message, to room ``name``) or ``to`` (a direct message to user ``name``);
     ``reply_to``: the id of the message this one answers; ``attachments``: its files, the JSON
     list :mod:`app.files.attachments` made (inserted as it is); ``mentions``: who it mentions, in
-    the stored form of :mod:`app.notify.mentions` (``mentions`` and ``here`` in the frame).
+    the stored form of :mod:`app.notify.mentions` (``mentions`` and ``here`` in the frame);
+    ``traceparent``: the trace context of a traced message (:mod:`app.ops.tracing`), last but
+    ``ts``.
 
     Both brokers build every message frame from these parts with :func:`message_frame`; the
     Redis PUBLISH script does the same concatenation in Lua, since only Redis knows the id.
@@ -467,6 +502,8 @@ def message_frame_parts(
             body += b',"mentions":' + orjson.dumps(users)
         if here:
             body += b',"here":true'
+    if traceparent is not None:
+        body += b',"traceparent":"' + traceparent.encode() + b'"'
     return head, body + b',"ts":'
 
 

@@ -652,6 +652,46 @@ class Settings(BaseSettings):
         "reconnects are what the rest of the deployment absorbs).",
     )
 
+    tracing_endpoint: HttpUrl | None = Field(
+        None,
+        description="OpenTelemetry: the OTLP/HTTP address of a collector (e.g. "
+        "`http://otel-collector:4318`; spans go to `/v1/traces` there). Set: messages are "
+        "traced from publish through Redis, fan-out on each worker, archiving and webhooks "
+        '(docs/operations.md, "Tracing"). Unset: no tracing, at no cost.',
+    )
+    tracing_sample_ratio: float = Field(
+        0.01,
+        ge=0,
+        le=1,
+        description="Share of messages traced when they come without a `traceparent` (one "
+        "that says sampled is always followed, one that says not sampled never).",
+    )
+    tracing_service_name: str = Field(
+        "hubbub",
+        min_length=1,
+        max_length=100,
+        description="The `service.name` of the spans.",
+    )
+    tracing_queue_max: int = Field(
+        2048,
+        ge=1,
+        le=1_000_000,
+        description="Spans a worker keeps waiting for export at most; more are dropped (a slow "
+        "or absent collector never slows messages).",
+    )
+    tracing_export_interval_s: float = Field(
+        1.0,
+        gt=0,
+        le=60,
+        description="How often a worker sends its waiting spans to the collector.",
+    )
+    tracing_export_timeout_s: float = Field(
+        5.0,
+        gt=0,
+        le=60,
+        description="How long one export may take before its spans are given up.",
+    )
+
     auth_mode: Literal["jwt", "guest", "names"] = Field(
         "jwt",
         description="`jwt`: the user is a signed token's `sub` (docs/security.md). `guest`: "

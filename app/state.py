@@ -17,6 +17,7 @@ from app.files.service import Files
 from app.notify.service import Notifications
 from app.ops.metrics import Metrics
 from app.ops.roster import Roster
+from app.ops.tracing import Tracing
 from app.presence import Presence
 from app.settings import Settings
 from app.sockets.hub import Hub
@@ -45,6 +46,8 @@ class ChatState:
     files: Files | None = None
     # Mentions, levels and push subscriptions (None: no store, or CHAT_NOTIFICATIONS=false).
     notifications: Notifications | None = None
+    # Traces of messages' paths (None: CHAT_TRACING_ENDPOINT unset, tracing off).
+    tracing: Tracing | None = None
     # The census of workers (and, with Redis, the shedding after a scale-out).
     rebalancer: Rebalancer = field(init=False)
     # Who is connected where, across workers (the admin API).

@@ -78,8 +78,10 @@ def on_starting(server: Any) -> None:
             prepare(_settings.database_url)
         except StoreError as exc:
             sys.exit(f"hubbub: {exc}")
-    for stale in glob.glob(os.path.join(str(_metrics_dir), "*.db")):
-        os.remove(stale)
+    # A previous run's metrics and exemplars (app.ops.exemplars) are not this run's.
+    for pattern in ("*.db", "exemplars_*.json"):
+        for stale in glob.glob(os.path.join(str(_metrics_dir), pattern)):
+            os.remove(stale)
     if _settings.metrics_port is not None:
         host, port = _settings.metrics_host, _settings.metrics_port
         address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
@@ -87,10 +89,14 @@ def on_starting(server: Any) -> None:
 
 
 def child_exit(server: Any, worker: Any) -> None:
-    """A worker is gone: its share of the live gauges (connections...) goes with it."""
+    """A worker is gone: its share of the live gauges (connections...) goes with it, and so
+    do the exemplars it saved (app.ops.exemplars)."""
     from prometheus_client import multiprocess
 
+    from app.ops.exemplars import remove_of
+
     multiprocess.mark_process_dead(worker.pid)
+    remove_of(str(_metrics_dir), worker.pid)
 
 
 def on_exit(server: Any) -> None:

@@ -413,6 +413,12 @@ SHARED_SCHEMAS: Final[dict[str, Schema]] = {
                 "const": True,
                 "description": "`@here`: it is for everyone present in the room",
             },
+            "traceparent": {
+                "type": "string",
+                "pattern": "^00-[0-9a-f]{32}-[0-9a-f]{16}-01$",
+                "description": "the W3C trace context of a traced message (the server's "
+                "`publish` span; `CHAT_TRACING_ENDPOINT`): absent when it is not traced",
+            },
         },
         "required": ["type", "id", "user", "text", "ts"],
         **ROOM_OR_TO,

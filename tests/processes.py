@@ -876,3 +876,126 @@ class S3Server:
         await self.kill()
         if self.own_dir:
             shutil.rmtree(self.dir, ignore_errors=True)
+
+
+JAEGER = ROOT / ".tools/bin/jaeger"
+
+
+class JaegerServer:
+    """Jaeger v2 (``.tools/bin/jaeger``, which ``make otel-deps`` builds): an OpenTelemetry
+    collector taking OTLP/HTTP on :attr:`otlp_url`, keeping spans in memory, and its query API
+    (:meth:`trace`), every port on loopback."""
+
+    def __init__(self) -> None:
+        assert JAEGER.exists(), f"{JAEGER} is missing: `make otel-deps` builds it"
+        self.otlp_port, self.query_port, self.grpc_port, self.health_port = (
+            free_port() for _ in range(4)
+        )
+        self.dir = Path(tempfile.mkdtemp(prefix="hubbub-jaeger-"))
+        (self.dir / "config.yaml").write_text(
+            "service:\n"
+            "  extensions: [jaeger_storage, jaeger_query, healthcheckv2]\n"
+            "  pipelines:\n"
+            "    traces:\n"
+            "      receivers: [otlp]\n"
+            "      processors: [batch]\n"
+            "      exporters: [jaeger_storage_exporter]\n"
+            "  telemetry:\n"
+            "    metrics:\n"
+            "      level: none\n"
+            "extensions:\n"
+            "  healthcheckv2:\n"
+            "    use_v2: true\n"
+            "    http:\n"
+            f"      endpoint: 127.0.0.1:{self.health_port}\n"
+            "  jaeger_query:\n"
+            "    storage:\n"
+            "      traces: memstore\n"
+            "    http:\n"
+            f"      endpoint: 127.0.0.1:{self.query_port}\n"
+            "    grpc:\n"
+            f"      endpoint: 127.0.0.1:{self.grpc_port}\n"
+            "  jaeger_storage:\n"
+            "    backends:\n"
+            "      memstore:\n"
+            "        memory:\n"
+            "          max_traces: 100000\n"
+            "receivers:\n"
+            "  otlp:\n"
+            "    protocols:\n"
+            "      http:\n"
+            f"        endpoint: 127.0.0.1:{self.otlp_port}\n"
+            "processors:\n"
+            "  batch:\n"
+            "    timeout: 100ms\n"
+            "exporters:\n"
+            "  jaeger_storage_exporter:\n"
+            "    trace_storage: memstore\n"
+        )
+        self.log = self.dir / "jaeger.log"
+        self.proc: asyncio.subprocess.Process | None = None
+
+    @property
+    def otlp_url(self) -> str:
+        """What CHAT_TRACING_ENDPOINT names: spans go to ``/v1/traces`` there."""
+        return f"http://127.0.0.1:{self.otlp_port}"
+
+    async def start(self) -> None:
+        with self.log.open("wb") as log:
+            self.proc = await asyncio.create_subprocess_exec(
+                str(JAEGER), "--config", str(self.dir / "config.yaml"), stdout=log, stderr=log
+            )
+        proc = self.proc
+        async with asyncio.timeout(60), httpx.AsyncClient() as http:
+            while True:  # ready: its health check passes (receivers and extensions started)
+                assert proc.returncode is None, self.log.read_text(errors="replace")[-4000:]
+                with contextlib.suppress(httpx.TransportError):
+                    health = await http.get(f"http://127.0.0.1:{self.health_port}/status")
+                    if health.status_code == 200:
+                        break
+                await asyncio.sleep(0.1)
+        for port in (self.otlp_port, self.query_port):
+            await wait_for_port(port, proc, lambda: self.log.read_text(errors="replace"))
+
+    async def trace(self, trace_id: str) -> list[dict[str, Any]]:
+        """The spans Jaeger holds of trace ``trace_id`` (hex), each with its ``process``
+        (service name and tags) resolved; [] when it has none."""
+        async with httpx.AsyncClient() as http:
+            response = await http.get(f"http://127.0.0.1:{self.query_port}/api/traces/{trace_id}")
+        if response.status_code == 404:
+            return []
+        assert response.status_code == 200, response.text
+        found: list[dict[str, Any]] = []
+        for trace in response.json()["data"] or []:
+            for span in trace["spans"]:
+                span["process"] = trace["processes"][span["processID"]]
+                found.append(span)
+        return found
+
+    async def wait_for_spans(
+        self, trace_id: str, condition: Callable[[list[dict[str, Any]]], bool], timeout: float = 20
+    ) -> list[dict[str, Any]]:
+        """The spans of ``trace_id`` once ``condition`` holds of them (fails after
+        ``timeout`` with what there was)."""
+        spans: list[dict[str, Any]] = []
+        try:
+            async with asyncio.timeout(timeout):
+                while not condition(spans := await self.trace(trace_id)):
+                    await asyncio.sleep(0.2)
+        except TimeoutError:
+            raise AssertionError(f"trace {trace_id}: {summary(spans)}") from None
+        return spans
+
+    async def stop(self) -> None:
+        if self.proc is not None and self.proc.returncode is None:
+            self.proc.send_signal(signal.SIGKILL)
+            await self.proc.wait()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def summary(spans: list[dict[str, Any]]) -> list[tuple[str, str, list[str]]]:
+    """Each span as (operation, span id, the span ids it references), for messages."""
+    return [
+        (span["operationName"], span["spanID"], [ref["spanID"] for ref in span["references"]])
+        for span in spans
+    ]

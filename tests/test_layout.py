@@ -19,6 +19,24 @@ SEAMS = {
 }
 # Distribution names of the top-level modules that differ.
 DISTRIBUTIONS = {"jwt": "pyjwt", "prometheus_client": "prometheus-client", "PIL": "pillow"}
+# Namespace packages several distributions share: the longest prefix of the import names it.
+NAMESPACE_DISTRIBUTIONS = {
+    "opentelemetry": "opentelemetry-api",
+    "opentelemetry.sdk": "opentelemetry-sdk",
+    "opentelemetry.exporter.otlp.proto.http": "opentelemetry-exporter-otlp-proto-http",
+}
+
+
+def _distribution(imported: str) -> str:
+    """The distribution that provides module ``imported``."""
+    parts = imported.split(".")
+    for length in range(len(parts), 0, -1):
+        found = NAMESPACE_DISTRIBUTIONS.get(".".join(parts[:length]))
+        if found is not None:
+            return found
+    return DISTRIBUTIONS.get(parts[0], parts[0].replace("_", "-"))
+
+
 # Allowed elsewhere: the websockets frame encoder (a public API) for the frame cache.
 PUBLIC_EXCEPTIONS = {("app.transport.frames", "websockets.frames")}
 
@@ -124,7 +142,7 @@ def test_every_imported_package_is_a_declared_dependency() -> None:
                 top = imported.split(".")[0]
                 if top == "app" or top in __import__("sys").stdlib_module_names:
                     continue
-                distribution = DISTRIBUTIONS.get(top, top.replace("_", "-"))
+                distribution = _distribution(imported)
                 if distribution not in declared:
                     missing.add(distribution)
     assert not missing, missing

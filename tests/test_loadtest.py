@@ -215,6 +215,22 @@ async def test_the_sse_benchmark_smoke(tmp_path: Path) -> None:
 
 
 @pytest.mark.timeout(150)
+async def test_the_tracing_cost_benchmark_smoke(tmp_path: Path) -> None:
+    """``python -m loadtest.tracing_cost`` (``make bench-tracing``), tiny: each setting (off,
+    1 %, 100 % to a real Jaeger) carries messages, and the report compares them to off."""
+    out = tmp_path / "tracing.json"
+    await run_module(
+        "loadtest.tracing_cost", "--rounds", "1", "--clients", "5", "--seconds", "1",
+        "--json", str(out), timeout=120,
+    )  # fmt: skip
+    result = json.loads(out.read_text())
+    for setting in ("off", "on-1%", "on-100%"):
+        (run,) = result["results"][setting]
+        assert run["messages_per_s"] > 0, run
+        assert f"| {setting} |" in result["report"]
+
+
+@pytest.mark.timeout(150)
 async def run_module(module: str, *args: str, timeout: float) -> None:
     """``python -m module args`` from the project root; fails the test unless it exits 0 in
     ``timeout`` seconds (its stderr in the message)."""

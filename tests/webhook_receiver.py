@@ -27,6 +27,7 @@ class Receiver:
         self.delay_s = 0.0
         self.attempts = 0
         self.batches = 0  # requests that carried several events
+        self.headers: list[dict[str, str]] = []  # of every accepted request, lower-case names
         self.port = free_port()
 
     @property
@@ -67,6 +68,7 @@ class Receiver:
                 status = 500
             else:
                 decoded = orjson.loads(body)
+                self.headers.append(headers)
                 if isinstance(decoded, list):  # a batch (CHAT_WEBHOOK_BATCH_MAX > 1)
                     assert headers["hubbub-event"] == "batch"
                     assert headers["hubbub-delivery"] == decoded[0]["id"]

@@ -187,10 +187,13 @@ class Broker(Protocol):
         quota: tuple[float, int] | None = None,
         attachments: str | None = None,
         mentions: str | None = None,
+        traceparent: str | None = None,
     ) -> Published:
         """Number, store and deliver a message (``reply_to``: the message it answers, which
         the caller checked; ``attachments``: its files, as :mod:`app.files.attachments` made
-        them; ``mentions``: who it mentions, as :mod:`app.notify.mentions` keeps them).
+        them; ``mentions``: who it mentions, as :mod:`app.notify.mentions` keeps them;
+        ``traceparent``: the trace context of a traced message, which its frame carries,
+        :mod:`app.ops.tracing`).
         Raises :class:`~app.errors.QuotaExceeded` (nothing is published)
         when ``user`` has no message token left (``quota``: its rate per second and burst,
         the users' by default)."""
@@ -206,6 +209,7 @@ class Broker(Protocol):
         quota: tuple[float, int] | None = None,
         attachments: str | None = None,
         mentions: str | None = None,
+        traceparent: str | None = None,
     ) -> Published:
         """As :meth:`publish`, in the direct conversation of ``sender`` and ``to``
         (:func:`app.conversations.names.direct`: ids, history and archiving like a room's),

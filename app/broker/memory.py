@@ -132,9 +132,10 @@ class MemoryBroker:
         quota: tuple[float, int] | None = None,
         attachments: str | None = None,
         mentions: str | None = None,
+        traceparent: str | None = None,
     ) -> Published:
         return await self._publish_message(
-            room, user, text, cid, reply_to, quota, attachments, mentions
+            room, user, text, cid, reply_to, quota, attachments, mentions, traceparent
         )
 
     async def publish_direct(
@@ -147,10 +148,11 @@ class MemoryBroker:
         quota: tuple[float, int] | None = None,
         attachments: str | None = None,
         mentions: str | None = None,
+        traceparent: str | None = None,
     ) -> Published:
         conversation = direct(sender, to)
         return await self._publish_message(
-            conversation, sender, text, cid, reply_to, quota, attachments, mentions
+            conversation, sender, text, cid, reply_to, quota, attachments, mentions, traceparent
         )
 
     async def _publish_message(
@@ -163,6 +165,7 @@ class MemoryBroker:
         quota: tuple[float, int] | None,
         attachments: str | None = None,
         mentions: str | None = None,
+        traceparent: str | None = None,
     ) -> Published:
         handler = self._running()
         if quota is None:
@@ -175,7 +178,9 @@ class MemoryBroker:
         if duplicate:
             return Published(message_id, duplicate=True)
         target, name = addressed(conversation, user)
-        parts = message_frame_parts(target, name, user, text, reply_to, attachments, mentions)
+        parts = message_frame_parts(
+            target, name, user, text, reply_to, attachments, mentions, traceparent
+        )
         payload = message_frame(parts, message_id, ts_ms)
         self._remember(conversation, message_id, payload)
         log.authors[message_id] = user

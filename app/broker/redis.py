@@ -721,8 +721,11 @@ class RedisBroker:
         quota: tuple[float, int] | None = None,
         attachments: str | None = None,
         mentions: str | None = None,
+        traceparent: str | None = None,
     ) -> Published:
-        head, body = message_frame_parts("room", room, user, text, reply_to, attachments, mentions)
+        head, body = message_frame_parts(
+            "room", room, user, text, reply_to, attachments, mentions, traceparent
+        )
         keys = [*self._publish_keys(room, user, cid), *self._webhook_keys]
         return await self._publish(
             keys, room, self._room_channel(room), head, body, "", extra=self._webhook_args,
@@ -739,8 +742,11 @@ class RedisBroker:
         quota: tuple[float, int] | None = None,
         attachments: str | None = None,
         mentions: str | None = None,
+        traceparent: str | None = None,
     ) -> Published:
-        head, body = message_frame_parts("to", to, sender, text, reply_to, attachments, mentions)
+        head, body = message_frame_parts(
+            "to", to, sender, text, reply_to, attachments, mentions, traceparent
+        )
         conversation = direct(sender, to)
         keys = [*self._publish_keys(conversation, sender, cid), *self._webhook_keys]
         channel, copy = self._user_channel(to), self._user_channel(sender)

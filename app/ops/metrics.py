@@ -22,7 +22,7 @@ import os
 import resource
 import time
 from collections import Counter as Tally
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final
 
@@ -34,10 +34,15 @@ from prometheus_client import (
     Histogram,
     generate_latest,
 )
+from prometheus_client.metrics_core import Metric
 from prometheus_client.multiprocess import MultiProcessCollector
+from prometheus_client.openmetrics.exposition import CONTENT_TYPE_LATEST as OPENMETRICS_TYPE
+from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics
+from prometheus_client.registry import Collector
 
 from app import __version__
 from app.errors import CloseCode, ErrorCode
+from app.ops.exemplars import Exemplars, attach
 
 if TYPE_CHECKING:
     from app.broker import Broker
@@ -46,6 +51,7 @@ if TYPE_CHECKING:
 
 MULTIPROC_ENV: Final = "PROMETHEUS_MULTIPROC_DIR"
 CONTENT_TYPE: Final = CONTENT_TYPE_PLAIN_0_0_4  # the text format every Prometheus reads
+OPENMETRICS_CONTENT_TYPE: Final = OPENMETRICS_TYPE  # what carries exemplars
 LATENCY_SAMPLES_PER_S: Final = 1000
 SYNC_INTERVAL_S: Final = 1.0
 
@@ -60,6 +66,7 @@ FRAME_TYPES: Final = (
 _LATENCY_BUCKETS: Final = (
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
 )  # fmt: skip
+PUBLISH_LATENCY: Final = "hubbub_broker_publish_duration_seconds"
 _PUBLISH_BUCKETS: Final = (
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
 )  # fmt: skip
@@ -80,14 +87,31 @@ def multiprocess_dir() -> str | None:
     return os.environ.get(MULTIPROC_ENV) or None
 
 
-def exposition(registry: CollectorRegistry) -> bytes:
-    """The text exposition of the whole server: every worker's files in multiprocess mode,
-    else ``registry`` (one process)."""
-    if multiprocess_dir() is None:
-        return generate_latest(registry)
+class _WithExemplars(Collector):
+    """Every worker's metrics (multiprocess mode), with the exemplars they saved."""
+
+    def __init__(self, directory: str) -> None:
+        self._directory = directory
+        self._metrics = MultiProcessCollector(None)  # type: ignore[no-untyped-call]  # untyped upstream
+
+    def collect(self) -> Iterable[Metric]:
+        return attach(self._metrics.collect(), self._directory)  # type: ignore[no-untyped-call]  # untyped upstream
+
+
+def exposition(registry: CollectorRegistry, openmetrics: bool = False) -> bytes:
+    """The exposition of the whole server: every worker's files in multiprocess mode, else
+    ``registry`` (one process). In the text format 0.0.4, or with ``openmetrics`` in the
+    OpenMetrics format, which carries the latency histograms' exemplars (links to traces)."""
+    generate = generate_openmetrics if openmetrics else generate_latest
+    directory = multiprocess_dir()
+    if directory is None:
+        return generate(registry)
     merged = CollectorRegistry()
-    MultiProcessCollector(merged)  # type: ignore[no-untyped-call]  # untyped upstream
-    return generate_latest(merged)
+    if openmetrics:
+        merged.register(_WithExemplars(directory))
+    else:
+        MultiProcessCollector(merged)  # type: ignore[no-untyped-call]  # untyped upstream
+    return generate(merged)
 
 
 @dataclass(frozen=True, slots=True)
@@ -266,11 +290,13 @@ class Metrics:
             "liveall",
         )
         self.publish_latency = Histogram(
-            "hubbub_broker_publish_duration_seconds",
+            PUBLISH_LATENCY,
             "Duration of one publish to the broker (sampled).",
             buckets=_PUBLISH_BUCKETS,
             registry=r,
         )
+        # Traced publishes' latencies, for the exposition under gunicorn (app.ops.exemplars).
+        self.exemplars = Exemplars()
         self.publish_failures = counter(
             "hubbub_broker_publish_failures_total", "Publishes refused: the broker was down."
         )
@@ -467,10 +493,15 @@ class Metrics:
         # counter within one ms: id / 1e6 is the publish time in seconds.
         self.fanout_latency.observe(max(0.0, time.time() - message_id / 1e6))
 
-    def publish_took(self, seconds: float, now: float) -> None:
-        """A publish took ``seconds`` (observed at most once per millisecond)."""
+    def publish_took(self, seconds: float, now: float, trace_id: str | None = None) -> None:
+        """A publish took ``seconds`` (observed at most once per millisecond, and always
+        when the message was traced: ``trace_id``, the exemplar that links the histogram's
+        bucket to the trace, app.ops.tracing)."""
         self.published_since_sync += 1
-        if now >= self._next_publish_sample:
+        if trace_id is not None:
+            self.publish_latency.observe(seconds, {"trace_id": trace_id})
+            self.exemplars.heard(PUBLISH_LATENCY, _PUBLISH_BUCKETS, seconds, trace_id)
+        elif now >= self._next_publish_sample:
             self._next_publish_sample = now + 1 / LATENCY_SAMPLES_PER_S
             self.publish_latency.observe(seconds)
 
@@ -485,6 +516,9 @@ class Metrics:
 
     def sync(self, hub: HubSnapshot, broker: Broker, archive: ArchiveStats | None = None) -> None:
         """Publish the hot-path counters and sample the gauges (``archive``: with a store)."""
+        directory = multiprocess_dir()
+        if directory is not None:
+            self.exemplars.save(directory)
         if self.delivered_since_sync:
             self.delivered.inc(self.delivered_since_sync)
             self.delivered_since_sync = 0
@@ -573,9 +607,10 @@ class Metrics:
                 self.webhook_deliveries.labels(outcome).inc(now - before)
         self._webhook_counts = counts
 
-    def render(self) -> bytes:
-        """The exposition for a scrape (the whole server's, in multiprocess mode)."""
-        return exposition(self.registry)
+    def render(self, openmetrics: bool = False) -> bytes:
+        """The exposition for a scrape (the whole server's, in multiprocess mode), in the
+        OpenMetrics format (with exemplars) when ``openmetrics``."""
+        return exposition(self.registry, openmetrics)
 
 
 def _resident_bytes() -> int:

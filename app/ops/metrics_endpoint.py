@@ -11,17 +11,20 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from starlette.datastructures import Headers
 from starlette.responses import PlainTextResponse, Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from app.ops.metrics import CONTENT_TYPE
+from app.ops.metrics import CONTENT_TYPE, OPENMETRICS_CONTENT_TYPE
 
 
 class MetricsEndpoint:
-    """ASGI middleware serving ``render()`` at ``path`` (on ``port`` only, when given)."""
+    """ASGI middleware serving ``render()`` at ``path`` (on ``port`` only, when given): in
+    the OpenMetrics format (which carries exemplars) to a scraper that accepts it, else in the
+    text format 0.0.4."""
 
     def __init__(
-        self, app: ASGIApp, render: Callable[[], bytes], path: str, port: int | None
+        self, app: ASGIApp, render: Callable[[bool], bytes], path: str, port: int | None
     ) -> None:
         self.app = app
         self._render = render
@@ -47,5 +50,10 @@ class MetricsEndpoint:
         elif scope["method"] not in ("GET", "HEAD"):
             response = PlainTextResponse("method not allowed", 405, headers={"Allow": "GET"})
         else:
-            response = Response(self._render(), media_type=CONTENT_TYPE)
+            accept = Headers(scope=scope).get("accept", "")
+            openmetrics = "application/openmetrics-text" in accept
+            response = Response(
+                self._render(openmetrics),
+                media_type=OPENMETRICS_CONTENT_TYPE if openmetrics else CONTENT_TYPE,
+            )
         await response(scope, receive, send)

@@ -35,6 +35,7 @@ from app.broker import Broker, History
 from app.errors import BrokerUnavailable, CloseCode, ErrorCode
 from app.notify import VISIBLE_ROOM
 from app.ops.metrics import HubSnapshot, Metrics
+from app.ops.tracing import Tracing
 from app.presence import Presence
 from app.protocol import error_frame, joined_frame, left_frame
 from app.sockets.connection import Connection
@@ -108,6 +109,8 @@ class Hub:
         self.rooms_changed: Callable[[str | None], None] = lambda room: None
         # POSTs of the HTTP fallback transport routed to this worker (app.sockets.stream).
         self.routed: Callable[[bytes], None] | None = None
+        # Traced messages get a `fanout` span per worker (None: tracing off, app.ops.tracing).
+        self.tracing: Tracing | None = None
         # Every outbox of this worker counts here (app.transport.budget); over it, the slowest
         # are cut.
         self.outbox_budget = OutboxBudget(outbox_budget_bytes, self._cut_slowest_consumers)
@@ -127,15 +130,19 @@ class Hub:
             return
         if message_id is None and state.private and payload.startswith(_MEMBER_PREFIX):
             self._fence_removal(state, room, payload)
+        span = None
+        if self.tracing is not None and message_id is not None:
+            span = self.tracing.start_fanout(payload, room)
         frame = payload.decode()
         nbytes = len(payload)
         members = state.members
+        recipients = len(members)
         for conn in members:
             conn.offer(frame, nbytes)
         if message_id is not None:
             state.heard = message_id
             if members:
-                self._metrics.delivered_since_sync += len(members)
+                self._metrics.delivered_since_sync += recipients
                 self._metrics.sample_fanout(message_id)  # after the offers: see its contract
         if state.behind:
             caught_up = [
@@ -144,6 +151,10 @@ class Hub:
             for replay in caught_up:
                 self._make_live(state, replay)
             self._metrics.delivered_since_sync += len(caught_up)  # each was given the frame
+            recipients += len(caught_up)
+        if span is not None:
+            span.set_attribute("hubbub.recipients", recipients)
+            span.end()
 
     def _fence_removal(self, state: _Room, room: str, payload: bytes) -> None:
         """A private room's removal notice came on its channel: the removed user's connections
@@ -252,12 +263,18 @@ class Hub:
         receipt) on every local connection of ``user``."""
         conns = self._users.get(user)
         if conns:
+            span = None
+            if self.tracing is not None and message_id is not None:
+                span = self.tracing.start_fanout(payload, user)
             frame, nbytes = payload.decode(), len(payload)
             for conn in conns:
                 conn.offer(frame, nbytes)
             if message_id is not None:
                 self._metrics.delivered_since_sync += len(conns)
                 self._metrics.sample_fanout(message_id)
+            if span is not None:
+                span.set_attribute("hubbub.recipients", len(conns))
+                span.end()
 
     def deliver_routed(self, payload: bytes) -> None:
         """A POST of the HTTP fallback transport routed here: to :mod:`app.sockets.stream`."""

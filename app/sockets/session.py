@@ -39,6 +39,7 @@ from app.errors import (
 )
 from app.files.service import AlreadySent, Files
 from app.ops.metrics import Metrics
+from app.ops.tracing import end_publish, trace_id_of, traceparent_of
 from app.presence import RoomPresence
 from app.protocol import (
     PONG_FRAME,
@@ -78,6 +79,7 @@ from app.protocol import (
     joined_frame,
     left_frame,
     parse_client_frame,
+    raw_ref,
     receipt_frame,
     receipts_frame,
     room_frame,
@@ -711,17 +713,23 @@ class Session:
                 return None if frame.cid is None else ack_frame(frame.cid, sent.message_id, True)
         started = time.perf_counter()
         published: Published | None = None
+        tracing = self._state.tracing
+        span = None
+        if tracing is not None:
+            conversation = frame.room or direct(conn.user, frame.to or "")
+            span = tracing.start_publish(frame.traceparent, conversation, "socket")
+        traceparent = None if span is None else traceparent_of(span)
         try:
             if frame.room is not None:
                 published = await self._broker.publish(
                     frame.room, conn.user, frame.text, frame.cid, frame.reply_to,
-                    attachments=attachments, mentions=mentions,
+                    attachments=attachments, mentions=mentions, traceparent=traceparent,
                 )  # fmt: skip
             else:
                 assert frame.to is not None  # the model guarantees room xor to
                 published = await self._broker.publish_direct(
                     conn.user, frame.to, frame.text, frame.cid, frame.reply_to,
-                    attachments=attachments, mentions=mentions,
+                    attachments=attachments, mentions=mentions, traceparent=traceparent,
                 )  # fmt: skip
         except QuotaExceeded:
             raise FrameError(ErrorCode.RATE_LIMITED, _TOO_MANY_MESSAGES) from None
@@ -731,13 +739,15 @@ class Session:
                 ErrorCode.BROKER_UNAVAILABLE, "message not sent: the broker is unavailable"
             ) from None
         finally:
+            if span is not None:
+                end_publish(span, published)
             if attachments is not None and frame.attachments is not None:
                 if published is not None and not published.duplicate:
                     await self._files().attach(frame.attachments, published.id)
                 else:  # not published, or a retry of a send of other files: free them
                     await self._files().release(frame.attachments)
         now = time.perf_counter()
-        self.metrics.publish_took(now - started, now)
+        self.metrics.publish_took(now - started, now, None if span is None else trace_id_of(span))
         if frame.cid is None:
             return None
         return ack_frame(frame.cid, published.id, published.duplicate)
@@ -753,7 +763,7 @@ def _ref(text: str) -> dict[str, object] | None:
     try:
         frame = parse_client_frame(text)
     except FrameError:
-        return None
+        return raw_ref(text)  # what parts of it are valid
     ref: dict[str, object] = {"ref": frame.type}
     room = getattr(frame, "room", None)
     if room is not None:

@@ -20,6 +20,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 
+from app.ops.tracing import Tracing
 from app.settings import Settings
 from app.store.archiver import Archiver, ArchiveStats
 from app.store.database import StoreError, engine_for, migrate
@@ -63,6 +64,8 @@ class RunningStore:
         self._stats: Callable[[], ArchiveStats] = ArchiveStats
         self._tasks: list[asyncio.Task[None]] = []
         self._close_redis: Callable[[], Awaitable[None]] | None = None
+        # Spans of archiving traced messages (None: tracing off, app.ops.tracing).
+        self.tracing: Tracing | None = None
 
     async def open(self) -> None:
         """Check the schema is current (migrating it if not: a worker started without
@@ -99,6 +102,7 @@ class RunningStore:
             redis = command_client(settings)
             self._close_redis = functools.partial(close_client, redis)
             streamer = StreamArchiver(redis, self.messages, settings)
+            streamer.tracing = self.tracing
             self._stats = lambda: streamer.stats
             self._tasks.append(asyncio.create_task(streamer.run(), name="archiver"))
         if settings.retention_days > 0:

@@ -45,12 +45,14 @@ import time
 from typing import Any, cast
 
 import orjson
+from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode
 from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 
 from app.broker import redis_scripts as scripts
 from app.broker.keys import KeyLayout
 from app.conversations.names import is_direct
+from app.ops.tracing import Tracing, in_frame
 from app.redisio.clients import REDIS_ERRORS
 from app.settings import Settings
 from app.store.archiver import ArchiveStats, report_refused
@@ -117,6 +119,8 @@ class StreamArchiver:
         self._hole = redis.register_script(_HOLE)
         self._stats = ArchiveStats()
         self._leading = False
+        # Traced messages get an `archive` span (None: tracing off, app.ops.tracing).
+        self.tracing: Tracing | None = None
 
     @property
     def stats(self) -> ArchiveStats:
@@ -242,13 +246,22 @@ class StreamArchiver:
 
     async def _archive(self, stream: str, entries: list[_Entry]) -> None:
         batch: list[StoredMessage] = []
+        tracing = self.tracing
+        traced: list[tuple[StoredMessage, SpanContext]] = []
         for _, fields in entries:
             message = _stored(fields)
             if message is None:
                 self._stats.dropped += 1  # trimmed while pending, or not ours
-            else:
-                batch.append(message)
+                continue
+            batch.append(message)
+            if tracing is not None and fields is not None:
+                context = in_frame(fields[3])
+                if context is not None:
+                    traced.append((message, context))
+        started = time.time_ns()
         refused = await self._store_until_stored(batch)
+        if tracing is not None and traced:
+            _trace_archived(tracing, traced, started, len(batch), refused)
         marks: dict[str, int] = {}
         for message in batch:
             marks[message.conversation] = message.id  # the batch is in id order
@@ -312,6 +325,26 @@ class StreamArchiver:
         if self._leading and self._dropped_seen is not None and total > self._dropped_seen:
             self._stats.dropped += total - self._dropped_seen
         self._dropped_seen = total
+
+
+def _trace_archived(
+    tracing: Tracing,
+    traced: list[tuple[StoredMessage, SpanContext]],
+    started_ns: int,
+    batch_size: int,
+    refused: list[tuple[StoredMessage, str]],
+) -> None:
+    """An ``archive`` span for each traced message of a batch just written (since
+    ``started_ns``); an error for those the store refused."""
+    not_stored = {id(message): reason for message, reason in refused}
+    for message, context in traced:
+        span = tracing.start_stage("archive", [context], SpanKind.INTERNAL, started_ns)
+        span.set_attribute("hubbub.batch_size", batch_size)
+        span.set_attribute("messaging.message.id", str(message.id))
+        reason = not_stored.get(id(message))
+        if reason is not None:
+            span.set_status(Status(StatusCode.ERROR, reason))
+        span.end()
 
 
 def _age_s(entry_id: bytes) -> float:

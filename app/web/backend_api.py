@@ -22,13 +22,14 @@ import logging
 from typing import Annotated, Any, Literal
 
 import orjson
-from fastapi import APIRouter, Depends, HTTPException, Path, Query, Response
+from fastapi import APIRouter, Depends, Header, HTTPException, Path, Query, Response
 from pydantic import AfterValidator, BaseModel, Field
 
 from app.conversations.names import direct
 from app.conversations.rooms import RoomError, RoomRecord
 from app.errors import BrokerUnavailable, ErrorCode, FrameError, QuotaExceeded
 from app.files.service import FILE_ID_PATTERN
+from app.ops.tracing import end_publish, traceparent_of
 from app.protocol import CID_MAX_CHARS, ROOM_PATTERN, USER_PATTERN, storable
 from app.state import ChatState
 from app.store.rooms import Role
@@ -160,22 +161,35 @@ async def rooms_of(state: Service, user: UserName) -> dict[str, Any]:
         raise _refused(exc) from None
 
 
+# W3C trace context of the backend's request (app.ops.tracing): the message's spans continue
+# its trace. An invalid one is ignored, as W3C asks (the message is then traced, or not, on
+# its own).
+TraceparentHeader = Annotated[str | None, Header(max_length=100)]
+
+
 async def _publish(
-    state: ChatState, room: str | None, to: str | None, body: NewMessage
+    state: ChatState, room: str | None, to: str | None, body: NewMessage, traceparent: str | None
 ) -> Published:
     settings = state.settings
     if len(body.text) > settings.max_text_chars:
         raise HTTPException(422, f"text is longer than {settings.max_text_chars} characters")
     quota = (settings.service_messages_per_s, settings.service_message_burst)
+    tracing = state.tracing
+    span = None
+    if tracing is not None:
+        conversation = room if room is not None else direct(settings.service_user, to or "")
+        span = tracing.start_publish(traceparent, conversation, "api")
+    context = None if span is None else traceparent_of(span)
+    published = None
     try:
         if room is not None:
             published = await state.broker.publish(
-                room, settings.service_user, body.text, body.cid, quota=quota
+                room, settings.service_user, body.text, body.cid, quota=quota, traceparent=context
             )
         else:
             assert to is not None
             published = await state.broker.publish_direct(
-                settings.service_user, to, body.text, body.cid, quota=quota
+                settings.service_user, to, body.text, body.cid, quota=quota, traceparent=context
             )
     except QuotaExceeded:
         raise HTTPException(
@@ -183,21 +197,28 @@ async def _publish(
         ) from None
     except BrokerUnavailable:
         raise HTTPException(503, "the broker is unavailable: retry with the same cid") from None
+    finally:
+        if span is not None:
+            end_publish(span, published)
     return Published(id=published.id, duplicate=published.duplicate)
 
 
 @router.post("/rooms/{room}/messages", status_code=201)
-async def publish_to_room(state: Service, room: RoomName, body: NewMessage) -> Published:
+async def publish_to_room(
+    state: Service, room: RoomName, body: NewMessage, traceparent: TraceparentHeader = None
+) -> Published:
     """Publish into ``room`` as ``CHAT_SERVICE_USER`` (private rooms too)."""
-    return await _publish(state, room, None, body)
+    return await _publish(state, room, None, body, traceparent)
 
 
 @router.post("/users/{user}/messages", status_code=201)
-async def publish_to_user(state: Service, user: UserName, body: NewMessage) -> Published:
+async def publish_to_user(
+    state: Service, user: UserName, body: NewMessage, traceparent: TraceparentHeader = None
+) -> Published:
     """A direct message from ``CHAT_SERVICE_USER`` to ``user`` (stored, in their inbox)."""
     if user == state.settings.service_user:
         raise HTTPException(422, "the service cannot message itself")
-    return await _publish(state, None, user, body)
+    return await _publish(state, None, user, body, traceparent)
 
 
 @router.get("/rooms/{room}/presence")

@@ -31,9 +31,11 @@ from typing import Any
 
 import httpx2 as httpx
 import orjson
+from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode
 from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 
+from app.ops.tracing import Span, Tracing, in_frame, traceparent_of
 from app.redisio.clients import REDIS_ERRORS, close_client
 from app.settings import Settings
 from app.webhooks.queue import WebhookQueue
@@ -73,6 +75,8 @@ class WebhookDispatcher:
         self._in_flight: dict[bytes, asyncio.Task[None]] = {}
         self._slots = asyncio.Semaphore(settings.webhook_concurrency)
         self.stats = WebhookStats()
+        # Webhooks of traced messages are spans (None: tracing off, app.ops.tracing).
+        self.tracing: Tracing | None = None
         self._http = httpx.AsyncClient(
             timeout=settings.webhook_timeout_s, follow_redirects=False, trust_env=False
         )
@@ -180,10 +184,18 @@ class WebhookDispatcher:
             body, event = _body(*batch[0]), batch[0][1].get(b"e", b"?").decode()
         else:
             body, event = b"[" + b",".join(_body(i, f) for i, f in batch) + b"]", "batch"
+        # Traced messages' contexts (app.ops.tracing): each attempt is a `webhook` span.
+        parents: list[SpanContext] = []
+        if self.tracing is not None:
+            parents = [context for _, fields in batch if b"f" in fields
+                       and (context := in_frame(fields[b"f"])) is not None]  # fmt: skip
         attempt = 0
         while True:
             async with self._slots:
-                ok = await self._post(ids[0], event, body)
+                span = None
+                if parents and self.tracing is not None:
+                    span = self.tracing.start_stage("webhook", parents, SpanKind.CLIENT, None)
+                ok = await self._post(ids[0], event, body, span)
             if ok:
                 self.stats.delivered += len(ids)
                 await self._remove(ids)
@@ -201,19 +213,32 @@ class WebhookDispatcher:
             attempt += 1
             await asyncio.sleep(random.uniform(cap / 2, cap))
 
-    async def _post(self, entry_id: bytes, event: str, body: bytes) -> bool:
+    async def _post(self, entry_id: bytes, event: str, body: bytes, span: Span | None) -> bool:
+        """One attempt; True when the backend took it. ``span``: this attempt's, when it
+        carries traced messages (its context goes in the ``traceparent`` header; ended here)."""
         headers = {
             "Content-Type": "application/json",
             "Hubbub-Event": event,
             "Hubbub-Delivery": entry_id.decode(),
             HEADER: signature(self._secret, int(time.time()), body),
         }
+        if span is not None:
+            headers["traceparent"] = traceparent_of(span)
         try:
             response = await self._http.post(self._url, content=body, headers=headers)
         except httpx.HTTPError as exc:
             logger.info("webhooks: %s %s failed: %r", event, entry_id.decode(), exc)
+            if span is not None:
+                span.set_status(Status(StatusCode.ERROR, type(exc).__name__))
+                span.end()
             return False
-        if 200 <= response.status_code < 300:
+        ok = 200 <= response.status_code < 300
+        if span is not None:
+            span.set_attribute("http.response.status_code", response.status_code)
+            if not ok:
+                span.set_status(Status(StatusCode.ERROR, f"HTTP {response.status_code}"))
+            span.end()
+        if ok:
             return True
         logger.info("webhooks: %s %s answered %d", event, entry_id.decode(), response.status_code)
         return False

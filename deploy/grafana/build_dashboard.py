@@ -84,6 +84,7 @@ class Layout:
         height: int = 8,
         options: dict[str, Any] | None = None,
         custom: dict[str, Any] | None = None,
+        exemplars: bool = False,
     ) -> None:
         if self._x + width > 24:
             self._newline()
@@ -92,6 +93,9 @@ class Layout:
              "legendFormat": legend or "__auto", "range": True}
             for n, (expr, legend) in enumerate(queries)
         ]  # fmt: skip
+        if exemplars:  # the traces behind the latencies (Prometheus with exemplar storage)
+            for target in targets:
+                target["exemplar"] = True
         defaults: dict[str, Any] = {"unit": unit, "min": 0}
         if custom:
             defaults["custom"] = custom
@@ -117,14 +121,13 @@ class Layout:
 
     def graph(
         self, title: str, description: str, queries: list[tuple[str, str]], unit: str,
-        width: int = 8, stacked: bool = False,
+        width: int = 8, stacked: bool = False, exemplars: bool = False,
     ) -> None:  # fmt: skip
         custom = {"fillOpacity": 10, "showPoints": "never"}
         if stacked:
             custom["stacking"] = {"mode": "normal", "group": "A"}
         self.panel("timeseries", title, description, queries, unit, width,
-                   options=GRAPH_OPTIONS,
-                   custom=custom)  # fmt: skip
+                   options=GRAPH_OPTIONS, custom=custom, exemplars=exemplars)  # fmt: skip
 
 
 def build() -> dict[str, Any]:
@@ -358,9 +361,11 @@ def build() -> dict[str, Any]:
     )
     d.graph(
         "Publish latency",
-        "One publish (a Lua script: id, history, publish).",
+        "One publish (a Lua script: id, history, publish). The dots are exemplars: traced "
+        "messages (CHAT_TRACING_ENDPOINT), each a link to its trace.",
         _quantiles("hubbub_broker_publish_duration_seconds", 0.5, 0.99),
         "s",
+        exemplars=True,
     )
     d.graph(
         "Reconnects and failures",

@@ -104,11 +104,13 @@ export interface Ack {
 }
 
 /** How a send is made: a reply (`replyTo`), a retry of an earlier send (`cid`), with files
- * (`attachments`: ids that `upload` resolved to, for this conversation). */
+ * (`attachments`: ids that `upload` resolved to, for this conversation), in a trace of yours
+ * (`traceparent`: a W3C trace context, e.g. your tracer's current span). */
 export interface SendOptions {
   replyTo?: number;
   cid?: Cid;
   attachments?: FileId[];
+  traceparent?: string;
 }
 
 /** What `upload` reports and obeys: `onProgress(sent, total)` in bytes of the file, as it
@@ -1207,6 +1209,7 @@ export class HubbubClient extends EventTarget {
 function sendFrame(frame: SendFrame & { cid: Cid }, options: SendOptions): SendFrame & { cid: Cid } {
   if (options.replyTo !== undefined) frame.reply_to = options.replyTo;
   if (options.attachments?.length) frame.attachments = [...options.attachments];
+  if (options.traceparent !== undefined) frame.traceparent = options.traceparent;
   return frame;
 }
 

@@ -40,6 +40,8 @@ export interface SendFrame {
   type: "send"; room?: RoomName; to?: UserId; text: string; cid?: Cid; reply_to?: number;
   /** Files uploaded for this conversation (ids from `upload` answers; `text` may be empty). */
   attachments?: FileId[];
+  /** Your W3C trace context: with tracing on, the message's spans continue this trace. */
+  traceparent?: string;
 }
 export interface EditFrame {
   type: "edit"; room?: RoomName; with?: UserId; id: number; text: string; cid?: Cid;
@@ -162,6 +164,8 @@ export interface MessageFrame {
   mentions?: UserId[];
   /** `@here`: it is for everyone present in the room. */
   here?: true;
+  /** A traced message's W3C trace context (the server's publish span). */
+  traceparent?: string;
 }
 interface EventBase { room?: RoomName; to?: UserId; id: number; target: number; user: UserId; ts: number }
 export interface EditedFrame extends EventBase { type: "edited"; text: string }

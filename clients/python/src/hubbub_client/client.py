@@ -554,13 +554,15 @@ class HubbubClient:
         reply_to: int | None = None,
         cid: Cid | None = None,
         attachments: Sequence[FileId] | None = None,
+        traceparent: str | None = None,
     ) -> AckFuture:
         """Publish ``text`` to ``room`` (``reply_to``: the id of the message it answers;
         ``attachments``: files :meth:`upload` made for this room, and then ``text`` may be
-        empty). Resent with the same ``cid`` after a reconnect until acked (the server drops
-        duplicates). ``cid``: retry an earlier send (a fresh one by default)."""
+        empty; ``traceparent``: your W3C trace context, which the server's spans continue
+        when tracing is on). Resent with the same ``cid`` after a reconnect until acked (the
+        server drops duplicates). ``cid``: retry an earlier send (a fresh one by default)."""
         frame: SendFrame = {"type": "send", "room": room, "text": text, "cid": cid or new_cid()}
-        return self._send_acked(_with_options(frame, reply_to, attachments))
+        return self._send_acked(_with_options(frame, reply_to, attachments, traceparent))
 
     def send_to(
         self,
@@ -570,11 +572,12 @@ class HubbubClient:
         reply_to: int | None = None,
         cid: Cid | None = None,
         attachments: Sequence[FileId] | None = None,
+        traceparent: str | None = None,
     ) -> AckFuture:
         """A direct message to every connection of ``user`` (acked and resent as ``send``;
         ``attachments``: files :meth:`upload` made for ``DM(user)``)."""
         frame: SendFrame = {"type": "send", "to": user, "text": text, "cid": cid or new_cid()}
-        return self._send_acked(_with_options(frame, reply_to, attachments))
+        return self._send_acked(_with_options(frame, reply_to, attachments, traceparent))
 
     def edit(
         self, conversation: Conversation, id: int, text: str, *, cid: Cid | None = None
@@ -1426,12 +1429,17 @@ class HubbubClient:
 
 
 def _with_options(
-    frame: SendFrame, reply_to: int | None, attachments: Sequence[FileId] | None
+    frame: SendFrame,
+    reply_to: int | None,
+    attachments: Sequence[FileId] | None,
+    traceparent: str | None,
 ) -> SendFrame:
     if reply_to is not None:
         frame["reply_to"] = reply_to
     if attachments:
         frame["attachments"] = list(attachments)
+    if traceparent is not None:
+        frame["traceparent"] = traceparent
     return frame
 
 

@@ -62,6 +62,7 @@ class SendFrame(TypedDict):
     cid: Cid
     reply_to: NotRequired[int]
     attachments: NotRequired[list[FileId]]
+    traceparent: NotRequired[str]  # your W3C trace context (the server's spans continue it)
 
 
 EditFrame = TypedDict(
@@ -350,6 +351,7 @@ class MessageFrame(TypedDict):
     reactions: NotRequired[dict[str, list[UserId]]]
     attachments: NotRequired[list[AttachmentFrame]]
     mentions: NotRequired[list[UserId]]
+    traceparent: NotRequired[str]  # a traced message's W3C trace context
     here: NotRequired[Literal[True]]
 
 
