@@ -31,7 +31,6 @@ from typing import Any
 
 from loadtest.bench import (
     CLIENT_CPU,
-    ROOT,
     _machine,
     _pin,
     _wait_port,
@@ -39,8 +38,8 @@ from loadtest.bench import (
     loadtest,
     running,
 )
+from loadtest.collector import JAEGER, jaeger_config
 
-JAEGER = ROOT / ".tools/bin/jaeger"
 SETTINGS = {
     "off": {},
     "on-1%": {"CHAT_TRACING_SAMPLE_RATIO": "0.01"},
@@ -56,23 +55,7 @@ def collector() -> Iterator[str]:
     otlp, query, grpc, health = (free_port() for _ in range(4))
     with tempfile.TemporaryDirectory(prefix="hubbub-jaeger-") as tmp:
         config = Path(tmp) / "config.yaml"
-        config.write_text(
-            "service:\n  extensions: [jaeger_storage, jaeger_query, healthcheckv2]\n"
-            "  pipelines:\n    traces:\n      receivers: [otlp]\n      processors: [batch]\n"
-            "      exporters: [jaeger_storage_exporter]\n"
-            "  telemetry:\n    metrics:\n      level: none\n"
-            "extensions:\n  healthcheckv2:\n    use_v2: true\n    http:\n"
-            f"      endpoint: 127.0.0.1:{health}\n"
-            "  jaeger_query:\n    storage:\n      traces: memstore\n"
-            f"    http:\n      endpoint: 127.0.0.1:{query}\n"
-            f"    grpc:\n      endpoint: 127.0.0.1:{grpc}\n"
-            "  jaeger_storage:\n    backends:\n      memstore:\n        memory:\n"
-            "          max_traces: 100000\n"
-            "receivers:\n  otlp:\n    protocols:\n      http:\n"
-            f"        endpoint: 127.0.0.1:{otlp}\n"
-            "processors:\n  batch:\n"
-            "exporters:\n  jaeger_storage_exporter:\n    trace_storage: memstore\n"
-        )
+        config.write_text(jaeger_config(otlp, query, grpc, health))
         proc = subprocess.Popen(
             [*_pin(CLIENT_CPU), str(JAEGER), "--config", str(config)],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,

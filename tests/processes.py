@@ -23,6 +23,7 @@ import httpx2 as httpx
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
+from loadtest.collector import JAEGER, jaeger_config
 from tests.helpers import free_port
 
 if TYPE_CHECKING:
@@ -878,9 +879,6 @@ class S3Server:
             shutil.rmtree(self.dir, ignore_errors=True)
 
 
-JAEGER = ROOT / ".tools/bin/jaeger"
-
-
 class JaegerServer:
     """Jaeger v2 (``.tools/bin/jaeger``, which ``make otel-deps`` builds): an OpenTelemetry
     collector taking OTLP/HTTP on :attr:`otlp_url`, keeping spans in memory, and its query API
@@ -893,44 +891,7 @@ class JaegerServer:
         )
         self.dir = Path(tempfile.mkdtemp(prefix="hubbub-jaeger-"))
         (self.dir / "config.yaml").write_text(
-            "service:\n"
-            "  extensions: [jaeger_storage, jaeger_query, healthcheckv2]\n"
-            "  pipelines:\n"
-            "    traces:\n"
-            "      receivers: [otlp]\n"
-            "      processors: [batch]\n"
-            "      exporters: [jaeger_storage_exporter]\n"
-            "  telemetry:\n"
-            "    metrics:\n"
-            "      level: none\n"
-            "extensions:\n"
-            "  healthcheckv2:\n"
-            "    use_v2: true\n"
-            "    http:\n"
-            f"      endpoint: 127.0.0.1:{self.health_port}\n"
-            "  jaeger_query:\n"
-            "    storage:\n"
-            "      traces: memstore\n"
-            "    http:\n"
-            f"      endpoint: 127.0.0.1:{self.query_port}\n"
-            "    grpc:\n"
-            f"      endpoint: 127.0.0.1:{self.grpc_port}\n"
-            "  jaeger_storage:\n"
-            "    backends:\n"
-            "      memstore:\n"
-            "        memory:\n"
-            "          max_traces: 100000\n"
-            "receivers:\n"
-            "  otlp:\n"
-            "    protocols:\n"
-            "      http:\n"
-            f"        endpoint: 127.0.0.1:{self.otlp_port}\n"
-            "processors:\n"
-            "  batch:\n"
-            "    timeout: 100ms\n"
-            "exporters:\n"
-            "  jaeger_storage_exporter:\n"
-            "    trace_storage: memstore\n"
+            jaeger_config(self.otlp_port, self.query_port, self.grpc_port, self.health_port)
         )
         self.log = self.dir / "jaeger.log"
         self.proc: asyncio.subprocess.Process | None = None

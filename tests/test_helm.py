@@ -22,11 +22,10 @@ from tests.test_deploy_files import (
     DRYRUN,
     KUBERNETES_VERSION,
     SERVICEMONITOR_CRD,
-    VENV_BIN,
     _build,
     _restricted_violations,
-    _run,
     _run_status,
+    assert_valid_kubernetes,
     k8s_tool,
 )
 
@@ -138,13 +137,7 @@ async def test_node_tuning_renders_k8s_node_tuning() -> None:
 
 async def test_rendered_objects_are_valid_kubernetes_and_restricted(tmp_path: Path) -> None:
     objects = await _template(EVERYTHING)
-    core = [obj for obj in objects if not obj["apiVersion"].startswith("monitoring.coreos.com")]
-    manifest = tmp_path / "chart.yaml"
-    manifest.write_text(yaml.safe_dump_all(core))
-    output = await _run(
-        str(VENV_BIN / "kubernetes-validate"), "--strict", "-k", KUBERNETES_VERSION, str(manifest)
-    )
-    assert output.count("passed for resource") == len(core), output
+    await assert_valid_kubernetes(objects, tmp_path)
     (deployment,) = [o for o in objects if o["kind"] == "Deployment"]
     assert _restricted_violations(deployment["spec"]["template"]["spec"]) == []
 
