@@ -164,7 +164,7 @@ async def rooms_of(state: Service, user: UserName) -> dict[str, Any]:
 # W3C trace context of the backend's request (app.ops.tracing): the message's spans continue
 # its trace. An invalid one is ignored, as W3C asks (the message is then traced, or not, on
 # its own).
-TraceparentHeader = Annotated[str | None, Header(max_length=100)]
+TraceparentHeader = Annotated[str | None, Header()]
 
 
 async def _publish(
