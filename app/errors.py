@@ -77,6 +77,7 @@ class ErrorCode(StrEnum):
     EXISTS = "exists"
     FILE_TOO_LARGE = "file_too_large"
     STORAGE_UNAVAILABLE = "storage_unavailable"
+    TOO_MANY_HIDDEN = "too_many_hidden"
 
 
 class FrameError(Exception):

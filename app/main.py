@@ -166,7 +166,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             notifier = Notifier(
                 settings, store.notifications, state.access, presence, metrics, sender,
                 dispatcher.queue.enqueue if dispatcher is not None else None,
-                lambda: store.archive_stats().leading,
+                lambda: store.archive_stats().leading, state.hidden,
             )  # fmt: skip
         if sender is not None:
             await sender.start()
@@ -238,7 +238,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
             # Each step runs whatever the one before raised (Redis may be down by now).
-            steps = [hub.close, presence.stop, broker.stop, quotas.close]
+            steps = [hub.close, state.hidden.close, presence.stop, broker.stop, quotas.close]
             if storage is not None:
                 steps.append(storage.close)
             if sender is not None:

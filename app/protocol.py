@@ -366,6 +366,43 @@ class RoomsRequest(_Frame):
     q: Annotated[str, StringConstraints(max_length=64)] | None = None
 
 
+class Mute(_Frame):
+    """Mute ``user``: their messages are hidden from you everywhere (app.access.hiding)."""
+
+    type: Literal["mute"]
+    user: UserName
+
+
+class Unmute(_Frame):
+    """End a mute of ``user`` (a block stays)."""
+
+    type: Literal["unmute"]
+    user: UserName
+
+
+class Block(_Frame):
+    """Block ``user``: muted, and they cannot write to you directly or invite you."""
+
+    type: Literal["block"]
+    user: UserName
+
+
+class Unblock(_Frame):
+    """End a block of ``user``."""
+
+    type: Literal["unblock"]
+    user: UserName
+
+
+Hide = Mute | Unmute | Block | Unblock
+
+
+class HiddenRequest(_Frame):
+    """Whom you mute and block (answered with ``hidden``)."""
+
+    type: Literal["hidden"]
+
+
 ClientFrame = (
     Join
     | Leave
@@ -393,6 +430,11 @@ ClientFrame = (
     | Visibility
     | PushSubscribe
     | PushUnsubscribe
+    | Mute
+    | Unmute
+    | Block
+    | Unblock
+    | HiddenRequest
 )
 _CLIENT_FRAME: Final[TypeAdapter[ClientFrame]] = TypeAdapter(
     Annotated[ClientFrame, Field(discriminator="type")]
@@ -401,7 +443,7 @@ CLIENT_TYPES: Final = (
     "join", "leave", "send", "typing", "auth", "ping", "pong", "history", "read", "inbox",
     "edit", "delete", "react", "create", "describe", "invite", "remove", "rooms", "search",
     "upload", "file", "mentions", "notifications", "visibility", "push_subscribe",
-    "push_unsubscribe",
+    "push_unsubscribe", "mute", "unmute", "block", "unblock", "hidden",
 )  # fmt: skip
 
 
@@ -695,6 +737,33 @@ def upload_frame(
 def file_frame(link: dict[str, Any]) -> str:
     """``file``: links to read a file (app.files.service.Files.link)."""
     return encode({"type": "file", **link})
+
+
+def hidden_frame(muted: list[str], blocked: list[str]) -> str:
+    """``hidden``: whom the user mutes and blocks now (the answer to ``hidden`` and to each
+    change, and sent to every connection of the user when the lists change)."""
+    return encode({"type": "hidden", "muted": muted, "blocked": blocked})
+
+
+_SENDER_STARTS: Final = (
+    *(b'{"type":"%s"' % t.encode() for t in ("message", "edited", "deleted", "reaction")),
+    b'{"type":"typing"',
+)
+_SENDER_FIELD: Final = b',"user":"'
+
+
+def sender_of(frame: bytes) -> str | None:
+    """Who sent a ``message``, an event on one, or a ``typing`` frame (None: another frame).
+
+    Cheap on purpose: these frames name their conversation (a room or a user name, which
+    cannot hold a quote) before ``"user"``, so the first ``,"user":"`` is the sender's."""
+    if not frame.startswith(_SENDER_STARTS):
+        return None
+    start = frame.find(_SENDER_FIELD)
+    if start < 0:
+        return None
+    start += len(_SENDER_FIELD)
+    return frame[start : frame.index(b'"', start)].decode()
 
 
 def inbox_frame(conversations: list[dict[str, Any]]) -> str:

@@ -801,6 +801,20 @@ class Settings(BaseSettings):
         "reading it again; changes are announced to every worker at once, this bounds what a "
         "lost announcement costs.",
     )
+    hidden_users_max: int = Field(
+        1000,
+        ge=1,
+        le=100_000,
+        description="How many users one user may mute or block in all (error `too_many_hidden` "
+        "past it).",
+    )
+    hidden_cache_s: float = Field(
+        30.0,
+        gt=0,
+        description="How long a worker keeps whom a user mutes and blocks before reading it "
+        "again; changes are announced to every worker at once, this bounds what a lost "
+        "announcement costs.",
+    )
     max_rooms_listed: int = Field(
         500,
         ge=1,

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 from app.access.auth import Authenticator
 from app.access.conversations import ConversationAccess
+from app.access.hiding import HiddenUsers
 from app.access.lockout import FailedLogins
 from app.access.origin import OriginPolicy
 from app.access.pending import PendingAuth
@@ -59,9 +60,15 @@ class ChatState:
     failed_logins: FailedLogins = field(init=False)
     # Who may do what to which conversation (every path asks it).
     access: ConversationAccess = field(init=False)
+    # Whom each user mutes and blocks (every path that shows messages asks it).
+    hidden: HiddenUsers = field(init=False)
 
     def __post_init__(self) -> None:
         self.access = ConversationAccess(self.rooms, self.quotas)
+        self.hidden = HiddenUsers(
+            self.store.hidden if self.store is not None else None,
+            self.broker, self.hub, self.settings,
+        )  # fmt: skip
         self.streams = Streams(self.broker, self.settings.redis_timeout_s)
         self.rebalancer = Rebalancer(self.hub, self.broker, self.settings, self.metrics)
         self.roster = Roster(self.hub, self.broker, self.settings.redis_timeout_s)

@@ -163,6 +163,17 @@ CLIENT_FRAMES: Final[dict[str, ClientEntry]] = {
     "push_unsubscribe": ClientEntry(
         "Stop pushing to a subscription of yours.", ("push_unsubscribed", "error")
     ),
+    "mute": ClientEntry(
+        "Mute a user: their messages are hidden from you everywhere (needs a store).",
+        ("hidden", "error"),
+    ),
+    "unmute": ClientEntry("End a mute (a block stays).", ("hidden", "error")),
+    "block": ClientEntry(
+        "Block a user: muted, and they cannot write to you directly or invite you.",
+        ("hidden", "error"),
+    ),
+    "unblock": ClientEntry("End a block.", ("hidden", "error")),
+    "hidden": ClientEntry("Whom you mute and block.", ("hidden",)),
 }
 
 # The first frame of `guest` and `names` mode (connected with ?auth=frame): read as raw JSON by
@@ -816,6 +827,19 @@ SERVER_FRAMES: Final[dict[str, ServerEntry]] = {
             "inbox",
             {"conversations": {"type": "array", "items": ref("InboxEntry")}},
             ("conversations",),
+        ),
+    ),
+    "hidden": ServerEntry(
+        "Whom you mute and whom you block.",
+        "The answer to `hidden`, `mute`, `unmute`, `block` and `unblock`; also sent to every "
+        "connection of yours when the lists change (from another tab, or over HTTP).",
+        frame(
+            "hidden",
+            {
+                "muted": {"type": "array", "items": USER},
+                "blocked": {"type": "array", "items": USER},
+            },
+            ("muted", "blocked"),
         ),
     ),
     "search": ServerEntry(

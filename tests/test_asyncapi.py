@@ -54,7 +54,7 @@ SERVER_TYPES_COVERED: Final = frozenset(
         "hello", "joined", "presence", "left", "room", "rooms", "member", "invited", "message",
         "edited", "deleted", "reaction", "receipt", "receipts", "typing", "ack", "error",
         "refresh", "authenticated", "history", "inbox", "search", "upload", "file", "mentions",
-        "notifications", "push_subscribed", "push_unsubscribed", "ping", "pong",
+        "notifications", "push_subscribed", "push_unsubscribed", "hidden", "ping", "pong",
     }
 )  # fmt: skip
 ERROR_CODES_COVERED: Final = frozenset(
@@ -363,6 +363,11 @@ async def chat_session(url: str, log: list[Record], refused: list[Record]) -> No
         await bob.ask({"type": "push_unsubscribe", "endpoint": endpoint}, "push_unsubscribed")
         elsewhere = {"endpoint": "https://attacker.example/p", "keys": keys}
         await bob.refused_with({**subscribe, "subscription": elsewhere}, "forbidden")
+        await bob.ask({"type": "mute", "user": "carol"}, "hidden", muted=["carol"])
+        await bob.ask({"type": "block", "user": "carol"}, "hidden", blocked=["carol"])
+        await bob.ask({"type": "unblock", "user": "carol"}, "hidden", blocked=[])
+        await bob.ask({"type": "unmute", "user": "carol"}, "hidden", muted=[])
+        await bob.ask({"type": "hidden"}, "hidden", muted=[], blocked=[])
 
         await ada.send({"type": "send", "to": "bob", "text": "psst", "cid": "d1"})
         direct = await bob.until("message", to="bob")
@@ -428,6 +433,7 @@ async def chat_session(url: str, log: list[Record], refused: list[Record]) -> No
             ({"type": "visibility", "visible": "yes"}, "bad_frame"),
             ({"type": "push_subscribe", "subscription": {"endpoint": PUSH_SERVICE}}, "bad_frame"),
             ({"type": "push_unsubscribe"}, "bad_frame"),
+            ({"type": "mute", "user": "not a name"}, "bad_frame"),
         ]
         for frame, code in malformed:
             assert (await ada.send_malformed(frame))["code"] == code, frame

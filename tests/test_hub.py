@@ -64,7 +64,7 @@ class RecordingSocket:
         self.closed = code
 
     def ids(self, room: str = "r") -> list[int]:
-        return [f["id"] for f in self.frames if f["type"] == "message" and f["room"] == room]
+        return [f["id"] for f in self.frames if f["type"] == "message" and f.get("room") == room]
 
     def of_type(self, kind: str) -> list[dict[str, Any]]:
         return [f for f in self.frames if f["type"] == kind]
@@ -277,3 +277,44 @@ async def test_heartbeat_pings_are_spread_over_the_interval(world: World) -> Non
     assert not not_greeted.frames
     assert sum(sizes) == 900
     assert max(sizes) <= 3 * 900 // SLICES, sizes
+
+
+async def test_hidden_senders_are_filtered_live_in_replays_and_direct_messages(
+    world: World,
+) -> None:
+    """Whom a connection's user hides (app.access.hiding) is filtered on every delivery path
+    of the Hub: live members (hidden before the join, or changed while in the room), a
+    replay from history, direct messages; everyone else gets everything; unhiding shows the
+    next ones."""
+    old = await world.say("old")
+    ada, ada_socket = world.connect("ada")
+    ada.hidden = frozenset({"talker"})  # as the session sets it before any join
+    bob, bob_socket = world.connect("bob")
+    await world.hub.register_user(ada)
+    await world.hub.register_user(bob)
+    await world.hub.join(ada, "r", old - 1)  # a replay: "old" is the talker's
+    await world.hub.join(bob, "r", None)
+    said = [await world.say("hidden"), (await world.broker.publish("r", "eve", "shown", None)).id]
+    await wait_until(lambda: len(bob_socket.ids()) == 2)
+    await wait_until(lambda: len(ada_socket.ids()) == 1)
+    assert ada_socket.ids() == [said[1]] and bob_socket.ids() == said
+    late, late_socket = world.connect("ada")  # joins live, hiding from the start
+    late.hidden = frozenset({"talker"})
+    await world.hub.join(late, "r", None)
+    live = [await world.say("live"), (await world.broker.publish("r", "eve", "y", None)).id]
+    await wait_until(lambda: len(bob_socket.ids()) == 4)
+    await wait_until(lambda: len(late_socket.ids()) == 1)
+    assert late_socket.ids() == [live[1]] and world.hub.behind("r") == 0
+    assert ada_socket.ids() == [said[1], live[1]]
+    await world.hub.leave(late, "r")
+    await world.broker.publish_direct("talker", "ada", "psst", None)
+    await world.broker.publish_direct("eve", "ada", "hi", None)
+    await wait_until(lambda: len(ada_socket.of_type("message")) == 3)
+    assert [f["text"] for f in ada_socket.of_type("message")] == ["shown", "y", "hi"]
+    world.hub.set_hidden("bob", frozenset({"eve"}), None)  # changed while in the room
+    world.hub.set_hidden("ada", frozenset(), '{"type":"hidden","muted":[],"blocked":[]}')
+    again = [await world.say("again"), (await world.broker.publish("r", "eve", "x", None)).id]
+    await wait_until(lambda: ada_socket.ids()[-2:] == again)
+    await wait_until(lambda: bob_socket.ids()[-1:] == [again[0]])
+    assert bob_socket.ids() == [*said, *live, again[0]]
+    assert ada_socket.of_type("hidden") == [{"type": "hidden", "muted": [], "blocked": []}]

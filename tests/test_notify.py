@@ -87,7 +87,16 @@ def outcomes(live: LiveServer) -> dict[str, float]:
     counter = live.state.metrics.notifications
     return {
         outcome: counter.labels(outcome)._value.get()
-        for outcome in ("sent", "read", "visible", "unwanted", "forbidden", "deleted", "deferred")
+        for outcome in (
+            "sent",
+            "read",
+            "visible",
+            "unwanted",
+            "forbidden",
+            "deleted",
+            "hidden",
+            "deferred",
+        )
     }
 
 

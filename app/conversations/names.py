@@ -2,6 +2,9 @@
 conversation ``@<a>:<b>`` (the two names in order). No room name can start with ``@`` and no
 user name can hold ``:`` (:data:`app.protocol.ROOM_PATTERN`, :data:`~app.protocol.USER_PATTERN`),
 so a name means one conversation only: nobody can join a room that reads someone's DMs.
+
+Room notices (:meth:`app.broker.Broker.room_changed`) also carry ``!hidden:<user>``: whom that
+user hides changed (:mod:`app.access.hiding`). No room name starts with ``!``.
 """
 
 from __future__ import annotations
@@ -35,3 +38,16 @@ def peer(conversation: str, user: str) -> str:
     """The other user of a direct conversation ``user`` is in."""
     a, b = members_of_direct(conversation)
     return b if a == user else a
+
+
+_HIDDEN_NOTICE = "!hidden:"
+
+
+def hidden_notice(user: str) -> str:
+    """The room notice that says whom ``user`` hides changed."""
+    return _HIDDEN_NOTICE + user
+
+
+def notice_user(notice: str) -> str | None:
+    """The user a room notice is about (None: it is about a room)."""
+    return notice[len(_HIDDEN_NOTICE) :] if notice.startswith(_HIDDEN_NOTICE) else None

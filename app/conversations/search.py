@@ -7,7 +7,9 @@ for a private room one is not a member of and for a room nobody uses, ``forbidde
 the token's rooms claim).
 Without one, the store narrows the candidates in SQL, and every conversation a page holds is
 checked again before it is shown; a page may then hold fewer than ``limit`` results, and
-``next_offset`` (None on the last page) says where the next one starts. Raises
+``next_offset`` (None on the last page) says where the next one starts. Messages of the
+users in ``hidden`` (whom the user mutes and blocks, :mod:`app.access.hiding`) are left out
+in SQL. Raises
 :class:`~app.conversations.rooms.RoomError` (``no_store`` without a store,
 ``store_unavailable`` while it cannot be read).
 """
@@ -36,6 +38,7 @@ async def search(
     order: Order,
     limit: int,
     offset: int,
+    hidden: frozenset[str] = frozenset(),
 ) -> dict[str, Any]:
     """The page of results (see the module's contract): ``{"q", "results", "next_offset"}``."""
     if store is None:  # no store, or CHAT_SEARCH_INDEX=false
@@ -49,7 +52,7 @@ async def search(
             # are one answer (docs/security.md).
             raise room_not_found(room)
     try:
-        hits = await store.search(user, query, conversation, order, limit, offset)
+        hits = await store.search(user, query, conversation, order, limit, offset, hidden)
     except StoreError as exc:
         raise RoomError(ErrorCode.STORE_UNAVAILABLE, "search unavailable, try again") from exc
     shown = await access.visible(identity, {hit.conversation for hit in hits})

@@ -6,7 +6,8 @@ Contract (docs/protocol.md, "Mentions and notifications"): a due notification is
 if, at that moment, the user's level and mute want it (:func:`app.notify.rules.wanted`),
 the user has not read its message, may still read the conversation (the one access
 decision), the message is not deleted, and no connection of the user is visible
-(:data:`app.notify.VISIBLE_ROOM`); else it is dropped. One due within
+(:data:`app.notify.VISIBLE_ROOM`), and its author is not one the user mutes or blocks
+(:mod:`app.access.hiding`); else it is dropped. One due within
 ``CHAT_NOTIFY_INTERVAL_S`` of the last one sent for that user and conversation waits for the
 interval's end. The text it carries is read then, as it is then (newest edit), cut to
 ``CHAT_PUSH_TEXT_MAX_CHARS``. Sent: to every Web Push subscription of the user (one the push
@@ -27,6 +28,7 @@ import orjson
 
 from app.access.auth import Identity
 from app.access.conversations import ConversationAccess
+from app.access.hiding import HiddenUsers
 from app.conversations.rooms import RoomError
 from app.errors import BrokerUnavailable, ErrorCode
 from app.notify import VISIBLE_ROOM
@@ -58,8 +60,10 @@ class Notifier:
         sender: WebPushSender | None,
         enqueue: Enqueue | None,
         leading: Callable[[], bool],
+        hidden: HiddenUsers,
     ) -> None:
         self._settings = settings
+        self._hidden = hidden
         self._store = store
         self._access = access
         self._presence = presence
@@ -103,6 +107,9 @@ class Notifier:
             payload = await self._payload(pending)
             if payload is None:
                 outcome = "deleted"
+                await self._store.settle(pending, None, now_ms)
+            elif payload["user"] in (await self._hidden.of(pending.user)).users:
+                outcome = "hidden"  # its author is muted or blocked: never notified
                 await self._store.settle(pending, None, now_ms)
             elif await self._send(pending.user, payload):
                 outcome = "sent"

@@ -118,13 +118,19 @@ class Notifications:
             )
 
     async def mentions_page(
-        self, identity: Identity, before_ms: int | None, limit: int
+        self,
+        identity: Identity,
+        before_ms: int | None,
+        limit: int,
+        hidden: frozenset[str] = frozenset(),
     ) -> dict[str, Any]:
-        """The ``mentions`` frame's fields: ``identity``'s mentions it may read now."""
+        """The ``mentions`` frame's fields: ``identity``'s mentions it may read now, but for
+        those by the users in ``hidden`` (app.access.hiding)."""
         user = identity.user
+        cap = self._settings.unread_count_cap
         try:
-            found = await self.store.mentions_of(user, before_ms, limit + 1)
-            unread = await self.store.unread_mentions(user, self._settings.unread_count_cap)
+            found = await self.store.mentions_of(user, before_ms, limit + 1, hidden)
+            unread = await self.store.unread_mentions(user, cap, hidden)
         except StoreError:
             raise _unavailable("mentions") from None
         more = len(found) > limit

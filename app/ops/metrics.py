@@ -365,10 +365,20 @@ class Metrics:
             "Pending notifications decided, by outcome: sent (pushed and/or to the webhook), "
             "read (the user read it first), visible (a visible connection of theirs), "
             "unwanted (level or mute), forbidden (may no longer read the conversation), "
-            "deleted (the message was), deferred (within CHAT_NOTIFY_INTERVAL_S of the last).",
+            "deleted (the message was), hidden (its author is muted or blocked by the user), "
+            "deferred (within CHAT_NOTIFY_INTERVAL_S of the last).",
             ("outcome",),
         )
-        for outcome in ("sent", "read", "visible", "unwanted", "forbidden", "deleted", "deferred"):
+        for outcome in (
+            "sent",
+            "read",
+            "visible",
+            "unwanted",
+            "forbidden",
+            "deleted",
+            "hidden",
+            "deferred",
+        ):
             self.notifications.labels(outcome)
         self.pushes = counter(
             "hubbub_web_pushes_total",

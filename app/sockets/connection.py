@@ -21,6 +21,7 @@ from app.access.auth import Identity
 from app.access.ratelimit import RateLimiter
 from app.errors import CloseCode, close_reason
 from app.ops.metrics import Metrics
+from app.protocol import sender_of
 from app.transport.eager import start_eagerly
 from app.transport.flusher import Flusher
 from app.transport.outbox import Outbox
@@ -61,6 +62,7 @@ class Connection:
         "_ws",
         "close_code",
         "greeted",
+        "hidden",
         "id",
         "identity",
         "ip",
@@ -101,6 +103,9 @@ class Connection:
         self.greeted = False
         # The client said it shows the chat to someone now (`visibility`): no push meanwhile.
         self.visible = False
+        # Whom the user hides (muted and blocked, app.access.hiding): their messages and
+        # typing are not offered here. Set by the Hub only.
+        self.hidden: frozenset[str] = frozenset()
         self._ws = ws
         self._outbox = outbox
         self._close_timeout_s = close_timeout_s
@@ -122,6 +127,10 @@ class Connection:
     def closing(self) -> bool:
         """True once the server has decided to close this connection (or it has ended)."""
         return self.close_code is not None
+
+    def hides(self, frame: str) -> bool:
+        """Whether ``frame`` comes from someone this connection's user hides."""
+        return bool(self.hidden) and sender_of(frame.encode()) in self.hidden
 
     def offer(self, frame: str, nbytes: int | None = None) -> None:
         """Queue ``frame`` for this socket (``nbytes``: its UTF-8 size, when already known)."""

@@ -32,12 +32,13 @@ from dataclasses import dataclass, field
 import orjson
 
 from app.broker import Broker, History
+from app.conversations.names import notice_user
 from app.errors import BrokerUnavailable, CloseCode, ErrorCode
 from app.notify import VISIBLE_ROOM
 from app.ops.metrics import HubSnapshot, Metrics
 from app.ops.tracing import Tracing
 from app.presence import Presence
-from app.protocol import error_frame, joined_frame, left_frame
+from app.protocol import error_frame, joined_frame, left_frame, sender_of
 from app.sockets.connection import Connection
 from app.sockets.replay import HistoryPages, HistorySource, Pacing, Replay, retrieve_exception
 from app.transport.budget import OutboxBudget
@@ -61,6 +62,9 @@ class _Room:
     # A private room's: a removal notice it carries takes the removed user's connections out
     # before anything after it on the room's channel can reach them (see deliver_room).
     private: bool = False
+    # Some connection here hides someone (Connection.hidden): messages are filtered. Set on
+    # such a join or change, recomputed when someone unhides.
+    hiding: bool = False
     # The first join's subscription, awaited by the joins that come while it is under way.
     subscribed: asyncio.Future[None] | None = None
 
@@ -107,6 +111,9 @@ class Hub:
         # Told of every room whose record changed (None: any may have: app.conversations.rooms
         # rechecks).
         self.rooms_changed: Callable[[str | None], None] = lambda room: None
+        # Told of every user whose hidden users changed (None: any may have: app.access.hiding
+        # reads them again).
+        self.hidden_changed: Callable[[str | None], None] = lambda user: None
         # POSTs of the HTTP fallback transport routed to this worker (app.sockets.stream).
         self.routed: Callable[[bytes], None] | None = None
         # Traced messages get a `fanout` span per worker (None: tracing off, app.ops.tracing).
@@ -137,8 +144,14 @@ class Hub:
         nbytes = len(payload)
         members = state.members
         recipients = len(members)
-        for conn in members:
-            conn.offer(frame, nbytes)
+        if not state.hiding:
+            for conn in members:
+                conn.offer(frame, nbytes)
+        else:
+            sender = sender_of(payload)
+            for conn in members:
+                if sender is None or sender not in conn.hidden:
+                    conn.offer(frame, nbytes)
         if message_id is not None:
             state.heard = message_id
             if members:
@@ -247,6 +260,7 @@ class Hub:
         (the broker's connection for them was lost): room records are read again, and every
         connection with direct messages routed here is told (``resync`` with ``to``)."""
         self.rooms_changed(None)
+        self.hidden_changed(None)
         notice = "direct messages sent while this server was disconnected may be missing"
         for user, conns in self._users.items():
             error = error_frame(ErrorCode.RESYNC, notice, {"to": user})
@@ -267,8 +281,10 @@ class Hub:
             if self.tracing is not None and message_id is not None:
                 span = self.tracing.start_fanout(payload, user)
             frame, nbytes = payload.decode(), len(payload)
+            sender = sender_of(payload) if message_id is not None else None
             for conn in conns:
-                conn.offer(frame, nbytes)
+                if sender is None or sender not in conn.hidden:
+                    conn.offer(frame, nbytes)
             if message_id is not None:
                 self._metrics.delivered_since_sync += len(conns)
                 self._metrics.sample_fanout(message_id)
@@ -283,8 +299,29 @@ class Hub:
 
     def room_changed(self, room: str) -> None:
         """A room's record changed: :mod:`app.conversations.rooms` forgets it and rechecks who
-        is in it."""
-        self.rooms_changed(room)
+        is in it. Or (a notice named by :func:`~app.conversations.names.hidden_notice`) whom a
+        user hides changed: :mod:`app.access.hiding` reads it again."""
+        user = notice_user(room)
+        if user is not None:
+            self.hidden_changed(user)
+        else:
+            self.rooms_changed(room)
+
+    def set_hidden(self, user: str, hidden: frozenset[str], frame: str | None) -> None:
+        """Whom ``user`` hides is now ``hidden``: their connections here filter by it from the
+        next frame on (and are given ``frame``, when there is one)."""
+        for conn in self._users.get(user, ()):
+            if frame is not None:
+                conn.offer(frame)
+            if conn.hidden == hidden:
+                continue
+            conn.hidden = hidden
+            for room in conn.rooms:
+                state = self._rooms.get(room)
+                if state is not None:
+                    state.hiding = bool(hidden) or any(
+                        c.hidden for c in (*state.members, *state.behind)
+                    )
 
     async def expel(self, conn: Connection, room: str) -> None:
         """Take ``conn`` out of ``room`` (no longer a member) and tell it."""
@@ -329,6 +366,10 @@ class Hub:
     def local_users(self) -> list[str]:
         """Users with a connection on this worker."""
         return list(self._users)
+
+    def has_user(self, user: str) -> bool:
+        """Whether ``user`` has a connection on this worker."""
+        return user in self._users
 
     # -- replays (the ReplayHost side) --------------------------------------------------------
 
@@ -452,6 +493,7 @@ class Hub:
             state.subscribed = asyncio.ensure_future(self._broker.subscribe_room(room))
             state.subscribed.add_done_callback(retrieve_exception)
         state.private = state.private or private
+        state.hiding = state.hiding or bool(conn.hidden)
         subscribed = state.subscribed
         assert subscribed is not None
         previous = self._take_out(state, conn)

@@ -178,7 +178,8 @@ class Replay:
         before go out first."""
         early, self._early = self._early, []
         for frame, nbytes in early:
-            self.conn.offer(frame, nbytes)
+            if not self.conn.hides(frame):
+                self.conn.offer(frame, nbytes)
         nothing_to_replay = first is not None and first == History(True, [])
         if nothing_to_replay and self._buffer is not None:  # most joins: no task needed
             self._release_buffer()
@@ -197,14 +198,16 @@ class Replay:
         was given this frame, the first one past ``skip_to``); the caller moves it."""
         if message_id is None:
             if self.joined:
-                self.conn.offer(frame, nbytes)
+                if not self.conn.hides(frame):
+                    self.conn.offer(frame, nbytes)
             elif len(self._early) < self._pacing.buffer:
                 self._early.append((frame, nbytes))
             return False
         if self.skip_to is not None:
             if message_id <= self.skip_to:
                 return False
-            self.conn.offer(frame, nbytes)
+            if not self.conn.hides(frame):
+                self.conn.offer(frame, nbytes)
             self.cursor = message_id
             return True
         buffer = self._buffer
@@ -274,7 +277,9 @@ class Replay:
                 return False
             if conn.closing:
                 return False
-            conn.offer(payload.decode(), nbytes)
+            frame = payload.decode()
+            if not conn.hides(frame):
+                conn.offer(frame, nbytes)
             self.cursor = message_id
         return True
 
@@ -283,7 +288,8 @@ class Replay:
         buffer, self._buffer = self._buffer, None
         for frame, nbytes, message_id in buffer or ():
             if message_id > self.cursor:
-                self.conn.offer(frame, nbytes)
+                if not self.conn.hides(frame):
+                    self.conn.offer(frame, nbytes)
                 self.cursor = message_id
 
     def __repr__(self) -> str:

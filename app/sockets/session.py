@@ -21,6 +21,7 @@ from starlette.websockets import WebSocket
 from app.access.admission import Refused, admit, admit_address, identify
 from app.access.auth import AuthError, Identity
 from app.access.conversations import claim_refusal
+from app.access.hiding import frame_of, visible_history_before, visible_history_since
 from app.access.ratelimit import RateLimiter, Verdict
 from app.broker import Published
 from app.conversations.history import HistoryUnavailable, inbox_entry
@@ -49,6 +50,8 @@ from app.protocol import (
     DescribeRoom,
     Edit,
     FileRequest,
+    HiddenRequest,
+    Hide,
     HistoryRequest,
     InboxRequest,
     Invite,
@@ -191,6 +194,10 @@ class Session:
                 frame, MentionsRequest | NotificationsRequest | PushSubscribe | PushUnsubscribe
             ):
                 await self._notifications(frame)
+            elif isinstance(frame, Hide):
+                await self._state.hidden.change(self.conn.user, frame.user, frame.type)
+            elif isinstance(frame, HiddenRequest):
+                self.conn.offer(frame_of(await self._state.hidden.of(self.conn.user)))
             elif isinstance(frame, Ping):
                 self.conn.offer(PONG_FRAME)
             # Pong: nothing to do; receiving it already refreshed last_seen.
@@ -269,6 +276,8 @@ class Session:
             elif isinstance(frame, Invite):
                 if not await self._state.quotas.allow("invite", conn.user):
                     raise FrameError(ErrorCode.RATE_LIMITED, "too many invites, slow down")
+                if await self._state.hidden.blocks(frame.user, conn.user):
+                    raise FrameError(ErrorCode.FORBIDDEN, "you cannot invite this user")
                 record = await rooms.add(frame.room, frame.user, Role(frame.role), conn.user)
             else:
                 record = await rooms.remove(frame.room, frame.user, conn.user)
@@ -370,25 +379,34 @@ class Session:
         if not await self._state.quotas.allow("history", self.conn.user):
             raise FrameError(ErrorCode.RATE_LIMITED, "too many history reads, slow down")
         limit = min(frame.limit, self.settings.history_page_max)
-        history = self._state.history
+        history, hidden = self._state.history, self.conn.hidden
         recovered: bool | None = None
         try:
             if frame.around is not None:
                 # Up to it (it included), as it is now; then what came after, events included
                 # (as after an `after`), which the client applies as it does live.
-                older = await history.history_before(conversation, frame.around + 1, limit // 2 + 1)
+                older, _ = await visible_history_before(
+                    history.history_before, conversation, frame.around + 1, limit // 2 + 1, hidden
+                )
                 rest = limit - len(older)
                 newer = (
-                    await history.history_since(conversation, frame.around, rest) if rest else None
+                    await visible_history_since(
+                        history.history_since, conversation, frame.around, rest, hidden
+                    )
+                    if rest
+                    else None
                 )
                 messages = older + (newer.messages if newer else [])
                 more = newer.more if newer else True
             elif frame.after is not None:
-                page = await history.history_since(conversation, frame.after, limit)
+                page = await visible_history_since(
+                    history.history_since, conversation, frame.after, limit, hidden
+                )
                 messages, more, recovered = page.messages, page.more, page.recovered
             else:
-                messages = await history.history_before(conversation, frame.before, limit)
-                more = len(messages) == limit
+                messages, more = await visible_history_before(
+                    history.history_before, conversation, frame.before, limit, hidden
+                )
         except BrokerUnavailable:
             raise FrameError(
                 ErrorCode.BROKER_UNAVAILABLE, "history unavailable, try again"
@@ -558,7 +576,9 @@ class Session:
                 if not await self._state.quotas.allow("history", self.conn.user):
                     raise FrameError(ErrorCode.RATE_LIMITED, "too many mention reads, slow down")
                 limit = min(frame.limit, self.settings.history_page_max)
-                page = await notifications.mentions_page(identity, frame.before, limit)
+                page = await notifications.mentions_page(
+                    identity, frame.before, limit, self.conn.hidden
+                )
                 self.conn.offer(encode({"type": "mentions", **page}))
             elif isinstance(frame, NotificationsRequest):
                 if frame.room is None and frame.peer is None:
@@ -638,7 +658,7 @@ class Session:
             page = await search(
                 store.search if store is not None else None, self._state.access,  # None: off
                 self._state.rooms, self.conn.identity, frame.q, frame.room, frame.peer, frame.order,
-                min(frame.limit, settings.search_page_max), frame.offset,
+                min(frame.limit, settings.search_page_max), frame.offset, self.conn.hidden,
             )  # fmt: skip
         except RoomError as exc:
             raise FrameError(exc.code, exc.message) from None
@@ -650,8 +670,9 @@ class Session:
         settings = self.settings
         try:
             entries = await store.inbox.entries(
-                self.conn.user, settings.inbox_max_conversations, settings.unread_count_cap
-            )
+                self.conn.user, settings.inbox_max_conversations, settings.unread_count_cap,
+                self.conn.hidden,
+            )  # fmt: skip
             # Only what the user may see now: not a room it was removed from, a room its
             # token no longer allows, a room made private after it marked it read.
             shown = await self._state.access.visible(
@@ -691,6 +712,8 @@ class Session:
             raise FrameError(ErrorCode.NOT_JOINED, f"join room {frame.room!r} before sending")
         self._check_text(frame.text)
         self._check_broker()
+        if frame.to is not None and await self._state.hidden.blocks(frame.to, conn.user):
+            raise FrameError(ErrorCode.FORBIDDEN, "you cannot send direct messages to this user")
         if frame.reply_to is not None:
             conversation = (
                 frame.room if frame.room is not None else direct(conn.user, frame.to or "")
@@ -862,6 +885,8 @@ async def serve(ws: WebSocket | StreamSocket, state: ChatState) -> None:
             await ws.close(code, close_reason(refused.reason))
             return
         logger.info("connection opened", extra={"conn": conn.id, "user": conn.user, "ip": conn.ip})
+        # Before anything can reach it: whom its user hides is filtered out from the start.
+        conn.hidden = await state.hidden.attach(conn.user)
         await hub.register_user(conn)
         conn.offer(
             hello_frame(

@@ -8,6 +8,8 @@ Contract:
 - Unread counts are the stored messages after the read position, counted no further than
   ``unread_cap + 1`` (a client shows "N+"). They follow the archive: a message not archived
   yet (see the archive lag metric) is not counted yet.
+- Messages of the users a user hides (``hidden``: muted and blocked, app.access.hiding) are
+  neither counted (unread, mentions) nor shown as a conversation's newest message.
 - Every call raises :class:`~app.store.database.StoreError` when the database fails.
 """
 
@@ -23,6 +25,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from app.conversations.lifecycle import Kind, fold
 from app.conversations.names import is_direct
 from app.store.database import StoreError
+from app.store.hidden import sent_by_none_of
 from app.store.messages import DATABASE_ERRORS, StoredMessage, insert_ignoring_duplicates
 from app.store.schema import mentions, messages, participants, read_state
 
@@ -83,14 +86,19 @@ class Inbox:
         except DATABASE_ERRORS as exc:
             raise StoreError(f"storing a read position failed: {exc!r}") from exc
 
-    async def entries(self, user: str, limit: int, unread_cap: int) -> list[InboxEntry]:
-        """``user``'s conversations, the most recently active first, at most ``limit``."""
+    async def entries(
+        self, user: str, limit: int, unread_cap: int, hidden: frozenset[str] = frozenset()
+    ) -> list[InboxEntry]:
+        """``user``'s conversations, the most recently active first, at most ``limit``,
+        leaving out what the users in ``hidden`` sent."""
+        shown = sorted(hidden)
         newest = messages.alias("newest")
         last_id = (
             select(func.max(newest.c.id))
             .where(
                 newest.c.conversation == participants.c.conversation,
                 newest.c.kind == Kind.MESSAGE,
+                *([newest.c.user.not_in(shown)] if hidden else []),
             )
             .scalar_subquery()
         )
@@ -101,6 +109,7 @@ class Inbox:
                 after.c.conversation == participants.c.conversation,
                 after.c.id > func.coalesce(read_state.c.last_read_id, 0),
                 after.c.kind == Kind.MESSAGE,
+                *([after.c.user.not_in(shown)] if hidden else []),
             )
             .limit(unread_cap + 1)
             .correlate(participants, read_state)  # a FROM subquery is not correlated unasked
@@ -119,6 +128,7 @@ class Inbox:
                     gone.c.target == mentions.c.id,
                     gone.c.kind == Kind.DELETED,
                 ),
+                *([sent_by_none_of(mentions, shown)] if hidden else []),
             )
             .limit(unread_cap + 1)
             .correlate(participants, read_state)

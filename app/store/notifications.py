@@ -28,6 +28,7 @@ from sqlalchemy.sql.selectable import FromClause, Join
 from app.conversations.lifecycle import Kind
 from app.notify.rules import Level, Reason
 from app.store.database import StoreError
+from app.store.hidden import sent_by_none_of
 from app.store.messages import DATABASE_ERRORS
 from app.store.notify_queue import greatest
 from app.store.schema import (
@@ -120,9 +121,11 @@ class NotificationStore:
 
     # -- mentions -----------------------------------------------------------------------------
 
-    async def mentions_of(self, user: str, before_ms: int | None, limit: int) -> list[Mention]:
+    async def mentions_of(
+        self, user: str, before_ms: int | None, limit: int, hidden: frozenset[str] = frozenset()
+    ) -> list[Mention]:
         """``user``'s mentions, newest first, sent before ``before_ms`` (None: all), at most
-        ``limit``."""
+        ``limit``, but for those sent by the users in ``hidden``."""
         newest_edit = messages.alias("edit")
         text_now = func.coalesce(
             select(newest_edit.c.text)
@@ -165,15 +168,20 @@ class NotificationStore:
         )
         if before_ms is not None:
             query = query.where(mentions.c.ts_ms < before_ms)
+        if hidden:
+            query = query.where(messages.c.user.not_in(sorted(hidden)))
         rows = await self._read(query, "reading mentions")
         return [
             Mention(str(c), int(i), str(u), str(t), int(ts), bool(unread))
             for c, i, u, t, ts, unread in rows
         ]
 
-    async def unread_mentions(self, user: str, cap: int) -> dict[str, int]:
+    async def unread_mentions(
+        self, user: str, cap: int, hidden: frozenset[str] = frozenset()
+    ) -> dict[str, int]:
         """How many of ``user``'s mentions are after their read position, per conversation
-        (those with any), each counted up to ``cap + 1``."""
+        (those with any), each counted up to ``cap + 1``; none sent by the users in
+        ``hidden``."""
         query = (
             select(mentions.c.conversation, func.count())
             .select_from(_with_read_state(mentions))
@@ -184,6 +192,8 @@ class NotificationStore:
             )
             .group_by(mentions.c.conversation)
         )
+        if hidden:
+            query = query.where(sent_by_none_of(mentions, sorted(hidden)))
         rows = await self._read(query, "counting mentions")
         return {str(c): min(int(n), cap + 1) for c, n in rows}
 

@@ -25,6 +25,7 @@ from app.settings import Settings
 from app.store.archiver import Archiver, ArchiveStats
 from app.store.database import StoreError, engine_for, migrate
 from app.store.files import FileStore
+from app.store.hidden import HiddenStore
 from app.store.inbox import Inbox
 from app.store.messages import MessageStore
 from app.store.notifications import NotificationStore
@@ -59,6 +60,7 @@ class RunningStore:
         self.inbox = Inbox(self.engine)
         self.rooms = RoomStore(self.engine)
         self.files = FileStore(self.engine)
+        self.hidden = HiddenStore(self.engine)
         # The embedded broker's archiver; the Redis broker's is a StreamArchiver.
         self.archiver: Archiver | None = None
         self._stats: Callable[[], ArchiveStats] = ArchiveStats

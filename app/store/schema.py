@@ -247,3 +247,14 @@ push_subscriptions: Final = Table(
     Column("created_ms", BigInteger, nullable=False),
 )
 Index("ix_push_subscriptions_user", push_subscriptions.c.user)
+
+# Who each user hides (app.access.hiding): ``target``'s messages are hidden from ``user``;
+# ``blocked`` also keeps ``target`` from writing to ``user`` directly or inviting them.
+hidden_users: Final = Table(
+    "hidden_users",
+    metadata,
+    Column("user", String(100), primary_key=True),
+    Column("target", String(100), primary_key=True),
+    Column("blocked", Boolean, nullable=False, server_default=false()),
+    Column("created_ms", BigInteger, nullable=False),
+)

@@ -269,10 +269,11 @@ class SearchStore:
         order: Order,
         limit: int,
         offset: int,
+        hidden: frozenset[str] = frozenset(),
     ) -> list[Hit]:
         """Up to ``limit`` messages matching ``query`` that ``user`` may read (as narrowed in
         SQL), newest first or best match first, skipping ``offset``; in ``conversation``
-        only when given."""
+        only when given; none by the users in ``hidden`` (app.access.hiding)."""
         postgres = self._engine.dialect.name == "postgresql"
         docs = search_documents
         private_elsewhere = exists().where(
@@ -320,6 +321,8 @@ class SearchStore:
             parameters = {"q": match}
         if conversation is not None:
             statement = statement.where(docs.c.conversation == conversation)
+        if hidden:
+            statement = statement.where(docs.c.user.not_in(sorted(hidden)))
         newest = newest_first if not postgres else (docs.c.ts_ms.desc(), docs.c.id.desc())
         statement = statement.order_by(*((best, *newest) if order == "best" else newest))
         statement = statement.limit(limit).offset(offset)

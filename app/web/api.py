@@ -1,5 +1,6 @@
 """HTTP routes (``/rooms/{room}/messages``, ``/dms/{peer}/messages``, ``/inbox``, ``/search``,
-``/mentions``, ``/healthz``, ``/readyz``) and the chat socket, ``/ws``."""
+``/mentions``, ``/me/hidden``, ``/me/muted/{user}``, ``/me/blocked/{user}``, ``/healthz``,
+``/readyz``) and the chat socket, ``/ws``."""
 
 from __future__ import annotations
 
@@ -12,11 +13,12 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from app.access.auth import AuthError, Identity
 from app.access.conversations import http_status
+from app.access.hiding import Change, lists_of, visible_history_before
 from app.conversations.history import HistoryUnavailable, inbox_entry
 from app.conversations.names import direct
 from app.conversations.rooms import RoomError, RoomRecord, room_not_found
 from app.conversations.search import search
-from app.errors import BrokerUnavailable, ErrorCode
+from app.errors import BrokerUnavailable, ErrorCode, FrameError
 from app.protocol import ROOM_PATTERN, USER_PATTERN
 from app.sockets.session import serve
 from app.sockets.stream import open_stream, post_frames
@@ -76,9 +78,10 @@ async def room_messages(
     its members, and a room nobody uses, are one answer: 404."""
     state = _state(request)
     reader, record = await _authorize_room(state, request, room)
+    hidden = (await state.hidden.of(reader)).users if state.authenticator is not None else None
     return await history_response(
         state, reader, room, b'{"room":' + orjson.dumps(room), before, limit,
-        must_exist=record is None,
+        must_exist=record is None, hidden=hidden,
     )  # fmt: skip
 
 
@@ -90,16 +93,20 @@ async def history_response(
     before: int | None,
     limit: int,
     must_exist: bool = False,
+    hidden: frozenset[str] | None = None,
 ) -> Response:
     """A page of ``conversation``'s history as JSON: ``head`` (its name) and ``messages``;
     ``reader`` pays for it from its history quota (None: the backend API, not limited). With
     ``must_exist``, an empty first page of a room nobody uses is a 404, the
-    answer a private room gives outsiders (app.access.conversations)."""
+    answer a private room gives outsiders (app.access.conversations). Messages of the users
+    in ``hidden`` (whom the reader mutes and blocks) are left out."""
     if reader is not None and not await state.quotas.allow("history", reader):
         raise HTTPException(429, "too many history reads, slow down", headers={"Retry-After": "1"})
     limit = min(limit, state.settings.history_page_max)
     try:
-        messages = await state.history.history_before(conversation, before, limit)
+        messages, _ = await visible_history_before(
+            state.history.history_before, conversation, before, limit, hidden or frozenset()
+        )
     except BrokerUnavailable:
         raise HTTPException(503, "history unavailable: the broker is not connected") from None
     except HistoryUnavailable:
@@ -126,7 +133,10 @@ async def direct_messages(
     state = _state(request)
     user = (await _reader(state, request)).user
     head = b'{"with":' + orjson.dumps(peer)
-    return await history_response(state, user, direct(user, peer), head, before, limit)
+    hidden = (await state.hidden.of(user)).users
+    return await history_response(
+        state, user, direct(user, peer), head, before, limit, hidden=hidden
+    )
 
 
 @router.get("/inbox")
@@ -141,8 +151,9 @@ async def inbox(request: Request) -> Response:
         raise HTTPException(404, "this server keeps no inboxes (no store: CHAT_DATABASE_URL)")
     settings = state.settings
     try:
+        hidden = (await state.hidden.of(user)).users
         entries = await state.store.inbox.entries(
-            user, settings.inbox_max_conversations, settings.unread_count_cap
+            user, settings.inbox_max_conversations, settings.unread_count_cap, hidden
         )
         shown = await state.access.visible(identity, [entry.conversation for entry in entries])
     except (StoreError, RoomError):
@@ -182,6 +193,7 @@ async def search_messages(
         page = await search(
             store.search if store is not None else None, state.access, state.rooms, identity,
             q, room, peer, order, min(limit, settings.search_page_max), offset,
+            (await state.hidden.of(identity.user)).users,
         )  # fmt: skip
     except RoomError as exc:
         status = 404 if exc.code is ErrorCode.NO_STORE else http_status(exc)
@@ -208,10 +220,66 @@ async def mentions(
         raise HTTPException(429, "too many mention reads, slow down")
     limit = min(limit, state.settings.history_page_max)
     try:
-        page = await state.notifications.mentions_page(identity, before, limit)
+        hidden = (await state.hidden.of(identity.user)).users
+        page = await state.notifications.mentions_page(identity, before, limit, hidden)
     except RoomError as exc:
         raise HTTPException(http_status(exc), exc.message) from None
     return Response(orjson.dumps(page), media_type="application/json")
+
+
+@router.get("/me/hidden")
+async def hidden_users(request: Request) -> Response:
+    """Whom the token's user mutes and blocks, as the ``hidden`` frame says it:
+    ``{"muted": [...], "blocked": [...]}``. Needs ``jwt`` mode and a bearer token."""
+    state = _state(request)
+    user = (await _reader(state, request)).user
+    lists = lists_of(await state.hidden.of(user))
+    return Response(orjson.dumps(lists), media_type="application/json")
+
+
+@router.put("/me/muted/{user}")
+async def mute(request: Request, user: Annotated[str, Path(pattern=USER_PATTERN)]) -> Response:
+    """Mute ``user``: their messages are hidden from you everywhere (docs/protocol.md,
+    "Block and mute"). Answers the lists as they are now; 404 without a store, 409 past
+    ``CHAT_HIDDEN_USERS_MAX``, 422 for yourself."""
+    return await _change_hidden(request, user, "mute")
+
+
+@router.delete("/me/muted/{user}")
+async def unmute(request: Request, user: Annotated[str, Path(pattern=USER_PATTERN)]) -> Response:
+    """End a mute of ``user`` (a block stays). Answers the lists as they are now."""
+    return await _change_hidden(request, user, "unmute")
+
+
+@router.put("/me/blocked/{user}")
+async def block(request: Request, user: Annotated[str, Path(pattern=USER_PATTERN)]) -> Response:
+    """Block ``user``: muted, and they cannot write to you directly or invite you. Answers
+    the lists as they are now; errors as for ``PUT /me/muted/{user}``."""
+    return await _change_hidden(request, user, "block")
+
+
+@router.delete("/me/blocked/{user}")
+async def unblock(request: Request, user: Annotated[str, Path(pattern=USER_PATTERN)]) -> Response:
+    """End a block of ``user``. Answers the lists as they are now."""
+    return await _change_hidden(request, user, "unblock")
+
+
+_HIDING_STATUS = {
+    ErrorCode.NO_STORE: 404,
+    ErrorCode.BAD_FRAME: 422,
+    ErrorCode.TOO_MANY_HIDDEN: 409,
+    ErrorCode.STORE_UNAVAILABLE: 503,
+}
+
+
+async def _change_hidden(request: Request, target: str, change: Change) -> Response:
+    state = _state(request)
+    user = (await _reader(state, request)).user
+    try:
+        hiding = await state.hidden.change(user, target, change)
+    except FrameError as exc:
+        raise HTTPException(_HIDING_STATUS.get(exc.code, 400), exc.message) from None
+    return Response(orjson.dumps(lists_of(hiding)), media_type="application/json")
 
 
 async def _reader(state: ChatState, request: Request) -> Identity:
