@@ -23,6 +23,8 @@ from tests.test_rooms import answer
 
 pytestmark = pytest.mark.timeout(120)
 
+SERVICE = "a-service-token-of-at-least-32-characters"
+
 
 def settings_of(tmp_path: Path, **overrides: Any) -> Any:
     """jwt, a SQLite store, quick archiving and notifications (to the metrics only)."""
@@ -163,8 +165,10 @@ async def test_a_blocked_user_cannot_write_to_the_blocker_nor_invite_them(tmp_pa
         )  # fmt: skip
         assert (await sent(carol, {"to": "ada", "text": "hi ada"}))["type"] == "message"
         assert (await ada.expect("message"))["text"] == "hi ada"
-        assert (await sent(ada, {"to": "bob", "text": "go away"}))["type"] == "message"
+        away = await sent(ada, {"to": "bob", "text": "go away"})
         assert (await bob.expect("message"))["text"] == "go away"
+        react = {"type": "react", "with": "ada", "id": away["id"], "emoji": "👎"}
+        assert (await answer(bob, react, "reaction"))["code"] == "forbidden"  # nor any write
         await answer(bob, {"type": "create", "room": "bobs", "private": True}, "room")
         invite = {"type": "invite", "room": "bobs", "user": "ada"}
         refused = await answer(bob, invite, "room")
@@ -188,7 +192,7 @@ async def test_the_lists_over_http_and_their_limits(tmp_path: Path) -> None:
     422 (``bad_frame``), past ``CHAT_HIDDEN_USERS_MAX`` a 409 (``too_many_hidden``), no token
     a 401; without a store the frames answer ``no_store``."""
     async with (
-        run_server(settings_of(tmp_path, hidden_users_max=2)) as live,
+        run_server(settings_of(tmp_path, hidden_users_max=2, service_token=SERVICE)) as live,
         httpx.AsyncClient(base_url=live.http_url) as http,
         as_user(live, "ada") as ada,
     ):
@@ -199,6 +203,11 @@ async def test_the_lists_over_http_and_their_limits(tmp_path: Path) -> None:
         assert (await ada.expect("hidden"))["muted"] == ["bob"]
         assert (await http.put("/me/blocked/carol", headers=me)).json()["blocked"] == ["carol"]
         assert (await ada.expect("hidden"))["blocked"] == ["carol"]
+        service = {"Authorization": f"Bearer {SERVICE}"}  # the backend API reads them
+        assert (await http.get("/api/v1/users/ada/hidden", headers=service)).json() == {
+            "user": "ada", "muted": ["bob"], "blocked": ["carol"],
+        }  # fmt: skip
+        assert (await http.get("/api/v1/users/ada/hidden", headers=me)).status_code == 401
         assert (await http.put("/me/muted/bob", headers=me)).status_code == 200  # again: same
         assert await ada.expect("hidden") == {"type": "hidden", "muted": ["bob"],
                                                "blocked": ["carol"]}  # fmt: skip

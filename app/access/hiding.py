@@ -11,7 +11,8 @@ Contract:
   messages), replays, history (frames and HTTP), search, the inbox (unread counts, mentions
   and the newest message shown), the mentions list and notifications. Ending it shows them
   again: nothing was removed. Everyone else sees them as before.
-- **Blocked** users also cannot send the user a direct message, nor invite them to a room:
+- **Blocked** users also cannot write in their direct conversation with the user (messages,
+  edits, reactions, files; deleting their own messages stays theirs), nor invite them:
   ``forbidden``, the same words a user who cannot be written to for any reason would get
   (no "you are blocked").
 - A change is stored first, then announced to every worker (a room notice,

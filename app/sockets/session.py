@@ -481,6 +481,12 @@ class Session:
                 return target, True
         raise FrameError(ErrorCode.NOT_FOUND, f"no message {message_id} {_in(conversation)}")
 
+    async def _not_blocked(self, peer: str | None) -> None:
+        """Refuse a write in the direct conversation with ``peer`` (None: a room) when
+        ``peer`` blocks this user (app.access.hiding): ``forbidden``, not saying why."""
+        if peer is not None and await self._state.hidden.blocks(peer, self.conn.user):
+            raise FrameError(ErrorCode.FORBIDDEN, "you cannot send direct messages to this user")
+
     async def _change(self, frame: Edit | Delete | React) -> None:
         """Edit, delete or react to a message: checked here (it exists in this conversation,
         is not deleted, and this user may), then published as an event in the conversation's
@@ -489,6 +495,8 @@ class Session:
         conversation = await self._conversation(frame)
         if frame.room is not None and frame.room not in conn.rooms:
             raise FrameError(ErrorCode.NOT_JOINED, f"join room {frame.room!r} first")
+        if not isinstance(frame, Delete):  # one's own messages may always be deleted
+            await self._not_blocked(frame.peer)
         settings = self.settings
         if isinstance(frame, Edit):
             self._check_text(frame.text)
@@ -554,6 +562,7 @@ class Session:
         """Where to upload a file for a message of the conversation (app.files.service)."""
         files = self._files()
         conversation = await self._conversation(frame)
+        await self._not_blocked(frame.peer)
         file_id, target, expires = await files.start_upload(
             self.conn.identity, conversation, frame.name, frame.size
         )
@@ -712,8 +721,7 @@ class Session:
             raise FrameError(ErrorCode.NOT_JOINED, f"join room {frame.room!r} before sending")
         self._check_text(frame.text)
         self._check_broker()
-        if frame.to is not None and await self._state.hidden.blocks(frame.to, conn.user):
-            raise FrameError(ErrorCode.FORBIDDEN, "you cannot send direct messages to this user")
+        await self._not_blocked(frame.to)
         if frame.reply_to is not None:
             conversation = (
                 frame.room if frame.room is not None else direct(conn.user, frame.to or "")

@@ -25,6 +25,7 @@ import orjson
 from fastapi import APIRouter, Depends, Header, HTTPException, Path, Query, Response
 from pydantic import AfterValidator, BaseModel, Field
 
+from app.access.hiding import lists_of
 from app.conversations.names import direct
 from app.conversations.rooms import RoomError, RoomRecord
 from app.errors import BrokerUnavailable, ErrorCode, FrameError, QuotaExceeded
@@ -159,6 +160,13 @@ async def rooms_of(state: Service, user: UserName) -> dict[str, Any]:
         return {"user": user, "rooms": await state.rooms.rooms_of(user)}
     except RoomError as exc:
         raise _refused(exc) from None
+
+
+@router.get("/users/{user}/hidden")
+async def hidden_by(state: Service, user: UserName) -> dict[str, Any]:
+    """Whom ``user`` mutes and blocks (app.access.hiding), as ``GET /me/hidden`` shows the
+    user: for support tools. Read only: only the user changes them."""
+    return {"user": user, **lists_of(await state.hidden.of(user))}
 
 
 # W3C trace context of the backend's request (app.ops.tracing): the message's spans continue
