@@ -31,6 +31,7 @@ from app.conversations.history import ConversationHistory
 from app.conversations.rooms import RoomDirectory
 from app.files.service import Files
 from app.files.storage import storage_for
+from app.moderation.reports import Reports
 from app.notify.notifier import Notifier
 from app.notify.service import Notifications
 from app.notify.webpush import push_sender
@@ -156,6 +157,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         storage = await storage_for(settings) if store is not None else None
         if storage is not None and store is not None:
             state.files = Files(settings, storage, store.files, state.access, quotas, metrics)
+        if store is not None:
+            state.reports = Reports(store.reports, state.access, history, broker, quotas, metrics)
+            state.reports.files = state.files
+            if dispatcher is not None:
+                state.reports.enqueue = dispatcher.queue.enqueue
         notifier = None
         sender = push_sender(settings) if store is not None and settings.notifications else None
         if store is not None and settings.notifications:

@@ -397,6 +397,50 @@ class Unblock(_Frame):
 Hide = Mute | Unmute | Block | Unblock
 
 
+class ReportMessage(_Conversation):
+    """Report message ``id`` of a conversation you may read, with ``reason``
+    (app.moderation.reports)."""
+
+    type: Literal["report"]
+    id: MessageId
+    reason: Annotated[StorableText, StringConstraints(min_length=1, max_length=500)]
+
+
+class ReportsRequest(_Frame):
+    """Moderators: a page of the open reports (oldest first, after ``before``), or with
+    ``resolved`` the resolved ones (newest first, before ``before``)."""
+
+    type: Literal["reports"]
+    resolved: bool = False
+    before: Annotated[int, Field(ge=0, lt=2**63)] | None = None
+    limit: Annotated[int, Field(ge=1, le=100)] = 20
+
+
+class ResolveReport(_Frame):
+    """Moderators: resolve report ``id``: ``dismiss`` it, or ``delete`` its message."""
+
+    type: Literal["resolve"]
+    id: Annotated[int, Field(ge=0, lt=2**63)]
+    action: Literal["dismiss", "delete"]
+
+
+class Kick(_Frame):
+    """Moderators: close every connection of ``user`` (they may come back)."""
+
+    type: Literal["kick"]
+    user: UserName
+    reason: Annotated[str, StringConstraints(max_length=200)] = "kicked by a moderator"
+
+
+class Ban(_Frame):
+    """Moderators: keep ``user`` out for ``duration_s`` (their connections are closed)."""
+
+    type: Literal["ban"]
+    user: UserName
+    duration_s: Annotated[float, Field(gt=0, le=10 * 365 * 86400)]
+    reason: Annotated[str, StringConstraints(max_length=200)] = "banned by a moderator"
+
+
 class HiddenRequest(_Frame):
     """Whom you mute and block (answered with ``hidden``)."""
 
@@ -435,6 +479,11 @@ ClientFrame = (
     | Block
     | Unblock
     | HiddenRequest
+    | ReportMessage
+    | ReportsRequest
+    | ResolveReport
+    | Kick
+    | Ban
 )
 _CLIENT_FRAME: Final[TypeAdapter[ClientFrame]] = TypeAdapter(
     Annotated[ClientFrame, Field(discriminator="type")]
@@ -443,7 +492,8 @@ CLIENT_TYPES: Final = (
     "join", "leave", "send", "typing", "auth", "ping", "pong", "history", "read", "inbox",
     "edit", "delete", "react", "create", "describe", "invite", "remove", "rooms", "search",
     "upload", "file", "mentions", "notifications", "visibility", "push_subscribe",
-    "push_unsubscribe", "mute", "unmute", "block", "unblock", "hidden",
+    "push_unsubscribe", "mute", "unmute", "block", "unblock", "hidden", "report", "reports",
+    "resolve", "kick", "ban",
 )  # fmt: skip
 
 
@@ -764,6 +814,21 @@ def sender_of(frame: bytes) -> str | None:
         return None
     start += len(_SENDER_FIELD)
     return frame[start : frame.index(b'"', start)].decode()
+
+
+def reported_frame(report: dict[str, Any]) -> str:
+    """``reported``: the answer to ``report`` (the report as stored)."""
+    return encode({"type": "reported", "report": report})
+
+
+def reports_frame(page: dict[str, Any]) -> str:
+    """``reports``: a page of the moderators' queue (``reports``, ``next``)."""
+    return encode({"type": "reports", **page})
+
+
+def resolved_frame(report: dict[str, Any]) -> str:
+    """``resolved``: the answer to ``resolve`` (the report as it is now)."""
+    return encode({"type": "resolved", "report": report})
 
 
 def inbox_frame(conversations: list[dict[str, Any]]) -> str:

@@ -15,6 +15,7 @@ from app.broker import Broker
 from app.conversations.history import ConversationHistory
 from app.conversations.rooms import RoomDirectory
 from app.files.service import Files
+from app.moderation.reports import Reports
 from app.notify.service import Notifications
 from app.ops.metrics import Metrics
 from app.ops.roster import Roster
@@ -47,6 +48,8 @@ class ChatState:
     files: Files | None = None
     # Mentions, levels and push subscriptions (None: no store, or CHAT_NOTIFICATIONS=false).
     notifications: Notifications | None = None
+    # Reports of messages and their queue (None: no store).
+    reports: Reports | None = None
     # Traces of messages' paths (None: CHAT_TRACING_ENDPOINT unset, tracing off).
     tracing: Tracing | None = None
     # The census of workers (and, with Redis, the shedding after a scale-out).

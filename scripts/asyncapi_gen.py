@@ -174,6 +174,21 @@ CLIENT_FRAMES: Final[dict[str, ClientEntry]] = {
     ),
     "unblock": ClientEntry("End a block.", ("hidden", "error")),
     "hidden": ClientEntry("Whom you mute and block.", ("hidden",)),
+    "report": ClientEntry(
+        "Report a message of a conversation you may read, with a reason (needs a store).",
+        ("reported", "error"),
+    ),
+    "reports": ClientEntry(
+        "Moderators: a page of the reports queue (open, or `resolved`).", ("reports", "error")
+    ),
+    "resolve": ClientEntry(
+        "Moderators: resolve a report (`dismiss`, or `delete` its message).",
+        ("resolved", "deleted", "error"),
+    ),
+    "kick": ClientEntry("Moderators: close every connection of a user.", ("kicked", "error")),
+    "ban": ClientEntry(
+        "Moderators: keep a user out for `duration_s` (connections closed).", ("banned", "error")
+    ),
 }
 
 # The first frame of `guest` and `names` mode (connected with ?auth=frame): read as raw JSON by
@@ -461,6 +476,44 @@ SHARED_SCHEMAS: Final[dict[str, Schema]] = {
             "peer_read": {"allOf": [ID], "description": "the other user's (direct only)"},
         },
         "required": ["last", "unread", "read"],
+        **ROOM_OR_WITH,
+    },
+    "Report": {
+        "type": "object",
+        "description": "A report of a message, as the moderators' queue and webhooks show it",
+        "properties": {
+            "id": {"type": "integer", "minimum": 0},
+            "room": ROOM,
+            "with": {
+                "type": "array",
+                "items": USER,
+                "description": "the two users of a direct conversation",
+            },
+            "message": {
+                "type": "object",
+                "description": "the message as it was when reported",
+                "properties": {"id": ID, "user": USER, "text": {"type": "string"}},
+                "required": ["id", "user", "text"],
+            },
+            "reporter": USER,
+            "reason": {"type": "string"},
+            "ts": ref("Timestamp"),
+            "resolved": {
+                "anyOf": [
+                    {
+                        "type": "object",
+                        "properties": {
+                            "by": USER,
+                            "outcome": {"type": "string", "enum": ["dismissed", "deleted"]},
+                            "ts": ref("Timestamp"),
+                        },
+                        "required": ["by", "outcome", "ts"],
+                    },
+                    {"type": "null"},
+                ],
+            },
+        },
+        "required": ["id", "message", "reporter", "reason", "ts", "resolved"],
         **ROOM_OR_WITH,
     },
     "SearchResult": {
@@ -840,6 +893,47 @@ SERVER_FRAMES: Final[dict[str, ServerEntry]] = {
                 "blocked": {"type": "array", "items": USER},
             },
             ("muted", "blocked"),
+        ),
+    ),
+    "reported": ServerEntry(
+        "The answer to `report`: the report as stored.",
+        "Reporting a message again answers the first report.",
+        frame("reported", {"report": ref("Report")}, ("report",)),
+    ),
+    "reports": ServerEntry(
+        "The answer to `reports` (moderators): a page of the queue.",
+        "Only reports of conversations you may read now; `next` is the `before` of the next "
+        "page (null: the last).",
+        frame(
+            "reports",
+            {
+                "reports": {"type": "array", "items": ref("Report")},
+                "next": {"anyOf": [{"type": "integer", "minimum": 0}, {"type": "null"}]},
+            },
+            ("reports", "next"),
+        ),
+    ),
+    "resolved": ServerEntry(
+        "The answer to `resolve` (moderators): the report as it is now.",
+        "A report resolved already is answered as it is.",
+        frame("resolved", {"report": ref("Report")}, ("report",)),
+    ),
+    "kicked": ServerEntry(
+        "The answer to `kick` (moderators).",
+        "The user's connections are closed on every server (4003).",
+        frame("kicked", {"user": USER}, ("user",)),
+    ),
+    "banned": ServerEntry(
+        "The answer to `ban` (moderators).",
+        "The user's connections are closed and refused until the ban ends.",
+        frame(
+            "banned",
+            {
+                "user": USER,
+                "duration_s": {"type": "number", "exclusiveMinimum": 0},
+                "reason": {"type": "string"},
+            },
+            ("user", "duration_s", "reason"),
         ),
     ),
     "search": ServerEntry(

@@ -54,7 +54,8 @@ SERVER_TYPES_COVERED: Final = frozenset(
         "hello", "joined", "presence", "left", "room", "rooms", "member", "invited", "message",
         "edited", "deleted", "reaction", "receipt", "receipts", "typing", "ack", "error",
         "refresh", "authenticated", "history", "inbox", "search", "upload", "file", "mentions",
-        "notifications", "push_subscribed", "push_unsubscribed", "hidden", "ping", "pong",
+        "notifications", "push_subscribed", "push_unsubscribed", "hidden", "reported",
+        "reports", "resolved", "kicked", "banned", "ping", "pong",
     }
 )  # fmt: skip
 ERROR_CODES_COVERED: Final = frozenset(
@@ -453,6 +454,19 @@ async def jwt_session(url: str, log: list[Record], refused: list[Record]) -> Non
         await ada.send({"type": "auth", "token": token(60, rooms=["x"])})
         await ada.until("left", room="r")
         await ada.until("authenticated")
+    moderator = {"type": "auth", "token": token(60, roles=["moderator"])}
+    async with recording(url, log, refused, moderator) as ada:  # reports and moderation
+        await ada.ask({"type": "join", "room": "r"}, "joined")
+        await ada.send({"type": "send", "room": "r", "text": "rude", "cid": "m"})
+        rude = await ada.until("message", text="rude")
+        report = {"type": "report", "room": "r", "id": rude["id"], "reason": "spam"}
+        reported = await ada.ask(report, "reported")
+        await ada.ask({"type": "reports", "limit": 10}, "reports")
+        resolve = {"type": "resolve", "id": reported["report"]["id"], "action": "delete"}
+        await ada.ask(resolve, "resolved")
+        await ada.ask({"type": "kick", "user": "troll"}, "kicked", user="troll")
+        ban = {"type": "ban", "user": "troll", "duration_s": 60, "reason": "spam"}
+        await ada.ask(ban, "banned", user="troll")
 
 
 async def guest_session(url: str, log: list[Record], refused: list[Record]) -> None:
@@ -501,7 +515,11 @@ async def test_real_traffic_matches_the_document(tmp_path: Path) -> None:
     async with run_server(names) as server:
         await chat_session(server.ws_url(), log, refused)
     jwt_mode = make_settings(
-        auth_mode="jwt", jwt_secret=SECRET, token_refresh_before_s=4.5, jwt_leeway_s=0
+        auth_mode="jwt",
+        jwt_secret=SECRET,
+        token_refresh_before_s=4.5,
+        jwt_leeway_s=0,
+        database_url=f"sqlite:///{tmp_path}/data/jwt.db",
     )
     async with run_server(jwt_mode) as server:
         await jwt_session(server.ws_url(), log, refused)

@@ -46,8 +46,9 @@ class IndexedStore(MessageStore):
 
 
 async def undo_0009(connection: AsyncConnection) -> None:
-    """Take a database back to before migration 0009 (notifications), and 0010 after it
-    (hidden users)."""
+    """Take a database back to before migration 0009 (notifications), and 0010
+    and 0011 (hidden users, reports)."""
+    await connection.execute(text("DROP TABLE reports"))
     await connection.execute(text("DROP TABLE hidden_users"))
     for table in ("mentions", "notification_levels", "notify_state", "push_subscriptions"):
         await connection.execute(text(f"DROP TABLE {table}"))

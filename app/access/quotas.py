@@ -35,7 +35,9 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 # The message rate is the broker's: it takes a token inside each publish.
-Rate = Literal["join", "typing", "new_room", "history", "read", "invite", "search", "upload"]
+Rate = Literal[
+    "join", "typing", "new_room", "history", "read", "invite", "search", "upload", "report"
+]
 
 
 class Refusal(enum.Enum):
@@ -95,6 +97,7 @@ def _rates(settings: Settings) -> dict[str, tuple[float, int]]:
         "read": (settings.user_reads_per_s, settings.user_read_burst),
         "search": (settings.user_searches_per_s, settings.user_search_burst),
         "upload": (settings.user_uploads_per_s, settings.user_upload_burst),
+        "report": (settings.user_reports_per_s, settings.user_report_burst),
         "ip": (settings.ip_connections_per_s, settings.ip_connection_burst),
     }
 

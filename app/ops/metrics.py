@@ -359,6 +359,16 @@ class Metrics:
         for operation in ("upload", "attach", "link", "delete"):
             self.file_storage_errors.labels(operation)
 
+        # -- reports (app.moderation.reports)
+        self.reports = counter(
+            "hubbub_reports_total",
+            "Reports of messages, by outcome: reported (a new report queued), dismissed and "
+            "deleted (resolved by a moderator or the backend API, the message kept or deleted).",
+            ("outcome",),
+        )
+        for outcome in ("reported", "dismissed", "deleted"):
+            self.reports.labels(outcome)
+
         # -- notifications (app.notify)
         self.notifications = counter(
             "hubbub_notifications_total",

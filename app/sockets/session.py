@@ -45,6 +45,7 @@ from app.presence import RoomPresence
 from app.protocol import (
     PONG_FRAME,
     Auth,
+    Ban,
     CreateRoom,
     Delete,
     DescribeRoom,
@@ -56,6 +57,7 @@ from app.protocol import (
     InboxRequest,
     Invite,
     Join,
+    Kick,
     Leave,
     MentionsRequest,
     NotificationsRequest,
@@ -65,6 +67,9 @@ from app.protocol import (
     React,
     Read,
     Remove,
+    ReportMessage,
+    ReportsRequest,
+    ResolveReport,
     RoomsRequest,
     SearchRequest,
     Send,
@@ -85,6 +90,9 @@ from app.protocol import (
     raw_ref,
     receipt_frame,
     receipts_frame,
+    reported_frame,
+    reports_frame,
+    resolved_frame,
     room_frame,
     rooms_frame,
     search_frame,
@@ -198,6 +206,8 @@ class Session:
                 await self._state.hidden.change(self.conn.user, frame.user, frame.type)
             elif isinstance(frame, HiddenRequest):
                 self.conn.offer(frame_of(await self._state.hidden.of(self.conn.user)))
+            elif isinstance(frame, ReportMessage | ReportsRequest | ResolveReport | Kick | Ban):
+                await self._moderate(frame)
             elif isinstance(frame, Ping):
                 self.conn.offer(PONG_FRAME)
             # Pong: nothing to do; receiving it already refreshed last_seen.
@@ -356,7 +366,15 @@ class Session:
         conn.offer(authenticated_frame(identity.user, identity.expires_at))
 
     async def _conversation(
-        self, frame: HistoryRequest | Read | Edit | Delete | React | Upload | NotificationsRequest
+        self,
+        frame: HistoryRequest
+        | Read
+        | Edit
+        | Delete
+        | React
+        | Upload
+        | NotificationsRequest
+        | ReportMessage,
     ) -> str:
         """The conversation a frame names, if this user may read it."""
         room = frame.room
@@ -480,6 +498,41 @@ class Session:
             if target is not None:
                 return target, True
         raise FrameError(ErrorCode.NOT_FOUND, f"no message {message_id} {_in(conversation)}")
+
+    async def _moderate(
+        self, frame: ReportMessage | ReportsRequest | ResolveReport | Kick | Ban
+    ) -> None:
+        """Reports (app.moderation.reports), and the moderators' kicks and bans."""
+        conn, state = self.conn, self._state
+        identity = conn.identity
+        if isinstance(frame, Kick | Ban):
+            if not identity.moderator:
+                raise FrameError(ErrorCode.FORBIDDEN, f"only moderators may {frame.type}")
+            try:
+                if isinstance(frame, Ban):
+                    await state.quotas.ban(frame.user, frame.duration_s, frame.reason)
+                await self._broker.kick(frame.user, frame.reason)
+            except BrokerUnavailable:
+                raise FrameError(ErrorCode.BROKER_UNAVAILABLE, "not done, try again") from None
+            logger.info(f"moderation: {frame.type}", extra={"user": frame.user, "by": conn.user})
+            done: dict[str, object] = {"type": "kicked", "user": frame.user}
+            if isinstance(frame, Ban):
+                done |= {"type": "banned", "duration_s": frame.duration_s, "reason": frame.reason}
+            conn.offer(encode(done))
+            return
+        reports = state.reports
+        if reports is None:
+            raise FrameError(ErrorCode.NO_STORE, "this server keeps no reports (no store)")
+        if isinstance(frame, ReportMessage):
+            conversation = await self._conversation(frame)  # the one access decision
+            report = await reports.report(identity, conversation, frame.id, frame.reason)
+            conn.offer(reported_frame(report))
+        elif isinstance(frame, ReportsRequest):
+            page = await reports.queue(identity, frame.resolved, frame.before, frame.limit)
+            conn.offer(reports_frame(page))
+        else:
+            report = await reports.resolve(frame.id, frame.action, identity, conn.user)
+            conn.offer(resolved_frame(report))
 
     async def _not_blocked(self, peer: str | None) -> None:
         """Refuse a write in the direct conversation with ``peer`` (None: a room) when

@@ -29,6 +29,7 @@ from app.store.hidden import HiddenStore
 from app.store.inbox import Inbox
 from app.store.messages import MessageStore
 from app.store.notifications import NotificationStore
+from app.store.reports import ReportStore
 from app.store.rooms import RoomStore
 from app.store.search import SearchIndexer, SearchStore
 
@@ -61,6 +62,7 @@ class RunningStore:
         self.rooms = RoomStore(self.engine)
         self.files = FileStore(self.engine)
         self.hidden = HiddenStore(self.engine)
+        self.reports = ReportStore(self.engine)
         # The embedded broker's archiver; the Redis broker's is a StreamArchiver.
         self.archiver: Archiver | None = None
         self._stats: Callable[[], ArchiveStats] = ArchiveStats

@@ -258,3 +258,29 @@ hidden_users: Final = Table(
     Column("blocked", Boolean, nullable=False, server_default=false()),
     Column("created_ms", BigInteger, nullable=False),
 )
+
+# Reports of messages (app.moderation.reports): who reported which message, why, and what it
+# said then; a moderator's decision once resolved. One report per reporter and message.
+reports: Final = Table(
+    "reports",
+    metadata,
+    Column("id", BigInteger().with_variant(Integer(), "sqlite"), Identity(), primary_key=True),
+    Column("conversation", String(200), nullable=False),
+    Column("message_id", BigInteger, nullable=False),
+    Column("author", String(100), nullable=False),
+    Column("text", Text, nullable=False),
+    Column("reporter", String(100), nullable=False),
+    Column("reason", String(500), nullable=False),
+    Column("created_ms", BigInteger, nullable=False),
+    Column("resolved_ms", BigInteger, nullable=True),
+    Column("resolved_by", String(100), nullable=True),
+    Column("outcome", String(20), nullable=True),
+)
+Index(
+    "ix_reports_reporter_conversation_message_id",
+    reports.c.reporter,
+    reports.c.conversation,
+    reports.c.message_id,
+    unique=True,
+)
+Index("ix_reports_resolved_ms_id", reports.c.resolved_ms, reports.c.id)

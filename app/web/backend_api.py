@@ -30,6 +30,7 @@ from app.conversations.names import direct
 from app.conversations.rooms import RoomError, RoomRecord
 from app.errors import BrokerUnavailable, ErrorCode, FrameError, QuotaExceeded
 from app.files.service import FILE_ID_PATTERN
+from app.moderation.reports import Reports
 from app.ops.tracing import end_publish, traceparent_of
 from app.protocol import CID_MAX_CHARS, ROOM_PATTERN, USER_PATTERN, storable
 from app.state import ChatState
@@ -93,6 +94,13 @@ class NewMessage(BaseModel):
 class Published(BaseModel):
     id: int
     duplicate: bool = False
+
+
+class Resolution(BaseModel):
+    action: Literal["dismiss", "delete"]
+    by: str | None = Field(
+        None, pattern=USER_PATTERN, description="who decided (CHAT_SERVICE_USER if unset)"
+    )
 
 
 class Disconnect(BaseModel):
@@ -167,6 +175,46 @@ async def hidden_by(state: Service, user: UserName) -> dict[str, Any]:
     """Whom ``user`` mutes and blocks (app.access.hiding), as ``GET /me/hidden`` shows the
     user: for support tools. Read only: only the user changes them."""
     return {"user": user, **lists_of(await state.hidden.of(user))}
+
+
+def _reports(state: ChatState) -> Reports:
+    if state.reports is None:
+        raise HTTPException(501, "reports need a store (CHAT_DATABASE_URL)")
+    return state.reports
+
+
+_REPORT_STATUS = {
+    ErrorCode.NOT_FOUND: 404, ErrorCode.RATE_LIMITED: 429,
+    ErrorCode.STORE_UNAVAILABLE: 503, ErrorCode.BROKER_UNAVAILABLE: 503,
+}  # fmt: skip
+
+
+@router.get("/reports")
+async def report_queue(
+    state: Service,
+    resolved: bool = False,
+    before: Annotated[int | None, Query(ge=0, lt=2**63)] = None,
+    limit: Annotated[int, Query(ge=1, le=100)] = 20,
+) -> dict[str, Any]:
+    """The moderators' queue (app.moderation.reports): open reports oldest first (page on
+    with ``before`` = ``next``), or with ``resolved`` the resolved ones, newest first."""
+    try:
+        return await _reports(state).queue(None, resolved, before, limit)
+    except FrameError as exc:
+        raise HTTPException(_REPORT_STATUS.get(exc.code, 400), exc.message) from None
+
+
+@router.post("/reports/{report_id}/resolve")
+async def resolve_report(
+    state: Service, report_id: Annotated[int, Path(ge=0, lt=2**63)], body: Resolution
+) -> dict[str, Any]:
+    """Resolve a report: ``dismiss``, or ``delete`` its message (every client gets
+    ``deleted``). A resolved report is answered as it is."""
+    by = body.by or state.settings.service_user
+    try:
+        return await _reports(state).resolve(report_id, body.action, None, by)
+    except FrameError as exc:
+        raise HTTPException(_REPORT_STATUS.get(exc.code, 400), exc.message) from None
 
 
 # W3C trace context of the backend's request (app.ops.tracing): the message's spans continue

@@ -1,0 +1,1 @@
+"""Moderation beyond kicks and bans: reports of messages and their queue."""
