@@ -78,6 +78,8 @@ class ErrorCode(StrEnum):
     FILE_TOO_LARGE = "file_too_large"
     STORAGE_UNAVAILABLE = "storage_unavailable"
     TOO_MANY_HIDDEN = "too_many_hidden"
+    REJECTED = "rejected"
+    MODERATION_UNAVAILABLE = "moderation_unavailable"
 
 
 class FrameError(Exception):

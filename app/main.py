@@ -31,6 +31,7 @@ from app.conversations.history import ConversationHistory
 from app.conversations.rooms import RoomDirectory
 from app.files.service import Files
 from app.files.storage import storage_for
+from app.moderation.hook import ModerationHook
 from app.moderation.reports import Reports
 from app.notify.notifier import Notifier
 from app.notify.service import Notifications
@@ -157,6 +158,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         storage = await storage_for(settings) if store is not None else None
         if storage is not None and store is not None:
             state.files = Files(settings, storage, store.files, state.access, quotas, metrics)
+        if settings.moderation_hook_url is not None:
+            state.moderation = ModerationHook(settings, metrics)
         if store is not None:
             state.reports = Reports(store.reports, state.access, history, broker, quotas, metrics)
             state.reports.files = state.files
@@ -245,6 +248,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                     await task
             # Each step runs whatever the one before raised (Redis may be down by now).
             steps = [hub.close, state.hidden.close, presence.stop, broker.stop, quotas.close]
+            if state.moderation is not None:
+                steps.append(state.moderation.close)
             if storage is not None:
                 steps.append(storage.close)
             if sender is not None:

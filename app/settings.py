@@ -949,6 +949,42 @@ class Settings(BaseSettings):
     service_message_burst: int = Field(
         2_000, ge=1, description="Messages the backend API may publish in a burst (HTTP 429)."
     )
+    moderation_hook_url: HttpUrl | None = Field(
+        None,
+        description="A moderation endpoint asked before every message and edit a user sends "
+        'is published (docs/backend.md, "Moderation hook"): it accepts, rejects (the sender '
+        "gets error `rejected` with its reason) or replaces the text. https, or http to "
+        "loopback only; needs `CHAT_MODERATION_HOOK_SECRET`. Unset: off.",
+    )
+    moderation_hook_secret: SecretStr | None = Field(
+        None,
+        min_length=32,
+        description="Key of the hook requests' HMAC-SHA256 signature (`Hubbub-Signature`, as "
+        "webhooks), at least 32 characters.",
+    )
+    moderation_hook_timeout_s: float = Field(
+        1.0,
+        gt=0,
+        le=30,
+        description="How long a message waits for the hook's answer before "
+        "`CHAT_MODERATION_HOOK_ON_FAILURE` decides it.",
+    )
+    moderation_hook_on_failure: Literal["accept", "reject"] = Field(
+        "reject",
+        description="What a message becomes when the hook fails, answers wrongly or is slower "
+        "than its timeout: `reject` (nothing unchecked is published; the sender gets "
+        "`moderation_unavailable` and may retry) or `accept` (chat goes on unchecked).",
+    )
+    moderation_hook_batch_max: int = Field(
+        50,
+        ge=1,
+        le=1000,
+        description="Most messages in one hook request: what waits while a request is under "
+        "way goes in the next one.",
+    )
+    moderation_hook_concurrency: int = Field(
+        4, ge=1, le=64, description="Hook requests under way at once, per worker."
+    )
     webhook_url: HttpUrl | None = Field(
         None,
         description="Where events are POSTed (docs/webhooks.md); needs `CHAT_REDIS_URL` (the "
@@ -1077,6 +1113,19 @@ class Settings(BaseSettings):
                 f"{ENV_PREFIX}REDIS_CLUSTER_NODES yet (the queue is one stream, not one per "
                 "partition): leave it out, or run on one Redis or Sentinel"
             )
+        if self.moderation_hook_url is not None:
+            hook = self.moderation_hook_url
+            if self.moderation_hook_secret is None:
+                raise ValueError(
+                    f"{ENV_PREFIX}MODERATION_HOOK_URL needs {ENV_PREFIX}MODERATION_HOOK_SECRET "
+                    "(to sign requests)"
+                )
+            loopback = ("127.0.0.1", "[::1]", "::1", "localhost")
+            if hook.scheme != "https" and hook.host not in loopback:
+                raise ValueError(
+                    f"{ENV_PREFIX}MODERATION_HOOK_URL must be https (http only to loopback): "
+                    "messages' texts go there"
+                )
         if self.webhook_url is not None and (self.webhook_secret is None or not self.uses_redis):
             raise ValueError(
                 f"{ENV_PREFIX}WEBHOOK_URL needs {ENV_PREFIX}WEBHOOK_SECRET (to sign requests) "

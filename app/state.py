@@ -15,6 +15,7 @@ from app.broker import Broker
 from app.conversations.history import ConversationHistory
 from app.conversations.rooms import RoomDirectory
 from app.files.service import Files
+from app.moderation.hook import ModerationHook
 from app.moderation.reports import Reports
 from app.notify.service import Notifications
 from app.ops.metrics import Metrics
@@ -48,6 +49,8 @@ class ChatState:
     files: Files | None = None
     # Mentions, levels and push subscriptions (None: no store, or CHAT_NOTIFICATIONS=false).
     notifications: Notifications | None = None
+    # Decides users' messages and edits before they are published (None: no hook).
+    moderation: ModerationHook | None = None
     # Reports of messages and their queue (None: no store).
     reports: Reports | None = None
     # Traces of messages' paths (None: CHAT_TRACING_ENDPOINT unset, tracing off).

@@ -359,6 +359,29 @@ class Metrics:
         for operation in ("upload", "attach", "link", "delete"):
             self.file_storage_errors.labels(operation)
 
+        # -- the moderation hook (app.moderation.hook)
+        self.moderation_decisions = counter(
+            "hubbub_moderation_decisions_total",
+            "Messages and edits the moderation hook decided, by decision: accept, reject, "
+            "replace; failed_accept and failed_reject when it failed or was slow and "
+            "CHAT_MODERATION_HOOK_ON_FAILURE decided.",
+            ("decision",),
+        )
+        for decision in ("accept", "reject", "replace", "failed_accept", "failed_reject"):
+            self.moderation_decisions.labels(decision)
+        self.moderation_hook_latency = Histogram(
+            "hubbub_moderation_hook_seconds",
+            "Time from a message reaching the hook's queue to its decision (failures included).",
+            buckets=_PUBLISH_BUCKETS,
+            registry=r,
+        )
+        self.moderation_hook_batch = Histogram(
+            "hubbub_moderation_hook_batch_size",
+            "Messages per hook request.",
+            buckets=_SIZE_BUCKETS,
+            registry=r,
+        )
+
         # -- reports (app.moderation.reports)
         self.reports = counter(
             "hubbub_reports_total",

@@ -16,6 +16,7 @@ import secrets
 import socket
 import time
 
+import orjson
 from starlette.websockets import WebSocket
 
 from app.access.admission import Refused, admit, admit_address, identify
@@ -161,6 +162,7 @@ class Session:
                 and frame.reply_to is None
                 and frame.attachments is None
                 and "@" not in frame.text  # mentions are resolved first: not pipelined
+                and self._state.moderation is None  # decisions may come back in any order
             ):
                 await self._sends.admit()
                 self._sends.start(self._send_answer(frame, text))
@@ -585,6 +587,10 @@ class Session:
                     "different reactions",
                 )
         known = (target.state or {}) if from_store else None
+        hook = self._state.moderation
+        if isinstance(frame, Edit) and hook is not None:
+            text = await hook.check("edit", conversation, conn.user, frame.text)
+            change = Change(Kind.EDITED, frame.id, conn.user, text)
         try:
             published = await self._broker.publish_event(conversation, change, frame.cid, known)
         except MessageGone:
@@ -782,7 +788,10 @@ class Session:
             target, _ = await self._find(conversation, frame.reply_to)
             if target.deleted:
                 raise FrameError(ErrorCode.NOT_FOUND, f"message {frame.reply_to} was deleted")
-        mentions = await self._mentions(frame) if "@" in frame.text else None
+        hook = self._state.moderation
+        mentions = None
+        if "@" in frame.text and hook is None:  # else once the hook decided the text
+            mentions = await self._mentions(frame)
         attachments: str | None = None
         if frame.attachments is not None:
             files = self._files()
@@ -803,16 +812,23 @@ class Session:
             conversation = frame.room or direct(conn.user, frame.to or "")
             span = tracing.start_publish(frame.traceparent, conversation, "socket")
         traceparent = None if span is None else traceparent_of(span)
+        text = frame.text
         try:
+            if hook is not None:
+                conversation = frame.room or direct(conn.user, frame.to or "")
+                files_seen = None if attachments is None else orjson.loads(attachments)
+                text = await hook.check("message", conversation, conn.user, text, files_seen)
+                if "@" in text:
+                    mentions = await self._mentions(frame.model_copy(update={"text": text}))
             if frame.room is not None:
                 published = await self._broker.publish(
-                    frame.room, conn.user, frame.text, frame.cid, frame.reply_to,
+                    frame.room, conn.user, text, frame.cid, frame.reply_to,
                     attachments=attachments, mentions=mentions, traceparent=traceparent,
                 )  # fmt: skip
             else:
                 assert frame.to is not None  # the model guarantees room xor to
                 published = await self._broker.publish_direct(
-                    conn.user, frame.to, frame.text, frame.cid, frame.reply_to,
+                    conn.user, frame.to, text, frame.cid, frame.reply_to,
                     attachments=attachments, mentions=mentions, traceparent=traceparent,
                 )  # fmt: skip
         except QuotaExceeded:
