@@ -80,6 +80,7 @@ class ErrorCode(StrEnum):
     TOO_MANY_HIDDEN = "too_many_hidden"
     REJECTED = "rejected"
     MODERATION_UNAVAILABLE = "moderation_unavailable"
+    PREVIEW_UNAVAILABLE = "preview_unavailable"
 
 
 class FrameError(Exception):

@@ -43,6 +43,7 @@ from app.ops.metrics_endpoint import MetricsEndpoint
 from app.ops.roster import is_roster_payload
 from app.ops.tracing import tracing_from
 from app.presence import create_presence
+from app.previews.service import LinkPreviews
 from app.redisio import redis_seam
 from app.settings import Settings, load_settings
 from app.sockets.heartbeat import run_heartbeat
@@ -158,6 +159,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         storage = await storage_for(settings) if store is not None else None
         if storage is not None and store is not None:
             state.files = Files(settings, storage, store.files, state.access, quotas, metrics)
+        if settings.previews:
+            state.previews = LinkPreviews(settings, storage)
         if settings.moderation_hook_url is not None:
             state.moderation = ModerationHook(settings, metrics)
         if store is not None:
@@ -250,6 +253,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             steps = [hub.close, state.hidden.close, presence.stop, broker.stop, quotas.close]
             if state.moderation is not None:
                 steps.append(state.moderation.close)
+            if state.previews is not None:
+                steps.append(state.previews.close)
             if storage is not None:
                 steps.append(storage.close)
             if sender is not None:

@@ -397,6 +397,15 @@ class Unblock(_Frame):
 Hide = Mute | Unmute | Block | Unblock
 
 
+class PreviewRequest(_Frame):
+    """The preview of ``url`` (a link in a message): title, description, image
+    (app.previews.service)."""
+
+    type: Literal["preview"]
+    url: Annotated[str, StringConstraints(min_length=8, max_length=2048,
+                                          pattern=r"^https?://[^\s]+$")]  # fmt: skip
+
+
 class ReportMessage(_Conversation):
     """Report message ``id`` of a conversation you may read, with ``reason``
     (app.moderation.reports)."""
@@ -479,6 +488,7 @@ ClientFrame = (
     | Block
     | Unblock
     | HiddenRequest
+    | PreviewRequest
     | ReportMessage
     | ReportsRequest
     | ResolveReport
@@ -493,7 +503,7 @@ CLIENT_TYPES: Final = (
     "edit", "delete", "react", "create", "describe", "invite", "remove", "rooms", "search",
     "upload", "file", "mentions", "notifications", "visibility", "push_subscribe",
     "push_unsubscribe", "mute", "unmute", "block", "unblock", "hidden", "report", "reports",
-    "resolve", "kick", "ban",
+    "resolve", "kick", "ban", "preview",
 )  # fmt: skip
 
 

@@ -528,6 +528,37 @@ class Settings(BaseSettings):
         ge=1,
         description="Images with more pixels get no thumbnail (they are kept as files).",
     )
+    previews: bool = Field(
+        True,
+        description="Link previews (`preview` frames): the server fetches a page's title, "
+        'description and image (docs/protocol.md, "Link previews"). Off: `preview` is '
+        "refused with `preview_unavailable`.",
+    )
+    preview_timeout_s: float = Field(
+        5.0,
+        gt=0,
+        le=60,
+        description="Longest a preview's page (or its image) may take, redirects included.",
+    )
+    preview_page_max_bytes: int = Field(
+        1_000_000, ge=1024, description="Most bytes of a page read for its preview."
+    )
+    preview_image_max_bytes: int = Field(
+        5_000_000, ge=1024, description="Most bytes of a preview's image."
+    )
+    preview_cache_s: float = Field(
+        3600.0, ge=0, description="How long a worker keeps a preview (or its failure)."
+    )
+    user_previews_per_s: float = Field(
+        2.0, gt=0, description="Previews a user may ask for per second (error `rate_limited`)."
+    )
+    user_preview_burst: int = Field(20, ge=1, description="Previews a user may ask in a burst.")
+    preview_test_public_addresses: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="For tests only: `ip:port` pairs the preview fetcher treats as public "
+        "(comma-separated). Never set it in production: it opens those addresses to anyone "
+        "who posts a link.",
+    )
     inbox_max_conversations: int = Field(
         50, ge=1, description="Most conversations in an `inbox` frame or `GET /inbox`."
     )
@@ -1044,7 +1075,12 @@ class Settings(BaseSettings):
     )
 
     @field_validator(
-        "webhook_events", "redis_sentinels", "redis_cluster_nodes", "push_services", mode="before"
+        "webhook_events",
+        "redis_sentinels",
+        "redis_cluster_nodes",
+        "push_services",
+        "preview_test_public_addresses",
+        mode="before",
     )
     @classmethod
     def _split_events(cls, value: object) -> object:

@@ -22,6 +22,7 @@ from app.ops.metrics import Metrics
 from app.ops.roster import Roster
 from app.ops.tracing import Tracing
 from app.presence import Presence
+from app.previews.service import LinkPreviews
 from app.settings import Settings
 from app.sockets.hub import Hub
 from app.sockets.rebalance import Rebalancer
@@ -49,6 +50,8 @@ class ChatState:
     files: Files | None = None
     # Mentions, levels and push subscriptions (None: no store, or CHAT_NOTIFICATIONS=false).
     notifications: Notifications | None = None
+    # Link previews (None: CHAT_PREVIEWS=false).
+    previews: LinkPreviews | None = None
     # Decides users' messages and edits before they are published (None: no hook).
     moderation: ModerationHook | None = None
     # Reports of messages and their queue (None: no store).

@@ -72,7 +72,7 @@ def collector() -> Iterator[str]:
                 proc.wait()
 
 
-def _cpu_s(pid: int) -> float:
+def cpu_s(pid: int) -> float:
     """CPU seconds (user + system) process ``pid`` has used."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
@@ -86,12 +86,12 @@ def measure(args: argparse.Namespace, endpoint: str) -> dict[str, list[dict[str,
             print(f"round {round_ + 1}/{args.rounds}: tracing {name}", flush=True)
             extra = {"CHAT_TRACING_ENDPOINT": endpoint} | env if name != "off" else {}
             with running("hubbub", extra) as server:
-                cpu_before = _cpu_s(server.pid)
+                cpu_before = cpu_s(server.pid)
                 result = loadtest([
                     "rtt", "--clients", str(args.clients), "--seconds", str(args.seconds),
                     "--url", server.url,
                 ])  # fmt: skip
-                cpu = _cpu_s(server.pid) - cpu_before
+                cpu = cpu_s(server.pid) - cpu_before
                 # The run's messages (it lasts --seconds, after its clients connected).
                 messages = result["messages_per_s"] * args.seconds
                 result["server_cpu_us_per_message"] = cpu * 1e6 / messages if messages else None
@@ -99,13 +99,19 @@ def measure(args: argparse.Namespace, endpoint: str) -> dict[str, list[dict[str,
     return results
 
 
-def report(results: dict[str, list[dict[str, Any]]], args: argparse.Namespace) -> str:
+def report(
+    results: dict[str, list[dict[str, Any]]],
+    args: argparse.Namespace,
+    title: str = "Tracing cost",
+    setting: str = "tracing",
+) -> str:
+    """The table of ``results`` (each setting's rtt results, ``off`` among them), titled."""
     off = [r["messages_per_s"] for r in results["off"]]
     lines = [
-        f"Tracing cost, closed loop ({args.clients} clients, {args.seconds:g} s, "
+        f"{title}, closed loop ({args.clients} clients, {args.seconds:g} s, "
         f"{args.rounds} rounds), {_machine()}",
         "",
-        "| tracing | messages/s (median [range]) | vs off, same round (median [range]) "
+        f"| {setting} | messages/s (median [range]) | vs off, same round (median [range]) "
         "| server CPU µs per message (median) |",
         "|---|---|---|---|",
     ]

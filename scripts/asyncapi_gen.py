@@ -174,6 +174,10 @@ CLIENT_FRAMES: Final[dict[str, ClientEntry]] = {
     ),
     "unblock": ClientEntry("End a block.", ("hidden", "error")),
     "hidden": ClientEntry("Whom you mute and block.", ("hidden",)),
+    "preview": ClientEntry(
+        "The preview of a link: title, description, image (fetched by the server).",
+        ("preview", "error"),
+    ),
     "report": ClientEntry(
         "Report a message of a conversation you may read, with a reason (needs a store).",
         ("reported", "error"),
@@ -893,6 +897,35 @@ SERVER_FRAMES: Final[dict[str, ServerEntry]] = {
                 "blocked": {"type": "array", "items": USER},
             },
             ("muted", "blocked"),
+        ),
+    ),
+    "preview": ServerEntry(
+        "The answer to `preview`: a link's preview.",
+        "Texts are plain text; `image` is a link to this server's file storage, never the "
+        "site's.",
+        frame(
+            "preview",
+            {
+                "url": {"type": "string"},
+                "title": {"type": ["string", "null"]},
+                "description": {"type": ["string", "null"]},
+                "site": {"type": ["string", "null"]},
+                "image": {
+                    "anyOf": [
+                        {
+                            "type": "object",
+                            "properties": {
+                                "url": {"type": "string"},
+                                "width": {"type": "integer", "minimum": 1},
+                                "height": {"type": "integer", "minimum": 1},
+                            },
+                            "required": ["url", "width", "height"],
+                        },
+                        {"type": "null"},
+                    ],
+                },
+            },
+            ("url", "title", "description", "site", "image"),
         ),
     ),
     "reported": ServerEntry(

@@ -369,6 +369,8 @@ async def chat_session(url: str, log: list[Record], refused: list[Record]) -> No
         await bob.ask({"type": "unblock", "user": "carol"}, "hidden", blocked=[])
         await bob.ask({"type": "unmute", "user": "carol"}, "hidden", muted=[])
         await bob.ask({"type": "hidden"}, "hidden", muted=[], blocked=[])
+        loopback = {"type": "preview", "url": "http://127.0.0.1:9/page"}  # never fetched
+        await bob.refused_with(loopback, "preview_unavailable")
 
         await ada.send({"type": "send", "to": "bob", "text": "psst", "cid": "d1"})
         direct = await bob.until("message", to="bob")

@@ -231,6 +231,23 @@ async def test_the_tracing_cost_benchmark_smoke(tmp_path: Path) -> None:
 
 
 @pytest.mark.timeout(150)
+async def test_the_moderation_cost_benchmark_smoke(tmp_path: Path) -> None:
+    """``python -m loadtest.moderation_cost`` (``make bench-moderation``), tiny: messages flow
+    with the hook off and on (on, each was accepted by the real endpoint: a failed hook
+    rejects them by default, and none would come back), and the report compares them."""
+    out = tmp_path / "moderation.json"
+    await run_module(
+        "loadtest.moderation_cost", "--rounds", "1", "--clients", "5", "--seconds", "1",
+        "--json", str(out), timeout=120,
+    )  # fmt: skip
+    result = json.loads(out.read_text())
+    for setting in ("off", "on"):
+        (run,) = result["results"][setting]
+        assert run["messages_per_s"] > 0, run
+        assert f"| {setting} |" in result["report"]
+
+
+@pytest.mark.timeout(150)
 async def run_module(module: str, *args: str, timeout: float) -> None:
     """``python -m module args`` from the project root; fails the test unless it exits 0 in
     ``timeout`` seconds (its stderr in the message)."""

@@ -29,6 +29,7 @@ Contract:
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import math
 import time
@@ -88,6 +89,10 @@ class HiddenUsers:
         self._settings = settings
         self._cache: OrderedDict[str, tuple[float, Hiding]] = OrderedDict()
         self._tasks: set[asyncio.Task[None]] = set()
+        # The read again each user waits for (its token): a read that finishes after a newer
+        # one began, or after a change made here, is stale and dropped.
+        self._reads = itertools.count(1)
+        self._awaited: dict[str, int] = {}
         hub.hidden_changed = self._changed
 
     async def of(self, user: str) -> Hiding:
@@ -135,6 +140,7 @@ class HiddenUsers:
             hiding = (await store.of([user]))[user]
         except StoreError:
             raise FrameError(ErrorCode.STORE_UNAVAILABLE, "not changed, try again") from None
+        self._awaited.pop(user, None)  # a read again under way is older than this
         self._remember(user, hiding, time.monotonic())
         # Every connection of the user here (the one that asked too) filters by it from now on
         # and is told.
@@ -170,11 +176,14 @@ class HiddenUsers:
         for name in stale:  # kept to compare with, but read again before any use
             self._cache[name] = (-math.inf, self._cache[name][1])
         if users:
-            task = asyncio.get_running_loop().create_task(self._reread(users))
+            token = next(self._reads)
+            for name in users:
+                self._awaited[name] = token
+            task = asyncio.get_running_loop().create_task(self._reread(users, token))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
 
-    async def _reread(self, users: list[str]) -> None:
+    async def _reread(self, users: list[str], token: int) -> None:
         assert self._store is not None
         for start in range(0, len(users), _READ_BATCH):
             batch = users[start : start + _READ_BATCH]
@@ -182,9 +191,15 @@ class HiddenUsers:
                 found = await self._store.of(batch)
             except StoreError as exc:
                 logger.warning("whom %d users hide could not be read again: %s", len(batch), exc)
+                for user in users[start:]:
+                    if self._awaited.get(user) == token:
+                        del self._awaited[user]
                 return
             now = time.monotonic()
             for user, hiding in found.items():
+                if self._awaited.get(user) != token:
+                    continue  # a newer read, or a change made here, has it
+                del self._awaited[user]
                 known = self._cache.get(user)
                 self._remember(user, hiding, now)
                 if known is None or known[1] != hiding:  # else this worker made the change

@@ -36,7 +36,16 @@ logger = logging.getLogger(__name__)
 
 # The message rate is the broker's: it takes a token inside each publish.
 Rate = Literal[
-    "join", "typing", "new_room", "history", "read", "invite", "search", "upload", "report"
+    "join",
+    "typing",
+    "new_room",
+    "history",
+    "read",
+    "invite",
+    "search",
+    "upload",
+    "report",
+    "preview",
 ]
 
 
@@ -98,6 +107,7 @@ def _rates(settings: Settings) -> dict[str, tuple[float, int]]:
         "search": (settings.user_searches_per_s, settings.user_search_burst),
         "upload": (settings.user_uploads_per_s, settings.user_upload_burst),
         "report": (settings.user_reports_per_s, settings.user_report_burst),
+        "preview": (settings.user_previews_per_s, settings.user_preview_burst),
         "ip": (settings.ip_connections_per_s, settings.ip_connection_burst),
     }
 

@@ -63,6 +63,7 @@ from app.protocol import (
     MentionsRequest,
     NotificationsRequest,
     Ping,
+    PreviewRequest,
     PushSubscribe,
     PushUnsubscribe,
     React,
@@ -208,6 +209,8 @@ class Session:
                 await self._state.hidden.change(self.conn.user, frame.user, frame.type)
             elif isinstance(frame, HiddenRequest):
                 self.conn.offer(frame_of(await self._state.hidden.of(self.conn.user)))
+            elif isinstance(frame, PreviewRequest):
+                await self._preview(frame)
             elif isinstance(frame, ReportMessage | ReportsRequest | ResolveReport | Kick | Ban):
                 await self._moderate(frame)
             elif isinstance(frame, Ping):
@@ -500,6 +503,15 @@ class Session:
             if target is not None:
                 return target, True
         raise FrameError(ErrorCode.NOT_FOUND, f"no message {message_id} {_in(conversation)}")
+
+    async def _preview(self, frame: PreviewRequest) -> None:
+        """A link's preview (app.previews.service): ``preview``."""
+        previews = self._state.previews
+        if previews is None:
+            raise FrameError(ErrorCode.PREVIEW_UNAVAILABLE, "this server shows no link previews")
+        if not await self._state.quotas.allow("preview", self.conn.user):
+            raise FrameError(ErrorCode.RATE_LIMITED, "too many previews, slow down")
+        self.conn.offer(encode({"type": "preview", **await previews.preview(frame.url)}))
 
     async def _moderate(
         self, frame: ReportMessage | ReportsRequest | ResolveReport | Kick | Ban

@@ -1,0 +1,1 @@
+"""Link previews: a page's title, description and image, fetched safely."""
