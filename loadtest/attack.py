@@ -45,7 +45,8 @@ see the markers and the title, which proves they are there to be leaked. So is t
 (on a marker message's id), ``typing``, ``describe``, ``invite`` (of a new user), ``remove``
 (of a member, and of a user who is not one), ``rooms``, ``inbox``, ``dm history`` (the
 ``history`` frame ``with`` the member), ``upload`` (a file into the room), ``file`` (the
-links to a file of the room, whose name and bytes hold the marker), ``mentions`` (the owner
+links to a file of the room, whose name and bytes hold the marker), ``report`` (of a marker
+message: the answer holds its text), ``mentions`` (the owner
 mentioned every identity in the room while they were members), ``notifications`` (the
 level of the room), ``live`` (what reaches
 the identity's sockets: one joined before its removal, ban, narrowing or expiry, and a fresh
@@ -319,7 +320,7 @@ API_MESSAGES = "GET /api/v1/rooms/{room}/messages"
 FRAME_PATHS = ("join", "join since", "history before", "history after", "read", "send", "edit",
                "delete", "react", "typing", "describe", "invite", "remove", "rooms", "directory",
                "inbox", "dm history", "search", "search room", "upload", "file", "mentions",
-               "notifications")  # fmt: skip
+               "notifications", "report")  # fmt: skip
 HTTP_PATHS = (HTTP_MESSAGES, HTTP_INBOX, HTTP_DM, HTTP_SEARCH, HTTP_MENTIONS)
 API_PATHS = (API_ROOM, API_MESSAGES)
 PATHS = (CONNECT, *FRAME_PATHS, LIVE, *HTTP_PATHS, *API_PATHS)
@@ -328,7 +329,7 @@ PATHS = (CONNECT, *FRAME_PATHS, LIVE, *HTTP_PATHS, *API_PATHS)
 ORACLE_PATHS = frozenset(
     {"history before", "history after", "read", "send", "edit", "delete", "react", "typing",
      "describe", "invite", "remove", "search room", "upload", "file", "notifications",
-     HTTP_MESSAGES}
+     "report", HTTP_MESSAGES}
 )  # fmt: skip
 # What the member must see on a path (a control); HTTP's per-user routes need jwt mode.
 MEMBER_SEES: dict[str, tuple[str, ...]] = {
@@ -336,7 +337,7 @@ MEMBER_SEES: dict[str, tuple[str, ...]] = {
     "history before": ("marker",), "history after": ("marker",), "rooms": ("title",),
     "inbox": ("marker", "dm marker"), "dm history": ("dm marker",), LIVE: ("marker",),
     "search": ("marker",), "search room": ("marker",), "file": ("marker",),
-    "mentions": ("marker",),
+    "mentions": ("marker",), "report": ("marker",),
 }  # fmt: skip
 MEMBER_SEES_JWT: dict[str, tuple[str, ...]] = {
     HTTP_MESSAGES: ("marker",), HTTP_INBOX: ("marker", "dm marker"), HTTP_DM: ("dm marker",),
@@ -1027,6 +1028,9 @@ class Attack:
             # notification level of the room.
             "mentions": [("mentions", {"type": "mentions", "limit": 50})],
             "notifications": [("notifications", {"type": "notifications", "room": room})],
+            # Reports: the answer holds the reported message's text (app.moderation.reports).
+            "report": [("report", {"type": "report", "room": room, "id": ids.target,
+                                   "reason": "probe"})],
         }  # fmt: skip
         return frames[path]
 
