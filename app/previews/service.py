@@ -86,7 +86,9 @@ class LinkPreviews:
         self._storage = storage
         self._fetcher = SafeFetcher(settings.preview_test_public_addresses)
         self._cache: OrderedDict[str, tuple[float, dict[str, Any] | str]] = OrderedDict()
-        self._fetching: dict[str, asyncio.Future[dict[str, Any] | str]] = {}
+        # One fetch per URL, in a task of its own: a requester that goes away (its socket
+        # closed) does not stop it for the others waiting on it.
+        self._fetching: dict[str, asyncio.Task[dict[str, Any] | str]] = {}
 
     async def preview(self, url: str) -> dict[str, Any]:
         """The preview of ``url``: ``{"url", "title", "description", "site", "image"}``
@@ -97,24 +99,29 @@ class LinkPreviews:
         if cached is not None and now - cached[0] < self._settings.preview_cache_s:
             found = cached[1]
         else:
-            pending = self._fetching.get(url)
-            if pending is None:
-                pending = asyncio.get_running_loop().create_future()
-                self._fetching[url] = pending
-                try:
-                    found = await self._build(url)
-                finally:
-                    del self._fetching[url]
-                pending.set_result(found)
-                self._cache[url] = (time.monotonic(), found)
-                self._cache.move_to_end(url)
-                while len(self._cache) > _CACHE_MAX:
-                    self._cache.popitem(last=False)
-            else:
-                found = await asyncio.shield(pending)
+            fetching = self._fetching.get(url)
+            if fetching is None:
+                fetching = asyncio.get_running_loop().create_task(self._fetch(url))
+                self._fetching[url] = fetching
+            found = await asyncio.shield(fetching)
         if isinstance(found, str):
             raise FrameError(ErrorCode.PREVIEW_UNAVAILABLE, found)
         return await self._with_image_link(found)
+
+    async def _fetch(self, url: str) -> dict[str, Any] | str:
+        """:meth:`_build`, cached; a failure of this code is one of the URL's too."""
+        try:
+            found = await self._build(url)
+        except Exception:
+            logger.exception("building the preview of a link failed")
+            found = "the preview failed"
+        finally:
+            del self._fetching[url]
+        self._cache[url] = (time.monotonic(), found)
+        self._cache.move_to_end(url)
+        while len(self._cache) > _CACHE_MAX:
+            self._cache.popitem(last=False)
+        return found
 
     async def _build(self, url: str) -> dict[str, Any] | str:
         settings = self._settings
@@ -182,4 +189,7 @@ class LinkPreviews:
         }
 
     async def close(self) -> None:
+        for task in list(self._fetching.values()):
+            task.cancel()
+        await asyncio.gather(*self._fetching.values(), return_exceptions=True)
         await self._fetcher.close()
