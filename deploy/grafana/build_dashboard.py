@@ -552,6 +552,69 @@ def build() -> dict[str, Any]:
         "short",
     )
 
+    d.row("User safety")
+    d.graph(
+        "Moderation hook decisions",
+        "Users' messages and edits the moderation hook (CHAT_MODERATION_HOOK_URL) decided per "
+        "second: accept, reject, replace; failed_accept / failed_reject when it failed or was "
+        "slow and CHAT_MODERATION_HOOK_ON_FAILURE decided. Alert HubbubModerationHookFailing.",
+        [
+            _q(
+                f"sum by (decision) (rate(hubbub_moderation_decisions_total{{{SEL}}}[{RATE}]))",
+                "{{decision}}/s",
+            ),
+        ],
+        "short",
+        stacked=True,
+    )
+    d.graph(
+        "Moderation hook wait",
+        "How long messages waited for the hook's decision (p50, p95): every message of a user "
+        "waits this before it is published.",
+        [
+            _q(
+                "histogram_quantile(0.5, sum by (le) "
+                f"(rate(hubbub_moderation_hook_seconds_bucket{{{SEL}}}[{RATE}])))",
+                "p50",
+            ),
+            _q(
+                "histogram_quantile(0.95, sum by (le) "
+                f"(rate(hubbub_moderation_hook_seconds_bucket{{{SEL}}}[{RATE}])))",
+                "p95",
+            ),
+        ],
+        "s",
+    )
+    d.graph(
+        "Moderation hook requests",
+        "Requests to the hook per second and the messages each carried on average: under load "
+        "messages wait for a request under way and go together (CHAT_MODERATION_HOOK_BATCH_MAX).",
+        [
+            _q(
+                f"sum(rate(hubbub_moderation_hook_batch_size_count{{{SEL}}}[{RATE}]))",
+                "requests/s",
+            ),
+            _q(
+                f"sum(rate(hubbub_moderation_hook_batch_size_sum{{{SEL}}}[{RATE}])) / "
+                f"sum(rate(hubbub_moderation_hook_batch_size_count{{{SEL}}}[{RATE}]))",
+                "messages per request",
+            ),
+        ],
+        "short",
+    )
+    d.graph(
+        "Reports",
+        "Messages reported (a new report in the moderators' queue) and reports resolved "
+        "(dismissed, or deleted: the message was) per minute.",
+        [
+            _q(
+                f"sum by (outcome) (rate(hubbub_reports_total{{{SEL}}}[{RATE}])) * 60",
+                "{{outcome}}/min",
+            ),
+        ],
+        "short",
+    )
+
     return {
         "uid": "hubbub",
         "title": "Hubbub",
