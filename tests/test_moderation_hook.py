@@ -17,6 +17,7 @@ from pydantic import ValidationError
 from tests.helpers import ChatClient, LiveServer, make_settings, run_server
 from tests.moderation_hook_server import ModerationServer, running_moderation
 from tests.test_durable import connected
+from tests.test_files import png, upload
 from tests.test_rooms import answer
 
 pytestmark = pytest.mark.timeout(120)
@@ -156,3 +157,23 @@ def test_the_hook_must_be_https_and_signed() -> None:
         ).moderation_hook_url
         is not None
     )
+
+
+async def test_the_hook_sees_a_messages_files(tmp_path: Path) -> None:
+    """A message with a file: the hook gets the file's metadata (name, size, sniffed type)
+    with the text, and a rejection frees the file for another message."""
+    async with (
+        running_moderation(SECRET) as hook,
+        run_server(hook_settings(tmp_path, hook)) as live,
+        connected(live.ws_url("ada")) as ada,
+    ):
+        await answer(ada, {"type": "join", "room": "lobby"}, "joined")
+        file_id = await upload(live, ada, png(), "cat.png", room="lobby")
+        refused = await sent(ada, {"room": "lobby", "text": "spam pic", "attachments": [file_id]})
+        assert refused["code"] == "rejected"
+        item = hook.items[-1]
+        assert item["text"] == "spam pic"
+        [seen] = item["attachments"]
+        assert (seen["id"], seen["name"], seen["size"]) == (file_id, "cat.png", len(png()))
+        ok = await sent(ada, {"room": "lobby", "text": "a cat", "attachments": [file_id]})
+        assert [f["id"] for f in ok["attachments"]] == [file_id]
