@@ -23,7 +23,8 @@ Contract:
 - Lists are read through a per-worker cache (at most ``CHAT_HIDDEN_CACHE_S`` old; notices make
   changes visible sooner; a worker that may have missed notices reads its users' lists
   again). While the store cannot be read, the last lists read are used (none: nobody hidden),
-  and chat goes on.
+  and chat goes on; a new connection waits for its user's lists half a second at most (what
+  is read later applies to it then).
 """
 
 from __future__ import annotations
@@ -53,6 +54,8 @@ Change = Literal["mute", "unmute", "block", "unblock"]
 _CACHE_MAX = 10_000
 # Users read in one query when a worker reads many lists again.
 _READ_BATCH = 500
+# How long a new connection waits for its user's lists before it goes on without them.
+_ATTACH_WAIT_S = 0.5
 # Pages a history read fetches at most to fill one page with messages nobody hid.
 _REFILL_PAGES = 5
 
@@ -153,8 +156,21 @@ class HiddenUsers:
         return hiding
 
     async def attach(self, user: str) -> frozenset[str]:
-        """Whom a new connection of ``user`` must not be given messages from."""
-        return (await self.of(user)).users
+        """Whom a new connection of ``user`` must not be given messages from. A slow store
+        does not hold the connection up: past ``_ATTACH_WAIT_S`` it gets the last lists read
+        (none: nobody), and the lists read later are given to the user's connections then."""
+        cached = self._cache.get(user)
+        reading = asyncio.ensure_future(self.of(user))
+        try:
+            async with asyncio.timeout(_ATTACH_WAIT_S):
+                return (await asyncio.shield(reading)).users
+        except TimeoutError:
+            reading.add_done_callback(lambda done: self._late(user, done))
+            return (NOBODY if cached is None else cached[1]).users
+
+    def _late(self, user: str, reading: asyncio.Future[Hiding]) -> None:
+        if not reading.cancelled() and reading.exception() is None:
+            self._hub.set_hidden(user, reading.result().users, None)
 
     def _remember(self, user: str, hiding: Hiding, now: float) -> None:
         self._cache[user] = (now, hiding)

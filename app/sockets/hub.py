@@ -281,10 +281,10 @@ class Hub:
             if self.tracing is not None and message_id is not None:
                 span = self.tracing.start_fanout(payload, user)
             frame, nbytes = payload.decode(), len(payload)
-            sender = sender_of(payload) if message_id is not None else None
             for conn in conns:
-                if sender is None or sender not in conn.hidden:
-                    conn.offer(frame, nbytes)
+                if conn.hidden and message_id is not None and sender_of(payload) in conn.hidden:
+                    continue  # from someone this user hides
+                conn.offer(frame, nbytes)
             if message_id is not None:
                 self._metrics.delivered_since_sync += len(conns)
                 self._metrics.sample_fanout(message_id)
