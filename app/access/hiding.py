@@ -115,6 +115,16 @@ class HiddenUsers:
         self._remember(user, hiding, now)
         return hiding
 
+    def cached_block(self, user: str, other: str) -> bool | None:
+        """Whether ``user`` blocks ``other``, when known without reading the store (None:
+        :meth:`blocks` would read it)."""
+        if self._store is None:
+            return False
+        cached = self._cache.get(user)
+        if cached is None or time.monotonic() - cached[0] >= self._settings.hidden_cache_s:
+            return None
+        return other in cached[1].blocked
+
     async def blocks(self, user: str, other: str) -> bool:
         """Whether ``user`` blocks ``other``."""
         return other in (await self.of(user)).blocked

@@ -122,6 +122,7 @@ def _process_name() -> str:
 
 
 _TOO_MANY_MESSAGES = "too many messages, slow down"
+_CANNOT_WRITE_TO = "you cannot send direct messages to this user"
 
 
 class Session:
@@ -158,15 +159,23 @@ class Session:
                 received["invalid"] += 1
                 raise
             received[frame.type] += 1
+            blocked: bool | None = False  # a room's send: nobody to be blocked by
             if (
                 isinstance(frame, Send)
                 and frame.reply_to is None
                 and frame.attachments is None
                 and "@" not in frame.text  # mentions are resolved first: not pipelined
                 and self._state.moderation is None  # decisions may come back in any order
+                # A pipelined send must reach the broker before any later one: nothing may
+                # wait before its publish (a DM's block check waits when not cached).
+                and (
+                    frame.to is None
+                    or (blocked := self._state.hidden.cached_block(frame.to, self.conn.user))
+                    is not None
+                )
             ):
                 await self._sends.admit()
-                self._sends.start(self._send_answer(frame, text))
+                self._sends.start(self._send_answer(frame, text, blocked))
                 return
             await self.settle()
             if isinstance(frame, Send):
@@ -552,7 +561,7 @@ class Session:
         """Refuse a write in the direct conversation with ``peer`` (None: a room) when
         ``peer`` blocks this user (app.access.hiding): ``forbidden``, not saying why."""
         if peer is not None and await self._state.hidden.blocks(peer, self.conn.user):
-            raise FrameError(ErrorCode.FORBIDDEN, "you cannot send direct messages to this user")
+            raise FrameError(ErrorCode.FORBIDDEN, _CANNOT_WRITE_TO)
 
     async def _change(self, frame: Edit | Delete | React) -> None:
         """Edit, delete or react to a message: checked here (it exists in this conversation,
@@ -767,12 +776,12 @@ class Session:
             )
         )  # fmt: skip
 
-    async def _send_answer(self, frame: Send, text: str) -> str | None:
+    async def _send_answer(self, frame: Send, text: str, blocked: bool | None) -> str | None:
         """Publish ``frame``; the frame that answers it (its ack, None without a ``cid``, or
         an error frame). An unexpected failure closes the connection (1011) and answers
         nothing."""
         try:
-            return await self._publish_send(frame)
+            return await self._publish_send(frame, blocked)
         except FrameError as exc:
             self.metrics.error_sent(exc.code)
             return error_frame(exc.code, exc.message, _ref(text))
@@ -781,7 +790,7 @@ class Session:
             self.conn.close(CloseCode.INTERNAL_ERROR, "internal error")
             return None
 
-    async def _publish_send(self, frame: Send) -> str | None:
+    async def _publish_send(self, frame: Send, blocked: bool | None = None) -> str | None:
         """Publish a ``send`` frame; its ack (None without a ``cid``). Raises FrameError."""
         conn = self.conn
         if frame.room is not None and not conn.identity.may_use(frame.room):
@@ -792,7 +801,10 @@ class Session:
             raise FrameError(ErrorCode.NOT_JOINED, f"join room {frame.room!r} before sending")
         self._check_text(frame.text)
         self._check_broker()
-        await self._not_blocked(frame.to)
+        if blocked:  # known when the send was admitted (a pipelined DM)
+            raise FrameError(ErrorCode.FORBIDDEN, _CANNOT_WRITE_TO)
+        if blocked is None:
+            await self._not_blocked(frame.to)
         if frame.reply_to is not None:
             conversation = (
                 frame.room if frame.room is not None else direct(conn.user, frame.to or "")
