@@ -755,7 +755,8 @@ async def test_ingress_routes_only_what_clients_use() -> None:
     assert "defaultBackend" not in ingress["spec"]
     app = create_app(DEFAULTS)
     client_paths = {"/", "/rooms/{room}/messages", "/dms/{peer}/messages", "/inbox", "/search",
-                    "/mentions", "/static/sw.js"}  # fmt: skip
+                    "/mentions", "/static/sw.js", "/me/hidden", "/me/muted/{user}",
+                    "/me/blocked/{user}"}  # fmt: skip
     internal_paths = {"/healthz", "/readyz", app.openapi_url, app.docs_url, app.redoc_url}
     app_paths = set(app.openapi()["paths"])
     backend_api = {path for path in app_paths if path.startswith("/api/v1/")}
@@ -773,7 +774,15 @@ async def test_ingress_routes_only_what_clients_use() -> None:
     assert admin.router.prefix == "/admin"
 
     routed = ["/", "/ws", "/sse", "/rooms/lobby/messages", "/rooms/team-1/messages"]
-    routed += ["/dms/alice/messages", "/inbox", "/search", "/mentions"]
+    routed += [
+        "/dms/alice/messages",
+        "/inbox",
+        "/search",
+        "/mentions",
+        "/me/hidden",
+        "/me/muted/bob",
+        "/me/blocked/bob",
+    ]
     routed += [f"/static/{f.name}" for f in (ROOT / "app/static").iterdir()]
     static = (ROOT / "app/static/index.html").read_text()
     assert set(re.findall(r'(?:href|src)="(/[^"]*)"', static)) <= set(routed)
@@ -788,7 +797,7 @@ async def test_ingress_routes_only_what_clients_use() -> None:
         DEFAULTS.metrics_path, "/metrics", "/healthz", "/readyz", "/openapi.json", "/redoc",
         "/docs", "/docs/oauth2-redirect", "/index.html", "/wsx", "/ws/x", "/ssex", "/sse/x",
         "/staticx", "/rooms-x",
-        "/dmsx", "/inbox/x", "/search/x", "/mentions/x", "/api/", "/api/v1/rooms",
+        "/dmsx", "/inbox/x", "/search/x", "/mentions/x", "/mex", "/api/", "/api/v1/rooms",
         "/api/v1/users/ada/messages",
     ]  # fmt: skip
     for path in refused:

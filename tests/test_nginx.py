@@ -211,7 +211,7 @@ async def test_client_address_comes_from_the_trusted_proxy_only(redis_server: Re
 # the other (checked below): a new route fails here until nginx is decided for it.
 PAGE_ROUTES = {
     "/", "/rooms/{room}/messages", "/dms/{peer}/messages", "/inbox", "/search", "/files/{key}",
-    "/mentions", "/static/sw.js",
+    "/mentions", "/static/sw.js", "/me/hidden", "/me/muted/{user}", "/me/blocked/{user}",
 }  # fmt: skip
 INTERNAL_ROUTES = {"/healthz", "/readyz", "/openapi.json", "/redoc"}  # + /admin/, /api/v1/
 # Through nginx: 404, whatever the app would answer.
@@ -220,7 +220,7 @@ REFUSED = [
     "/readyz", "/metrics", "/admin", "/admin/", "/admin/users/troll/ban", "/api/",
     "/api/v1/rooms", "/api/v1/users/ada/messages", "/index.html", "/staticx", "/wsx",
     "/ws/x", "/roomsx", "/inbox/x", "/search/x", "/searchx", "/mentions/x", "/mentionsx",
-    "/dmsx", "/HEALTHZ", "/openapi.json/",
+    "/dmsx", "/HEALTHZ", "/openapi.json/", "/mex",
 ]  # fmt: skip
 # Requests whose raw path an app could read differently from nginx: none reaches a route
 # nginx refuses.
@@ -264,7 +264,7 @@ async def test_nginx_proxies_only_what_the_chat_page_uses(redis_server: RedisSer
             await ann.say("lobby", "hello", cid="c1")
             await ann.expect("message")
         routed = ["/", "/rooms/lobby/messages", "/dms/bob/messages", "/inbox", "/search?q=x"]
-        routed += ["/mentions"]
+        routed += ["/mentions", "/me/hidden"]
         routed += ["/files/abcdefghijklmnopqrstuv?exp=1&sig=x"]  # 404 here: no store
         routed += [f"/static/{f.name}" for f in STATIC_DIR.iterdir()]
         async with httpx.AsyncClient() as http:
