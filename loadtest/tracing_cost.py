@@ -78,13 +78,15 @@ def cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def measure(args: argparse.Namespace, endpoint: str) -> dict[str, list[dict[str, Any]]]:
-    """Each setting's rtt results, one per round, the settings alternating in each round."""
-    results: dict[str, list[dict[str, Any]]] = {name: [] for name in SETTINGS}
+def measure(
+    args: argparse.Namespace, settings: dict[str, dict[str, str]], what: str
+) -> dict[str, list[dict[str, Any]]]:
+    """Each setting's rtt results (its environment for the server), one per round, the
+    settings alternating in each round."""
+    results: dict[str, list[dict[str, Any]]] = {name: [] for name in settings}
     for round_ in range(args.rounds):
-        for name, env in SETTINGS.items():
-            print(f"round {round_ + 1}/{args.rounds}: tracing {name}", flush=True)
-            extra = {"CHAT_TRACING_ENDPOINT": endpoint} | env if name != "off" else {}
+        for name, extra in settings.items():
+            print(f"round {round_ + 1}/{args.rounds}: {what} {name}", flush=True)
             with running("hubbub", extra) as server:
                 cpu_before = cpu_s(server.pid)
                 result = loadtest([
@@ -127,8 +129,10 @@ def report(
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m loadtest.tracing_cost", description=__doc__)
+def parse(argv: list[str] | None, prog: str, description: str | None) -> argparse.Namespace:
+    """The arguments of a closed-loop cost benchmark; pins this process to the generator's
+    core."""
+    parser = argparse.ArgumentParser(prog=prog, description=description)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--clients", type=int, default=100)
     parser.add_argument("--seconds", type=float, default=8.0)
@@ -136,16 +140,31 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     with contextlib.suppress(AttributeError, OSError):
         os.sched_setaffinity(0, {int(CLIENT_CPU)})
-    started = time.time()
-    with collector() as endpoint:
-        results = measure(args, endpoint)
-    text = report(results, args)
+    return args
+
+
+def publish(
+    args: argparse.Namespace, started: float, results: dict[str, list[dict[str, Any]]], text: str
+) -> None:
+    """Print the report; with ``--json``, write it with every run."""
     print(text)
     if args.json is not None:
         args.json.write_text(json.dumps({
             "args": vars(args) | {"json": None}, "started": started, "results": results,
             "report": text,
         }, indent=1) + "\n")  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(argv, "python -m loadtest.tracing_cost", __doc__)
+    started = time.time()
+    with collector() as endpoint:
+        settings = {
+            name: {"CHAT_TRACING_ENDPOINT": endpoint} | env if name != "off" else {}
+            for name, env in SETTINGS.items()
+        }
+        results = measure(args, settings, "tracing")
+    publish(args, started, results, report(results, args))
     return 0
 
 
