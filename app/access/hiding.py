@@ -169,7 +169,11 @@ class HiddenUsers:
         """Whom a new connection of ``user`` must not be given messages from. A slow store
         does not hold the connection up: past ``_ATTACH_WAIT_S`` it gets the last lists read
         (none: nobody), and the lists read later are given to the user's connections then."""
+        if self._store is None:
+            return NOBODY.users
         cached = self._cache.get(user)
+        if cached is not None and time.monotonic() - cached[0] < self._settings.hidden_cache_s:
+            return cached[1].users  # most connects: no task, no wait
         reading = asyncio.ensure_future(self.of(user))
         try:
             async with asyncio.timeout(_ATTACH_WAIT_S):
