@@ -144,7 +144,13 @@ async def test_the_node_suite_passes_against_a_real_server(built: Path, tmp_path
     assert "# fail 0" in text and "# skipped 0" in text, text
     assert int(text.split("# pass ")[1].split()[0]) >= 12, text
     passed = {line.split(" - ", 1)[1] for line in text.splitlines() if re.match(r"ok \d+ - ", line)}
-    for name in ("a mention:", "notification levels:", "setVisible is taken", "setVisible is re"):
+    for name in (
+        "a mention:",
+        "notification levels:",
+        "setVisible is taken",
+        "setVisible is re",
+        "block and mute:",
+    ):
         assert any(test.startswith(name) for test in passed), (name, text)
 
 

@@ -35,6 +35,7 @@ from hubbub_client import (
     Edited,
     Event,
     Hello,
+    HiddenUsers,
     HubbubClient,
     HubbubError,
     InboxEntry,
@@ -681,6 +682,52 @@ async def test_push_subscriptions_on_allowed_services_only(tmp_path: Path) -> No
             with pytest.raises(HubbubError) as off:
                 await ada.subscribe_push({"endpoint": service + "x", "keys": keys})
             assert off.value.code == "no_store"
+
+
+@pytest.mark.timeout(60)
+async def test_block_and_mute_lists_refusals_and_another_connection_told(tmp_path: Path) -> None:
+    """``mute``, ``block``, ``unmute``, ``unblock`` and ``hidden`` return the lists as they
+    are now (blocking a muted user makes it a block, unmuting a blocked one leaves it); asked
+    at once, each gets its own answer, the refusals too (yourself, a name that is none:
+    ``bad_frame``); every answer is also a ``HiddenUsers`` event, and the user's other
+    connection gets each change by itself. Without a store: ``no_store``, and empty lists."""
+    settings = make_settings(database_url=f"sqlite:///{tmp_path}/data/chat.db")
+    async with run_server(settings) as live:
+        ada, tab = sdk(live.ws_url(), "ada"), sdk(live.ws_url(), "ada")
+        seen_ada, seen_tab = Seen(ada), Seen(tab)
+        async with ada, tab:
+            nobody = HiddenUsers(muted=(), blocked=())
+            assert await ada.hidden() == nobody
+            assert await ada.mute("bob") == HiddenUsers(muted=("bob",), blocked=())
+            await wait_until(lambda: any(e.muted == ("bob",) for e in seen_tab.of(HiddenUsers)))
+            assert await ada.block("carol") == HiddenUsers(muted=("bob",), blocked=("carol",))
+            both = HiddenUsers(muted=(), blocked=("bob", "carol"))
+            assert await ada.block("bob") == both
+            assert await ada.unmute("bob") == both
+
+            refused_self, unblocked, invalid, lists = await asyncio.gather(
+                ada.mute("ada"), ada.unblock("bob"), ada.block("not a name!"), ada.hidden(),
+                return_exceptions=True,
+            )  # fmt: skip
+            for refused in (refused_self, invalid):
+                assert isinstance(refused, HubbubError) and refused.code == "bad_frame"
+            assert unblocked == lists == HiddenUsers(muted=(), blocked=("carol",))
+            assert await ada.unblock("carol") == nobody
+            await wait_until(lambda: seen_tab.of(HiddenUsers)[-1] == nobody)
+            assert await tab.hidden() == nobody
+            # Every answer was an event too (8 here); the refusals answered their requests.
+            await wait_until(lambda: len(seen_ada.of(HiddenUsers)) >= 8)
+            assert seen_ada.of(HiddenUsers)[-1] == nobody
+            assert not seen_ada.of(ServerError)
+            received: list[HiddenUsers] = []
+            ada.on("hidden", received.append)  # by name, as hubbub.js calls it
+            await tab.mute("dan")
+            await wait_until(lambda: [e.muted for e in received] == [("dan",)])
+    async with run_server(make_settings()) as bare, sdk(bare.ws_url(), "ada") as ada:
+        with pytest.raises(HubbubError) as no_store:
+            await ada.mute("bob")
+        assert no_store.value.code == "no_store"
+        assert await ada.hidden() == HiddenUsers(muted=(), blocked=())
 
 
 def _b64url(data: bytes) -> str:

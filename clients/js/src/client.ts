@@ -11,7 +11,8 @@ import {
   TERMINAL_CLOSE_CODES,
   type AckFrame, type AuthFrame, type AuthenticatedFrame, type Cid, type ClientFrame,
   type Conversation, type DeletedFrame, type EditedFrame, type ErrorFrame, type FileFrame,
-  type FileId, type HelloFrame, type HistoryFrame, type InboxFrame, type InvitedFrame,
+  type FileId, type HelloFrame, type HiddenFrame, type HiddenLists, type HideFrame,
+  type HistoryFrame, type InboxFrame, type InvitedFrame,
   type JoinedFrame, type LeftFrame, type MemberFrame, type MentionsFrame,
   type MentionsRequestFrame, type MessageEventFrame, type MessageFrame, type NotificationLevel,
   type NotificationSetting, type NotificationsFrame, type NotificationsListFrame,
@@ -81,6 +82,10 @@ export interface HubbubEventMap {
   ack: AckFrame;
   error: ErrorFrame | ClientError;
   authenticated: AuthenticatedFrame;
+  /** Whom you mute and block, as they are now: every `hidden` frame, the answers to `mute`,
+   * `unmute`, `block`, `unblock` and `hidden()` included, and those the server sends by
+   * itself when another connection of yours (or the HTTP API) changes the lists. */
+  hidden: HiddenFrame;
 }
 
 /** The event a client dispatches: `detail` carries what happened, as a `CustomEvent`'s does
@@ -206,7 +211,7 @@ interface PendingSend {
 /** What a request over the socket is answered with. */
 type Answer =
   | HistoryFrame | SearchFrame | UploadFrame | FileFrame | MentionsFrame | NotificationsFrame
-  | NotificationsListFrame | PushSubscribedFrame | PushUnsubscribedFrame;
+  | NotificationsListFrame | PushSubscribedFrame | PushUnsubscribedFrame | HiddenFrame;
 
 /** How `setNotificationLevel` changes a conversation's level: `level` what notifies you,
  * `muteUntil` nothing until then (epoch ms, or a Date; 0 unmutes). Either may be left out. */
@@ -220,6 +225,8 @@ export interface NotificationLevelOptions {
 type OrderedRef = "file" | "notifications" | "push_subscribe" | "push_unsubscribe";
 interface Waiter { resolve: (frame: Answer) => void; reject: (error: Error) => void }
 
+/** The request frames answered with `hidden` (and refused with their type as `ref`). */
+const HIDE_REFS: ReadonlySet<string> = new Set(["mute", "unmute", "block", "unblock", "hidden"]);
 const NOTIFICATION_LEVELS: readonly NotificationLevel[] = ["all", "mentions", "none"];
 // The largest page of mentions the server gives (its `limit` bound).
 const MENTIONS_PAGE_MAX = 500;
@@ -347,6 +354,9 @@ export class HubbubClient extends EventTarget {
    * error that names none answers the oldest (the server answers a connection's frames in
    * order). */
   private readonly asked = new Map<OrderedRef, string[]>();
+  /** The `mute`, `unmute`, `block`, `unblock` and `hidden` frames not answered yet, in the
+   * order written (their waiters are under the key `hidden`). */
+  private readonly hiding: HideFrame[] = [];
   /** What `setVisible` said last (sent again on every new connection). */
   private visible = false;
   private stopped = false;
@@ -675,6 +685,41 @@ export class HubbubClient extends EventTarget {
     return answer.endpoint;
   }
 
+  /** Mute `user` (servers with a store): their messages, the events on them and their typing
+   * are hidden from you everywhere (live, history, search, the inbox, mentions,
+   * notifications) until `unmute`; nothing is deleted, and everyone else sees them as
+   * before. Muting a blocked user leaves the block. Resolves with the lists as they are now
+   * (the `hidden` event comes too, on every connection of yours); rejects with a
+   * {@link HubbubError}: `bad_frame` (yourself, or not a user name), `too_many_hidden`,
+   * `no_store`, `store_unavailable`, `rate_limited`. */
+  mute(user: UserId): Promise<HiddenLists> {
+    return this.hide({ type: "mute", user });
+  }
+
+  /** End a mute of `user` (a block stays: `unblock` ends it). As `mute`. */
+  unmute(user: UserId): Promise<HiddenLists> {
+    return this.hide({ type: "unmute", user });
+  }
+
+  /** Block `user` (servers with a store): muted, and they cannot write to you directly
+   * (messages, edits, reactions, files) nor invite you to a room; you may still write to
+   * them. Blocking a muted user makes the mute a block. As `mute`. */
+  block(user: UserId): Promise<HiddenLists> {
+    return this.hide({ type: "block", user });
+  }
+
+  /** End a block of `user`. As `mute`. */
+  unblock(user: UserId): Promise<HiddenLists> {
+    return this.hide({ type: "unblock", user });
+  }
+
+  /** Whom you mute and block (empty lists on a server without a store). Changes made while
+   * this client was disconnected are not sent to it: ask again after a reconnect (`hello`)
+   * to be sure. */
+  hidden(): Promise<HiddenLists> {
+    return this.hide({ type: "hidden" });
+  }
+
   // -- internals ------------------------------------------------------------------------
 
   /** `url` (relative: on this client's server) as an absolute http(s) URL. */
@@ -832,8 +877,29 @@ export class HubbubClient extends EventTarget {
     return true;
   }
 
+  /** Write `frame` and resolve with the `hidden` frame that answers it. The server answers a
+   * connection's frames in order, but also sends `hidden` by itself when the lists change
+   * elsewhere, which may come first: a `hidden` frame answers the oldest request waiting
+   * only when its lists can be that request's answer (see `answersHide`); any other is
+   * only the `hidden` event. A refusal (its type as `ref`) answers the oldest. */
+  private async hide(frame: HideFrame): Promise<HiddenLists> {
+    if (this.state === "open") this.hiding.push(frame);
+    const { muted, blocked } = await this.ask<HiddenFrame>("hidden", frame);
+    return { muted, blocked };
+  }
+
+  /** Hand a `hidden` frame or a refusal of a hide request to the oldest one waiting; whether
+   * one took it. */
+  private answerHide(value: HiddenFrame | Error): boolean {
+    const oldest = this.hiding[0];
+    if (!oldest || (!(value instanceof Error) && !answersHide(oldest, value))) return false;
+    this.hiding.shift();
+    return this.answer("hidden", value);
+  }
+
   private failAnswers(error: Error): void {
     this.asked.clear();
+    this.hiding.length = 0;
     for (const waiting of this.answers.values()) {
       for (const { reject } of waiting) reject(error);
     }
@@ -1070,6 +1136,10 @@ export class HubbubClient extends EventTarget {
       case "push_unsubscribed":
         this.answerInOrder("push_unsubscribe", `push_unsubscribe:${frame.endpoint}`, frame);
         break;
+      case "hidden":
+        this.answerHide(frame);
+        this.emit("hidden", frame);
+        break;
       case "inbox":
         for (const entry of frame.conversations) {
           if (entry.with !== undefined && !this.lastDirect.has(entry.with)) {
@@ -1147,6 +1217,10 @@ export class HubbubClient extends EventTarget {
       const key = named ? notificationsKey(frame) : undefined;
       if (this.answerInOrder(frame.ref, key, new HubbubError(frame.code, frame.message, frame))) return;
     }
+    if (frame.ref !== undefined && HIDE_REFS.has(frame.ref)
+        && this.answerHide(new HubbubError(frame.code, frame.message, frame))) {
+      return;
+    }
     const room = frame.room;
     if (frame.ref === "join" && room && RETRY_JOIN_CODES.has(frame.code)) {
       // The join did not happen: try again later, or the room stays silent.
@@ -1211,6 +1285,19 @@ function sendFrame(frame: SendFrame & { cid: Cid }, options: SendOptions): SendF
   if (options.attachments?.length) frame.attachments = [...options.attachments];
   if (options.traceparent !== undefined) frame.traceparent = options.traceparent;
   return frame;
+}
+
+/** Whether `lists` can be the answer to `frame`: the lists as they are after it (`mute`: the
+ * user muted or blocked; `block`: blocked; `unmute`: not muted; `unblock`: not blocked; the
+ * request for the lists: any). A `hidden` frame that cannot is one the server sent by itself. */
+function answersHide(frame: HideFrame, lists: HiddenLists): boolean {
+  switch (frame.type) {
+    case "mute": return lists.muted.includes(frame.user) || lists.blocked.includes(frame.user);
+    case "block": return lists.blocked.includes(frame.user);
+    case "unmute": return !lists.muted.includes(frame.user);
+    case "unblock": return !lists.blocked.includes(frame.user);
+    case "hidden": return true;
+  }
 }
 
 /** Where the answers to `notifications` frames are paired: per conversation; `*` the list. */

@@ -24,7 +24,8 @@ export const ERROR_CODES = [
   "bad_json", "bad_frame", "unknown_type", "binary_unsupported", "text_too_long",
   "not_joined", "too_many_rooms", "too_many_members", "rate_limited", "broker_unavailable",
   "resync", "forbidden", "store_unavailable", "no_store", "not_found", "exists",
-  "file_too_large", "storage_unavailable",
+  "file_too_large", "storage_unavailable", "too_many_hidden", "rejected",
+  "moderation_unavailable", "preview_unavailable",
 ] as const;
 export type ErrorCode = (typeof ERROR_CODES)[number];
 
@@ -103,6 +104,41 @@ export interface PushSubscriptionInput {
 export interface PushSubscribeFrame { type: "push_subscribe"; subscription: WebPushSubscription }
 /** Stop pushing to `endpoint` (answered with `push_unsubscribed`). */
 export interface PushUnsubscribeFrame { type: "push_unsubscribe"; endpoint: string }
+/** Mute `user`: their messages, the events on them and their typing are hidden from you
+ * everywhere until `unmute` (a blocked user stays blocked). Answered with `hidden`. */
+export interface MuteFrame { type: "mute"; user: UserId }
+/** End a mute of `user` (a block stays). Answered with `hidden`. */
+export interface UnmuteFrame { type: "unmute"; user: UserId }
+/** Block `user`: muted, and they cannot write to you directly nor invite you. Answered with
+ * `hidden`. */
+export interface BlockFrame { type: "block"; user: UserId }
+/** End a block of `user`. Answered with `hidden`. */
+export interface UnblockFrame { type: "unblock"; user: UserId }
+/** Whom you mute and block (answered with `hidden`). */
+export interface HiddenRequestFrame { type: "hidden" }
+/** The frames answered with `hidden`: a change of whom you hide, or the request for the lists. */
+export type HideFrame = MuteFrame | UnmuteFrame | BlockFrame | UnblockFrame | HiddenRequestFrame;
+/** Report message `id` of a conversation you may read now (`room` or `with`), with `reason`
+ * (1–500 characters). Answered with `reported`. */
+export interface ReportFrame {
+  type: "report"; room?: RoomName; with?: UserId; id: number; reason: string;
+}
+/** Moderators: a page of the reports queue: open reports oldest first after `before`, or with
+ * `resolved` resolved ones newest first before it (`limit` default 20, at most 100). Answered
+ * with `reports`. */
+export interface ReportsRequestFrame {
+  type: "reports"; resolved?: boolean; before?: number; limit?: number;
+}
+/** Moderators: resolve report `id`: `dismiss` it, or `delete` its message. Answered with
+ * `resolved`. */
+export interface ResolveFrame { type: "resolve"; id: number; action: "dismiss" | "delete" }
+/** Moderators: close every connection of `user` (they may come back). Answered with `kicked`. */
+export interface KickFrame { type: "kick"; user: UserId; reason?: string }
+/** Moderators: keep `user` out for `duration_s` (their connections are closed). Answered with
+ * `banned`. */
+export interface BanFrame { type: "ban"; user: UserId; duration_s: number; reason?: string }
+/** The preview of link `url` (`http(s)://…`) found in a message. Answered with `preview`. */
+export interface PreviewRequestFrame { type: "preview"; url: string }
 export interface PingFrame { type: "ping" }
 export interface PongFrame { type: "pong" }
 
@@ -112,7 +148,9 @@ export type ClientFrame =
   | AuthFrame | HistoryRequestFrame | ReadFrame | InboxRequestFrame | CreateFrame
   | DescribeFrame | InviteFrame | RemoveFrame | RoomsRequestFrame | SearchRequestFrame
   | UploadRequestFrame | FileRequestFrame | MentionsRequestFrame | NotificationsRequestFrame
-  | VisibilityFrame | PushSubscribeFrame | PushUnsubscribeFrame | PingFrame | PongFrame;
+  | VisibilityFrame | PushSubscribeFrame | PushUnsubscribeFrame | MuteFrame | UnmuteFrame
+  | BlockFrame | UnblockFrame | HiddenRequestFrame | ReportFrame | ReportsRequestFrame
+  | ResolveFrame | KickFrame | BanFrame | PreviewRequestFrame | PingFrame | PongFrame;
 
 // -- server → client ------------------------------------------------------------------------
 
@@ -271,6 +309,45 @@ export interface PushSubscribedFrame { type: "push_subscribed"; endpoint: string
 /** The answer to `push_unsubscribe`: nothing is pushed to `endpoint` any more. */
 export interface PushUnsubscribedFrame { type: "push_unsubscribed"; endpoint: string }
 
+/** Whom you hide (sorted; disjoint: a blocked user is muted too, and listed as blocked only). */
+export interface HiddenLists {
+  /** Muted: their messages, the events on them and their typing are hidden from you. */
+  muted: UserId[];
+  /** Blocked: hidden as muted ones are, and they cannot write to you directly nor invite you. */
+  blocked: UserId[];
+}
+/** Whom you mute and block: the answer to `hidden`, `mute`, `unmute`, `block` and `unblock`,
+ * and sent by itself to every connection of yours when the lists change (from another tab,
+ * another device or the HTTP API). */
+export interface HiddenFrame extends HiddenLists { type: "hidden" }
+
+/** A report of a message, as the moderators' queue shows it: the message as it was when
+ * reported, in `room` or the direct conversation of the two users `with`; `resolved`: by
+ * whom, how and when (null: open). */
+export interface Report {
+  id: number; room?: RoomName; with?: [UserId, UserId];
+  message: { id: number; user: UserId; text: string };
+  reporter: UserId; reason: string; ts: number;
+  resolved: { by: UserId; outcome: "dismissed" | "deleted"; ts: number } | null;
+}
+/** The answer to `report`: the report as stored (reporting a message again answers the first). */
+export interface ReportedFrame { type: "reported"; report: Report }
+/** The answer to `reports` (moderators): reports of conversations you may read now; `next`: the
+ * `before` of the next page (null: the last). */
+export interface ReportsFrame { type: "reports"; reports: Report[]; next: number | null }
+/** The answer to `resolve`: the report as it is now. */
+export interface ResolvedFrame { type: "resolved"; report: Report }
+/** The answer to `preview`: plain texts (show them as text, never as markup) and the image as a
+ * link to the server's file storage (never the site's). */
+export interface PreviewFrame {
+  type: "preview"; url: string; title: string | null; description: string | null;
+  site: string | null; image: { url: string; width: number; height: number } | null;
+}
+/** The answer to `kick`. */
+export interface KickedFrame { type: "kicked"; user: UserId }
+/** The answer to `ban`. */
+export interface BannedFrame { type: "banned"; user: UserId; duration_s: number; reason: string }
+
 /** Every frame a server sends (a newer server may send more types: ignore unknown ones). */
 export type ServerFrame =
   | HelloFrame | JoinedFrame | LeftFrame | MessageFrame | EditedFrame | DeletedFrame
@@ -278,4 +355,5 @@ export type ServerFrame =
   | ErrorFrame | RefreshFrame | AuthenticatedFrame | HistoryFrame | InboxFrame | RoomFrame
   | RoomsFrame | MemberFrame | InvitedFrame | SearchFrame | UploadFrame | FileFrame
   | MentionsFrame | NotificationsFrame | NotificationsListFrame | PushSubscribedFrame
-  | PushUnsubscribedFrame | PingFrame | PongFrame;
+  | PushUnsubscribedFrame | HiddenFrame | ReportedFrame | ReportsFrame | ResolvedFrame
+  | KickedFrame | BannedFrame | PreviewFrame | PingFrame | PongFrame;

@@ -416,6 +416,55 @@ test("notification levels: defaults, set, list, unmute, a refusal; asked at once
   }
 });
 
+test("block and mute: mute, block, unmute, unblock and hidden() resolve with the lists; refusals reject; another tab is told", { skip: !URL_, timeout: 20_000 }, async () => {
+  const me = unique("ada");
+  const { client: ada } = await connected(me);
+  const { client: tab } = await connected(me); // the same user on a second connection
+  const bob = unique("bob");
+  const carol = unique("carol");
+  const errors = [];
+  ada.on("error", (error) => errors.push(error));
+  const told = [];
+  ada.on("hidden", ({ muted, blocked }) => told.push({ muted, blocked }));
+  try {
+    assert.deepEqual(await ada.hidden(), { muted: [], blocked: [] });
+    // The other tab gets the change by itself, as a `hidden` event.
+    const onTab = next(tab, "hidden", (frame) => frame.muted.includes(bob));
+    assert.deepEqual(await ada.mute(bob), { muted: [bob], blocked: [] });
+    const pushed = await onTab;
+    assert.deepEqual([pushed.type, pushed.muted, pushed.blocked], ["hidden", [bob], []]);
+    assert.deepEqual(await ada.block(carol), { muted: [bob], blocked: [carol] });
+    // Blocking a muted user makes the mute a block; unmuting a blocked user leaves it.
+    assert.deepEqual(await ada.block(bob), { muted: [], blocked: [bob, carol].sort() });
+    assert.deepEqual(await ada.unmute(bob), { muted: [], blocked: [bob, carol].sort() });
+
+    // Asked at once, each gets its own answer: yourself and a name that is none are refused
+    // (`bad_frame`), the others answered in between.
+    const [self, unblocked, invalid, lists] = await Promise.allSettled([
+      ada.mute(me), ada.unblock(bob), ada.block("not a name!"), ada.hidden(),
+    ]);
+    for (const refused of [self, invalid]) {
+      assert.equal(refused.status, "rejected");
+      assert.ok(refused.reason instanceof HubbubError);
+      assert.equal(refused.reason.code, "bad_frame");
+    }
+    assert.deepEqual(unblocked, { status: "fulfilled", value: { muted: [], blocked: [carol] } });
+    assert.deepEqual(lists, { status: "fulfilled", value: { muted: [], blocked: [carol] } });
+    const cleared = next(tab, "hidden", (frame) => frame.blocked.length === 0);
+    assert.deepEqual(await ada.unblock(carol), { muted: [], blocked: [] });
+    assert.deepEqual((await cleared).muted, []);
+    assert.deepEqual(await tab.hidden(), { muted: [], blocked: [] });
+    // Every answer was a `hidden` event too; the refusals answered their requests, not the
+    // error event.
+    assert.deepEqual(told.at(-1), { muted: [], blocked: [] });
+    assert.ok(told.length >= 8, JSON.stringify(told));
+    assert.deepEqual(errors, []);
+  } finally {
+    ada.close();
+    tab.close();
+  }
+});
+
 test("setVisible is taken; push subscriptions: one on an allowed push service, one elsewhere refused", { skip: !URL_, timeout: 20_000 }, async () => {
   const { client: ada } = await connected(unique("ada"));
   const errors = [];
@@ -547,6 +596,48 @@ test("setVisible is remembered: said again on every new connection", { timeout: 
     await hello;
     await new Promise((resolve) => setTimeout(resolve, 200));
     assert.equal(visibility().length, 3); // not visible: nothing to say on the new connection
+  } finally {
+    client.close();
+    await server.close();
+  }
+});
+
+test("a hidden frame the server sends by itself before an answer is only the event; each request gets its own answer", { timeout: 20_000 }, async () => {
+  const server = await silentServer({ ...QUICK, heartbeat_interval_s: 30 });
+  const client = new HubbubClient({ url: server.url, name: "ada", WebSocket });
+  const events = [];
+  const errors = [];
+  client.on("hidden", (frame) => events.push(frame));
+  client.on("error", (error) => errors.push(error));
+  try {
+    const hello = next(client, "hello");
+    client.connect();
+    await hello;
+    const asked = [client.mute("bob"), client.mute("ada"), client.hidden()];
+    const hides = () => server.received.filter((frame) => ["mute", "hidden"].includes(frame.type));
+    await until(() => hides().length === 3, "the three frames");
+    assert.deepEqual(hides(), [{ type: "mute", user: "bob" }, { type: "mute", user: "ada" }, { type: "hidden" }]);
+    const lists = { muted: ["bob"], blocked: ["carol"] };
+    server.sockets[0].send([
+      // Another tab blocked carol: it cannot be the answer to "mute bob" (bob is in neither).
+      { type: "hidden", muted: [], blocked: ["carol"] },
+      { type: "hidden", ...lists },
+      { type: "error", code: "bad_frame", message: "you cannot mute or block yourself", ref: "mute" },
+      { type: "hidden", ...lists },
+    ].map((frame) => JSON.stringify(frame)).join("\n"));
+    const [muted, self, listed] = await Promise.allSettled(asked);
+    assert.deepEqual(muted, { status: "fulfilled", value: lists });
+    assert.equal(self.status, "rejected");
+    assert.ok(self.reason instanceof HubbubError);
+    assert.equal(self.reason.code, "bad_frame");
+    assert.deepEqual(listed, { status: "fulfilled", value: lists });
+    assert.deepEqual(events.map(({ muted, blocked }) => ({ muted, blocked })), [
+      { muted: [], blocked: ["carol"] }, lists, lists,
+    ]);
+    assert.deepEqual(errors, []);
+    // Not connected: refused at once, nothing waits.
+    client.close();
+    await assert.rejects(client.hidden(), /not connected/);
   } finally {
     client.close();
     await server.close();

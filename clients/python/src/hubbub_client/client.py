@@ -51,6 +51,7 @@ from hubbub_client.events import (
     Edited,
     Event,
     Hello,
+    HiddenUsers,
     HistoryPage,
     Inbox,
     Invited,
@@ -93,6 +94,8 @@ from hubbub_client.frames import (
     FileId,
     FileRequestFrame,
     HelloFrame,
+    HiddenFrame,
+    HideFrame,
     HistoryFrame,
     HistoryRequestFrame,
     InboxFrame,
@@ -361,6 +364,9 @@ class HubbubClient:
         # requests not answered yet, in the order written: an error that names none answers
         # the oldest, as the server answers a connection's frames in order.
         self._asks: dict[str, deque[str]] = {}
+        # The ``mute``, ``unmute``, ``block``, ``unblock`` and ``hidden`` frames not answered
+        # yet, in the order written (their futures wait on the key ``hidden``).
+        self._hiding: deque[HideFrame] = deque()
         self._visible = False
         self._join_waiters: dict[str, list[asyncio.Future[Joined]]] = {}
         self._state_waiters: list[tuple[frozenset[str], asyncio.Future[ConnectionState]]] = []
@@ -849,6 +855,36 @@ class HubbubClient:
         answer = await self._ask_in_order("push_unsubscribe", key, frame)
         return cast(PushUnsubscribedFrame, answer)["endpoint"]
 
+    async def mute(self, user: str) -> HiddenUsers:
+        """Mute ``user`` (servers with a store): their messages, the events on them and their
+        typing are hidden from you everywhere (live, history, search, the inbox, mentions,
+        notifications) until :meth:`unmute`; nothing is deleted, and everyone else sees them
+        as before. Muting a blocked user leaves the block. Returns the lists as they are now
+        (a :class:`~hubbub_client.events.HiddenUsers` event comes too, on every connection of
+        yours); raises :class:`HubbubError`: ``bad_frame`` (yourself, or not a user name),
+        ``too_many_hidden``, ``no_store``, ``store_unavailable``, ``rate_limited``."""
+        return await self._hide({"type": "mute", "user": user})
+
+    async def unmute(self, user: str) -> HiddenUsers:
+        """End a mute of ``user`` (a block stays: :meth:`unblock` ends it). As :meth:`mute`."""
+        return await self._hide({"type": "unmute", "user": user})
+
+    async def block(self, user: str) -> HiddenUsers:
+        """Block ``user`` (servers with a store): muted, and they cannot write to you directly
+        (messages, edits, reactions, files) nor invite you to a room; you may still write to
+        them. Blocking a muted user makes the mute a block. As :meth:`mute`."""
+        return await self._hide({"type": "block", "user": user})
+
+    async def unblock(self, user: str) -> HiddenUsers:
+        """End a block of ``user``. As :meth:`mute`."""
+        return await self._hide({"type": "unblock", "user": user})
+
+    async def hidden(self) -> HiddenUsers:
+        """Whom you mute and block (empty on a server without a store). Changes made while
+        this client was disconnected are not sent to it: ask again after a reconnect
+        (:class:`~hubbub_client.events.Hello`) to be sure."""
+        return await self._hide({"type": "hidden"})
+
     async def inbox(self) -> Inbox:
         """Your conversations (servers with a store). The next ``inbox`` frame answers: the
         one the server sends by itself after ``hello`` may be it."""
@@ -868,6 +904,28 @@ class HubbubClient:
             key = _notifications_key(conversation, None)
         answer = await self._ask_in_order("notifications", key, frame)
         return NotificationSetting.from_frame(cast(NotificationSettingFrame, answer))
+
+    async def _hide(self, frame: HideFrame) -> HiddenUsers:
+        """Write ``frame`` and return the ``hidden`` frame that answers it. The server answers
+        a connection's frames in order, but also sends ``hidden`` by itself when the lists
+        change elsewhere, which may come first: a ``hidden`` frame answers the oldest request
+        waiting only when its lists can be that request's answer (:func:`_answers_hide`);
+        any other is only the event. A refusal (its type as ``ref``) answers the oldest."""
+        answer = await self._ask("hidden", frame, on_write=lambda: self._hiding.append(frame))
+        return HiddenUsers.from_frame(cast(HiddenFrame, answer))
+
+    def _answer_hide(self, value: HiddenUsers | HubbubError) -> bool:
+        """Hand a ``hidden`` frame or a refusal of a hide request to the oldest one waiting;
+        whether one took it."""
+        if not self._hiding:
+            return False
+        if isinstance(value, HiddenUsers):
+            if not _answers_hide(self._hiding[0], value):
+                return False
+            self._hiding.popleft()
+            return self._answer("hidden", cast(AnyFrame, value.raw))
+        self._hiding.popleft()
+        return self._answer("hidden", value)
 
     def _send_acked(self, frame: AckedFrame) -> AckFuture:
         _encode(frame).encode()  # a text that cannot be sent fails here, not on the socket
@@ -1152,6 +1210,7 @@ class HubbubClient:
 
     def _fail_answers(self, error: HubbubError) -> None:
         self._asks.clear()
+        self._hiding.clear()
         answers, self._answers = self._answers, {}
         for waiting in answers.values():
             for future in waiting:
@@ -1249,6 +1308,10 @@ class HubbubClient:
         elif kind in ("push_subscribed", "push_unsubscribed"):
             ref = "push_subscribe" if kind == "push_subscribed" else "push_unsubscribe"
             self._answer_in_order(ref, f"{ref}:{frame.get('endpoint')}", frame)
+        elif kind == "hidden":
+            hidden = HiddenUsers.from_frame(cast(HiddenFrame, frame))
+            self._answer_hide(hidden)
+            self._emit(hidden)
         elif kind == "inbox":
             self._inbox(cast(InboxFrame, frame))
         elif kind == "joined":
@@ -1355,6 +1418,8 @@ class HubbubClient:
             named = ref == "notifications" and (room is not None or "with" in frame)
             key = _notifications_key(room, frame.get("with")) if named else None
             answered = self._answer_in_order(ref, key, error)
+        elif ref in ("mute", "unmute", "block", "unblock", "hidden"):
+            answered = self._answer_hide(error)
         elif ref == "join" and room is not None:
             if code in RETRY_JOIN_CODES:
                 # The join did not happen: try again later, or the room stays silent.
@@ -1456,6 +1521,23 @@ def _notifications_key(room: str | None, peer: str | None) -> str:
     if room is not None:
         return f"notifications:{room}"
     return f"notifications:@{peer}" if peer is not None else "notifications:*"
+
+
+def _answers_hide(frame: HideFrame, lists: HiddenUsers) -> bool:
+    """Whether ``lists`` can be the answer to ``frame``: the lists as they are after it
+    (``mute``: the user muted or blocked; ``block``: blocked; ``unmute``: not muted;
+    ``unblock``: not blocked; the request for the lists: any). A ``hidden`` frame that cannot
+    is one the server sent by itself."""
+    if frame["type"] == "hidden":
+        return True
+    user = frame["user"]
+    if frame["type"] == "mute":
+        return user in lists.muted or user in lists.blocked
+    if frame["type"] == "block":
+        return user in lists.blocked
+    if frame["type"] == "unmute":
+        return user not in lists.muted
+    return user not in lists.blocked
 
 
 def _history_key(room: str | None, peer: str | None) -> str:

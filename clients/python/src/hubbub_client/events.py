@@ -24,6 +24,7 @@ from hubbub_client.frames import (
     EditedFrame,
     ErrorFrame,
     HelloFrame,
+    HiddenFrame,
     InboxEntryFrame,
     InboxFrame,
     InvitedFrame,
@@ -586,6 +587,25 @@ class Authenticated(Event):
 
 
 @dataclass(frozen=True, kw_only=True)
+class HiddenUsers(Event):
+    """Whom you mute and block, as it is now (sorted): ``muted`` users' messages, the events
+    on them and their typing are hidden from you; ``blocked`` ones are hidden as well and
+    cannot write to you directly nor invite you (a blocked user is listed as blocked only).
+    The answer to :meth:`~hubbub_client.HubbubClient.mute`, ``unmute``, ``block``,
+    ``unblock`` and ``hidden``, and the event of every ``hidden`` frame, including those the
+    server sends by itself when another connection of yours (or the HTTP API) changes the
+    lists."""
+
+    kind: ClassVar[str] = "hidden"
+    muted: tuple[str, ...] = ()
+    blocked: tuple[str, ...] = ()
+
+    @classmethod
+    def from_frame(cls, frame: HiddenFrame) -> HiddenUsers:
+        return cls(muted=tuple(frame["muted"]), blocked=tuple(frame["blocked"]), raw=frame)
+
+
+@dataclass(frozen=True, kw_only=True)
 class HistoryPage:
     """A page of direct messages, oldest first. ``more``: older ones (a ``before`` page) or
     newer ones (an ``after`` page) follow; ``recovered`` False (``after`` pages): some after
@@ -668,11 +688,12 @@ EVENT_TYPES: Mapping[str, tuple[type[Event], ...]] = {
         StateChange, Hello, Joined, Left, Message, DirectMessage, Mentioned, Edited, Deleted,
         Reaction, Resync, Presence, Typing, Receipt, Receipts, RoomInfo, RoomList,
         MemberChanged, Invited, Inbox, Ack, ServerError, ClientError, Authenticated,
+        HiddenUsers,
     ) if t.kind == kind)
     for kind in (
         "state", "hello", "joined", "left", "message", "direct", "mention", "edited",
         "deleted", "reaction", "resync", "presence", "typing", "receipt", "receipts", "room",
-        "rooms", "member", "invited", "inbox", "ack", "error", "authenticated",
+        "rooms", "member", "invited", "inbox", "ack", "error", "authenticated", "hidden",
     )
 }  # fmt: skip
 """The event classes by name (``client.on("message", ...)``)."""

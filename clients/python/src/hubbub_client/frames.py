@@ -24,7 +24,8 @@ ERROR_CODES: Final = (
     "bad_json", "bad_frame", "unknown_type", "binary_unsupported", "text_too_long",
     "not_joined", "too_many_rooms", "too_many_members", "rate_limited", "broker_unavailable",
     "resync", "forbidden", "store_unavailable", "no_store", "not_found", "exists",
-    "file_too_large", "storage_unavailable",
+    "file_too_large", "storage_unavailable", "too_many_hidden", "rejected",
+    "moderation_unavailable", "preview_unavailable",
 )  # fmt: skip
 """The codes of ``error`` frames: the connection stays open after each."""
 
@@ -258,6 +259,47 @@ class PushUnsubscribeFrame(TypedDict):
     endpoint: str
 
 
+class MuteFrame(TypedDict):
+    """Mute ``user``: their messages, the events on them and their typing are hidden from you
+    everywhere until ``unmute`` (a blocked user stays blocked). Answered with ``hidden``."""
+
+    type: Literal["mute"]
+    user: UserId
+
+
+class UnmuteFrame(TypedDict):
+    """End a mute of ``user`` (a block stays). Answered with ``hidden``."""
+
+    type: Literal["unmute"]
+    user: UserId
+
+
+class BlockFrame(TypedDict):
+    """Block ``user``: muted, and they cannot write to you directly nor invite you. Answered
+    with ``hidden``."""
+
+    type: Literal["block"]
+    user: UserId
+
+
+class UnblockFrame(TypedDict):
+    """End a block of ``user``. Answered with ``hidden``."""
+
+    type: Literal["unblock"]
+    user: UserId
+
+
+class HiddenRequestFrame(TypedDict):
+    """Whom you mute and block (answered with ``hidden``)."""
+
+    type: Literal["hidden"]
+
+
+HideFrame = MuteFrame | UnmuteFrame | BlockFrame | UnblockFrame | HiddenRequestFrame
+"""The frames answered with ``hidden``: a change of whom you hide, or the request for the
+lists."""
+
+
 class PingFrame(TypedDict):
     type: Literal["ping"]
 
@@ -275,7 +317,8 @@ ClientFrame = (
     | AuthFrame | HistoryRequestFrame | ReadFrame | InboxRequestFrame | CreateFrame
     | DescribeFrame | InviteFrame | RemoveFrame | RoomsRequestFrame | SearchRequestFrame
     | UploadRequestFrame | FileRequestFrame | MentionsRequestFrame | NotificationsRequestFrame
-    | VisibilityFrame | PushSubscribeFrame | PushUnsubscribeFrame | PingFrame | PongFrame
+    | VisibilityFrame | PushSubscribeFrame | PushUnsubscribeFrame | MuteFrame | UnmuteFrame
+    | BlockFrame | UnblockFrame | HiddenRequestFrame | PingFrame | PongFrame
 )  # fmt: skip
 """Every frame a client may send."""
 
@@ -624,13 +667,24 @@ class PushUnsubscribedFrame(TypedDict):
     endpoint: str
 
 
+class HiddenFrame(TypedDict):
+    """Whom you mute and block, sorted (disjoint: a blocked user is muted too, and listed as
+    blocked only): the answer to ``hidden``, ``mute``, ``unmute``, ``block`` and ``unblock``,
+    and sent by itself to every connection of yours when the lists change (from another
+    connection or the HTTP API)."""
+
+    type: Literal["hidden"]
+    muted: list[UserId]
+    blocked: list[UserId]
+
+
 ServerFrame = (
     HelloFrame | JoinedFrame | LeftFrame | MessageFrame | EditedFrame | DeletedFrame
     | ReactionFrame | PresenceFrame | TypingNoticeFrame | ReceiptFrame | ReceiptsFrame
     | AckFrame | ErrorFrame | RefreshFrame | AuthenticatedFrame | HistoryFrame | InboxFrame
     | RoomFrame | RoomsFrame | MemberFrame | InvitedFrame | SearchFrame | UploadFrame | FileFrame
     | MentionsFrame | NotificationsFrame | PushSubscribedFrame | PushUnsubscribedFrame
-    | PingFrame | PongFrame
+    | HiddenFrame | PingFrame | PongFrame
 )  # fmt: skip
 """Every frame a server sends (a newer server may send more types: they are ignored)."""
 
