@@ -901,8 +901,7 @@ SERVER_FRAMES: Final[dict[str, ServerEntry]] = {
     ),
     "preview": ServerEntry(
         "The answer to `preview`: a link's preview.",
-        "Texts are plain text; `image` is a link to this server's file storage, never the "
-        "site's.",
+        "Texts are plain text; `image` is a link to this server's file storage, never the site's.",
         frame(
             "preview",
             {
