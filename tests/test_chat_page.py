@@ -22,8 +22,18 @@ from PIL import Image
 from playwright.async_api import Browser, Route, expect
 
 from app.notify.webpush import generate_keys
-from tests.helpers import ChatClient, Frame, LiveServer, make_settings, run_server, wait_until
+from tests.helpers import (
+    ChatClient,
+    Frame,
+    LiveServer,
+    free_port,
+    make_settings,
+    run_server,
+    serving,
+    wait_until,
+)
 from tests.processes import S3Server
+from tests.test_access import jwt_settings, token
 from tests.test_browser import UI_TIMEOUT_MS, ChatPage, browser, frames_sent, label
 from tests.test_durable import store_of, wait_indexed, wait_stored
 from tests.test_rooms import answer
@@ -1108,3 +1118,343 @@ async def test_without_a_push_service_the_page_keeps_its_own_notifications_quiet
             assert (shown["title"], shown["body"]) == ("bob · direct message", "still told")
         finally:
             await ada.close()
+
+
+async def test_a_muted_persons_messages_are_hidden_and_come_back_on_unmute(
+    browser: Browser, tmp_path: Path
+) -> None:
+    """Ada mutes bob from his message's actions: his messages shown already collapse to
+    "Hidden: muted user" (no text, no name), the server sends her none of his new ones, and
+    "Muted and blocked" lists him; Unmute there shows his messages again, the one sent while
+    he was muted included. Her page sent exactly `mute` and `unmute`."""
+    settings = make_settings(database_url=f"sqlite:///{tmp_path}/data/hubbub.db")
+    async with run_server(settings) as live:
+        ada = await ChatPage.open(browser, live.http_url, "ada", "lobby")
+        try:
+            async with ChatClient.connect(live.ws_url("bob")) as bob:
+                await bob.join("lobby")
+                await bob.say("lobby", "one")
+                await bob.say("lobby", "two")
+                await ada.shows(["one", "two"])
+                hidden_list = ada.page.locator("#hidden-people")
+                await expect(ada.page.locator("#hidden-none")).to_be_visible()
+                first = ada.page.locator("#messages .message").first
+                await first.hover()  # its actions show
+                await first.get_by_role("button", name="Mute bob").click()
+                collapsed = ada.page.locator("#messages .hidden-message")
+                await expect(collapsed).to_have_text([re.compile(r"Hidden: muted user$")] * 2)
+                await expect(ada.page.locator("#messages .message .text")).to_have_count(0)
+                await expect(ada.page.locator("#messages .author")).to_have_count(0)
+                await expect(ada.page.locator("#alerts .alert.info")).to_contain_text(
+                    "bob is muted"
+                )
+                await expect(hidden_list.locator("li")).to_have_text(
+                    [re.compile(r"bob\s*\(muted\)")]
+                )
+                await expect(ada.page.locator("#hidden-none")).to_be_hidden()
+
+                await bob.say("lobby", "while muted")
+                await ada.say("mine")
+                await ada.shows(["mine"])  # bob's new message never came
+                await expect(collapsed).to_have_count(2)
+
+                await hidden_list.get_by_role("button", name="Unmute bob").click()
+                await ada.shows(["one", "two", "while muted", "mine"])
+                await expect(collapsed).to_have_count(0)
+                await expect(hidden_list.locator("li")).to_have_count(0)
+                await expect(ada.page.locator("#hidden-none")).to_be_focused()  # not lost
+            assert frames_sent(ada, "mute") == [{"type": "mute", "user": "bob"}]
+            assert frames_sent(ada, "unmute") == [{"type": "unmute", "user": "bob"}]
+        finally:
+            await ada.close()
+
+
+async def test_a_direct_conversation_blocks_and_unblocks_its_person(
+    browser: Browser, tmp_path: Path
+) -> None:
+    """In the direct conversation with bob, Block hides his messages and keeps him from
+    writing to ada (the server refuses him); the header then offers Unblock only, which
+    undoes it. A change made in another tab of ada's reaches this one by itself."""
+    settings = make_settings(database_url=f"sqlite:///{tmp_path}/data/hubbub.db")
+    async with run_server(settings) as live:
+        ada = await ChatPage.open(browser, live.http_url, "ada", "lobby")
+        try:
+            async with ChatClient.connect(live.ws_url("bob")) as bob:
+                await bob.say_to("ada", "hi ada")
+                await ada.page.locator("#dms li .room").click()
+                await ada.shows(["hi ada"])
+                head = ada.page.locator(".room-head")
+                await head.get_by_role("button", name="Block bob").click()
+                await expect(ada.page.locator("#messages .hidden-message")).to_have_text(
+                    re.compile(r"Hidden: blocked user$")
+                )
+                await expect(head.get_by_role("button", name="Unblock bob")).to_be_visible()
+                await expect(head.get_by_role("button", name="Mute bob")).to_be_hidden()
+                refused = await answer(bob, {"type": "send", "to": "ada", "text": "no"}, "error")
+                assert refused["code"] == "forbidden"
+                await head.get_by_role("button", name="Unblock bob").click()
+                await ada.shows(["hi ada"])
+                await expect(head.get_by_role("button", name="Mute bob")).to_be_visible()
+                # Another tab of ada's mutes bob: this page hears of it and collapses him.
+                async with ChatClient.connect(live.ws_url("ada")) as tab:
+                    await answer(tab, {"type": "mute", "user": "bob"}, "hidden")
+                await expect(ada.page.locator("#messages .hidden-message")).to_have_count(1)
+                await expect(head.get_by_role("button", name="Unmute bob")).to_be_visible()
+        finally:
+            await ada.close()
+
+
+SERVICE_TOKEN = "a-service-token-of-at-least-32-characters"
+
+
+async def test_a_report_asks_why_and_reaches_the_moderators_queue(
+    browser: Browser, tmp_path: Path
+) -> None:
+    """Report on bob's message (ada is no moderator: no queue for her) opens a dialog that
+    asks why (the focus in its text box); Send report closes it, says so, and gives the
+    focus back; the backend's queue holds the report (reporter, reason, the message as it
+    was). A report of a message deleted meanwhile stays in the dialog with the reason it was
+    not sent; Cancel closes it."""
+    settings = make_settings(
+        database_url=f"sqlite:///{tmp_path}/data/hubbub.db", service_token=SERVICE_TOKEN
+    )
+    service = {"Authorization": f"Bearer {SERVICE_TOKEN}"}
+    async with (
+        run_server(settings) as live,
+        httpx.AsyncClient(base_url=live.http_url, headers=service) as http,
+    ):
+        ada = await ChatPage.open(browser, live.http_url, "ada", "lobby")
+        try:
+            async with ChatClient.connect(live.ws_url("bob")) as bob:
+                await bob.join("lobby")
+                await bob.say("lobby", "something rude")
+                await bob.say("lobby", "more of it")
+                await ada.shows(["something rude", "more of it"])
+                # Not a moderator (the server refused her `reports`): no queue, no Delete.
+                await wait_until(lambda: len(frames_sent(ada, "reports")) == 1)
+                await expect(ada.page.locator("#reports-entry")).to_be_hidden()
+                moderate = ada.page.get_by_role("button", name="Delete as a moderator")
+                await expect(moderate).to_have_count(0)
+                dialog = ada.page.locator("#report-dialog")
+                rude = ada.page.locator("#messages .message").first
+                opener = rude.get_by_role("button", name="Report this message")
+                await rude.hover()
+                await opener.click()
+                await expect(dialog).to_be_visible()
+                await expect(dialog.locator("#report-quote")).to_have_text("bob: something rude")
+                await expect(ada.page.locator("#report-reason")).to_be_focused()
+                await ada.page.keyboard.type("insulting")
+                await dialog.get_by_role("button", name="Send report").click()
+                await expect(dialog).to_be_hidden()
+                await expect(ada.page.locator("#alerts .alert.info")).to_contain_text("Report sent")
+                await expect(opener).to_be_focused()
+                queue = (await http.get("/api/v1/reports")).json()["reports"]
+                got = [(r["reporter"], r["reason"], r["room"], r["message"]["text"]) for r in queue]
+                assert got == [("ada", "insulting", "lobby", "something rude")]
+
+                # Deleted while ada says why: not sent, and she is told.
+                second = ada.page.locator("#messages .message").nth(1)
+                second_id = int(await second.get_attribute("data-id") or 0)
+                # From the keyboard this time (the focus is on the first one's Report).
+                await second.get_by_role("button", name="Report this message").focus()
+                await ada.page.keyboard.press("Enter")
+                await expect(dialog).to_be_visible()
+                await ada.page.locator("#report-reason").fill("spam")
+                await answer(bob, {"type": "delete", "room": "lobby", "id": second_id}, "deleted")
+                await dialog.get_by_role("button", name="Send report").click()
+                await expect(dialog.locator("#report-state")).to_have_text(
+                    "Not sent: the message is gone, or you cannot read it any more."
+                )
+                await dialog.get_by_role("button", name="Cancel").click()
+                await expect(dialog).to_be_hidden()
+            assert [f["reason"] for f in frames_sent(ada, "report")] == ["insulting", "spam"]
+            assert len((await http.get("/api/v1/reports")).json()["reports"]) == 1
+        finally:
+            await ada.close()
+
+
+def _png(width: int, height: int) -> bytes:
+    out = io.BytesIO()
+    Image.new("RGB", (width, height), (30, 120, 200)).save(out, "PNG")
+    return out.getvalue()
+
+
+class TeaSite:
+    """A site on loopback with one page that has Open Graph tags (markup in its title) and
+    their image."""
+
+    PAGE = (
+        b"<html><head><title>Fallback</title>"
+        b'<meta property="og:title" content="Tea &amp; &lt;b&gt;cakes&lt;/b&gt;">'
+        b'<meta property="og:description" content="Where to have tea.">'
+        b'<meta property="og:site_name" content="Teatime">'
+        b'<meta property="og:image" content="/tea.png"></head><body>tea</body></html>'
+    )
+
+    def __init__(self) -> None:
+        self.port = free_port()
+        self.image = _png(400, 200)
+
+    def url(self, path: str) -> str:
+        return f"http://127.0.0.1:{self.port}{path}"
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return
+        found = {"/article": (b"text/html; charset=utf-8", self.PAGE),
+                 "/tea.png": (b"image/png", self.image)}.get(scope["path"])  # fmt: skip
+        status, (kind, body) = (200, found) if found else (404, (b"text/plain", b""))
+        await send({"type": "http.response.start", "status": status,
+                    "headers": [(b"content-type", kind)]})  # fmt: skip
+        await send({"type": "http.response.body", "body": body})
+
+
+async def test_a_links_preview_is_a_card_under_its_message(
+    browser: Browser, tmp_path: Path
+) -> None:
+    """A message's first link gets a card: the site, the title (as text: its markup is not
+    markup) linking to the page, the description, and the image from this server's file
+    storage, really loaded under the page's CSP. Only the first link is asked about; a link
+    that cannot be previewed (a loopback address) shows nothing."""
+    site = TeaSite()
+    settings = make_settings(
+        database_url=f"sqlite:///{tmp_path}/data/hubbub.db",
+        preview_test_public_addresses=[f"127.0.0.1:{site.port}"],
+    )
+    async with serving(site, site.port, log_level="warning", lifespan="off"):
+        async with run_server(settings) as live:
+            ada = await ChatPage.open(browser, live.http_url, "ada", "lobby")
+            try:
+                article = site.url("/article")
+                await ada.say(f"look {article} and {site.url('/other')}")
+                await ada.say("nothing at http://127.0.0.1:9/page")
+                card = ada.page.locator("#messages .message").first.locator(".link-preview")
+                await expect(card).to_be_visible(timeout=UI_TIMEOUT_MS)
+                await expect(card.locator(".preview-site")).to_have_text("Teatime")
+                title = card.locator(".preview-title")
+                await expect(title).to_have_text("Tea & <b>cakes</b>")
+                await expect(title).to_have_attribute("href", article)
+                await expect(card.locator("b")).to_have_count(0)
+                await expect(card.locator(".preview-description")).to_have_text(
+                    "Where to have tea."
+                )
+                await expect(card).to_have_attribute("aria-label", "Link preview: Teatime")
+                image = card.locator("img.preview-image")
+                src = await image.get_attribute("src") or ""
+                assert src.startswith(f"{live.http_url}/files/"), src  # never the site's
+                await expect(image).to_have_attribute("width", "96")  # fits its box
+                await ada.page.wait_for_function(
+                    "document.querySelector('.link-preview img').naturalWidth > 0",
+                    timeout=UI_TIMEOUT_MS,
+                )
+                await wait_until(lambda: len(frames_sent(ada, "preview")) == 2)
+                await ada.page.wait_for_timeout(500)  # the refusal came back: still no card
+                second = ada.page.locator("#messages .message").nth(1)
+                await expect(second.locator(".preview-slot")).to_be_empty()
+                assert frames_sent(ada, "preview") == [
+                    {"type": "preview", "url": article},
+                    {"type": "preview", "url": "http://127.0.0.1:9/page"},
+                ]
+                # Shown again (another conversation, and back): from the page's cache.
+                await ada.page.locator("#join-input").fill("side")
+                await ada.page.locator("#join-input").press("Enter")
+                await expect(ada.page.locator("#room-title")).to_have_text("side")
+                await ada.page.locator("#rooms li", has_text="lobby").locator(".room").click()
+                await expect(card.locator(".preview-title")).to_have_text("Tea & <b>cakes</b>")
+                assert len(frames_sent(ada, "preview")) == 2
+            finally:
+                await ada.close()
+
+
+async def moderator_page(browser: Browser, live: LiveServer, user: str) -> ChatPage:
+    """The page of moderator ``user`` on a ``jwt`` server. The page itself signs in by name
+    only (the server refuses that, and the page stays closed); this hands its client a token
+    with the moderator role, as a sign-in would, and connects it again."""
+    context = await browser.new_context(viewport={"width": 1200, "height": 800})
+    chat = ChatPage(await context.new_page())
+    await chat.page.goto(f"{live.http_url}/?name={user}&room=lobby")
+    await expect(chat.page.locator("#status")).to_have_attribute("data-state", "closed")
+    await chat.page.evaluate(
+        "token => { hubbub.client.getToken = async () => token; hubbub.client.connect(); }",
+        token(user, roles=["moderator"]),
+    )
+    await chat.connected()
+    return chat
+
+
+async def test_a_moderator_works_the_reports_queue_from_the_page(
+    browser: Browser, tmp_path: Path
+) -> None:
+    """A moderator's page (the server answers its `reports` request) has "Reports to
+    moderate" with the open count, and Delete on everyone's messages. The queue lists each
+    report (where, who reported it, the message, the reason) with Dismiss, Delete message,
+    Kick and Ban: Delete message deletes it for everyone and the report leaves the list;
+    Kick disconnects its author; Ban keeps them out for the time picked."""
+    settings = jwt_settings(tmp_path)
+    async with run_server(settings) as live:
+        url = live.ws_url()
+        async with (
+            ChatClient.connect(f"{url}?token={token('troll')}") as troll,
+            ChatClient.connect(f"{url}?token={token('ada')}") as ada,
+        ):
+            await answer(troll, {"type": "join", "room": "lobby"}, "joined")
+            say = {"type": "send", "room": "lobby", "text": "buy cheap stuff"}
+            rude = await answer(troll, say, "message")
+            report = {"type": "report", "room": "lobby", "id": rude["id"], "reason": "spam"}
+            await answer(ada, report, "reported")
+            await answer(ada, {"type": "join", "room": "lobby"}, "joined")
+            mod = await moderator_page(browser, live, "mod")
+            try:
+                await mod.shows(["buy cheap stuff"])
+                entry = mod.page.get_by_role("button", name="Reports to moderate")
+                await expect(entry).to_be_visible()
+                await expect(mod.page.locator("#reports-count")).to_have_text("1 open")
+                message = mod.page.locator("#messages .message").first
+                await message.hover()
+                await expect(
+                    message.get_by_role("button", name="Delete as a moderator")
+                ).to_be_visible()
+                await entry.click()
+                await expect(entry).to_have_attribute("aria-expanded", "true")
+                item = mod.page.locator("#reports-list li")
+                await expect(item).to_have_count(1)
+                await expect(item.locator(".result-head")).to_contain_text(
+                    "lobby · reported by ada"
+                )
+                await expect(item.locator(".report-message")).to_have_text("troll: buy cheap stuff")
+                await expect(item.locator(".report-reason")).to_have_text("Reason: spam")
+                await expect(mod.page.locator("#reports-summary")).to_have_text("1 open report")
+
+                await item.get_by_role("button", name="Delete message of report").click()
+                await expect(item).to_have_count(0)
+                await expect(mod.page.locator("#reports-summary")).to_have_text("No open reports")
+                await expect(mod.page.locator("#messages .message .text")).to_have_text(
+                    "Message deleted"
+                )
+                deleted = await ada.expect("deleted")
+                assert (deleted["target"], deleted["user"]) == (rude["id"], "mod")
+                await expect(mod.page.locator("#reports-count")).to_be_hidden()
+
+                # Kick and Ban, from a report of troll's next message.
+                again = await answer(troll, say | {"text": "again"}, "message")
+                report["id"] = again["id"]
+                await answer(ada, report, "reported")
+                await mod.page.get_by_role("button", name="Refresh").click()
+                await expect(item).to_have_count(1)
+                await item.get_by_role("button", name="Kick troll").click()
+                assert await troll.closed_with() == 4003
+                await expect(mod.page.locator("#alerts .alert.info").last).to_have_text(
+                    re.compile("troll was disconnected")
+                )
+                await item.get_by_label("How long to ban troll").select_option(label="1 hour")
+                await item.get_by_role("button", name="Ban troll").click()
+                await expect(mod.page.locator("#alerts .alert.info").last).to_have_text(
+                    re.compile("troll is banned for 1 hour")
+                )
+                assert frames_sent(mod, "ban")[-1] == {
+                    "type": "ban", "user": "troll", "duration_s": 3600,
+                }  # fmt: skip
+                await item.get_by_role("button", name="Dismiss report").click()
+                await expect(item).to_have_count(0)
+            finally:
+                await mod.close()

@@ -150,6 +150,7 @@ async def test_the_node_suite_passes_against_a_real_server(built: Path, tmp_path
         "setVisible is taken",
         "setVisible is re",
         "block and mute:",
+        "reports and previews:",
     ):
         assert any(test.startswith(name) for test in passed), (name, text)
 

@@ -730,6 +730,70 @@ async def test_block_and_mute_lists_refusals_and_another_connection_told(tmp_pat
         assert await ada.hidden() == HiddenUsers(muted=(), blocked=())
 
 
+@pytest.mark.timeout(60)
+async def test_reports_previews_and_the_moderators_calls(tmp_path: Path) -> None:
+    """``report`` returns the report as stored (again: the same one); asked at once with a
+    preview of a loopback link (``preview_unavailable``), a report of no message
+    (``not_found``) and the moderators' calls (``forbidden`` to a user who is not one), each
+    gets its own answer. A moderator's ``reports`` lists it, ``resolve`` deletes its message,
+    ``kick`` closes the user's connection (4003)."""
+    settings = make_settings(
+        auth_mode="jwt", jwt_secret=SECRET, database_url=f"sqlite:///{tmp_path}/data/chat.db"
+    )
+
+    def as_user(user: str, **claims: Any) -> HubbubClient:
+        def get_token() -> str:
+            claims_now = {"sub": user, "exp": int(time.time()) + 60, **claims}
+            return jwt.encode(claims_now, SECRET, "HS256")
+
+        return sdk(live.ws_url(), get_token=get_token)
+
+    async with run_server(settings) as live:
+        ada, bob, mod = as_user("ada"), as_user("bob"), as_user("mod", roles=["moderator"])
+        seen_ada, seen_bob = Seen(ada), Seen(bob)
+        async with ada, bob, mod:
+            for client in (ada, bob):
+                await client.join("lobby")
+            rude = await ada.send("lobby", "something rude")
+            report = await bob.report("lobby", rude.id, "insulting")
+            assert report["message"] == {"id": rude.id, "user": "ada", "text": "something rude"}
+            assert (report.get("room"), report["reporter"], report["reason"]) == (
+                "lobby", "bob", "insulting",
+            )  # fmt: skip
+            assert report["resolved"] is None
+            again, missing, loopback, queue, resolve, kick, ban = await asyncio.gather(
+                bob.report("lobby", rude.id, "again"),
+                bob.report("lobby", rude.id + 1000, "no such message"),
+                bob.preview("http://127.0.0.1:9/page"),
+                bob.reports(),
+                bob.resolve(report["id"], "dismiss"),
+                bob.kick("ada"),
+                bob.ban("ada", 60, "no reason"),
+                return_exceptions=True,
+            )
+            assert again == report  # the first one, unchanged
+            codes = [getattr(e, "code", e) for e in (missing, loopback, queue, resolve, kick, ban)]
+            assert codes == ["not_found", "preview_unavailable", *["forbidden"] * 4]
+            with pytest.raises(ValueError):
+                await bob.reports(limit=0)
+            with pytest.raises(ValueError):
+                await bob.ban("ada", 0)
+            assert not seen_bob.of(ServerError)  # the refusals answered their requests
+
+            page = await mod.reports()
+            assert [r["id"] for r in page["reports"]] == [report["id"]] and page["next"] is None
+            done = await mod.resolve(report["id"], "delete")
+            assert done["resolved"] is not None and done["resolved"]["outcome"] == "deleted"
+            await wait_until(lambda: any(d.target == rude.id for d in seen_ada.of(Deleted)))
+            assert (await mod.reports())["reports"] == []
+            assert [r["id"] for r in (await mod.reports(resolved=True))["reports"]] == [
+                report["id"]
+            ]
+            await mod.kick("bob", "cool down")
+            assert await bob.wait_for_state("closed") == "closed"
+            assert ("closed", 4003) in seen_bob.states()
+
+
 def _b64url(data: bytes) -> str:
     return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
 

@@ -1,5 +1,7 @@
 // The chat page: rooms, direct messages, presence, typing, unread counts, "seen by", replies,
-// edits, deletions, reactions and files, mentions and notifications, connection state — on top of hubbub.js. Messages are kept per conversation (a room, or "@user" for the direct
+// edits, deletions, reactions and files, mentions and notifications, muting and blocking,
+// reports (and the moderators' queue), link previews, connection state — on top of
+// hubbub.js. Messages are kept per conversation (a room, or "@user" for the direct
 // messages with a user) by id and shown in id order, so a message replayed after a reconnect or
 // reloaded over HTTP appears exactly once; scrolling up loads older ones. Text is always set as
 // text, never HTML. People are shown by `personLabel` (a suffix from the id tells two alices
@@ -197,17 +199,14 @@ function refreshNames() {
     const user = rooms.get(item.dataset.room)?.peer;
     if (user) item.querySelector(".room").replaceChildren(avatar(user), personLabel(user));
   }
-  const list = $("messages");
-  const fromBottom = list.scrollHeight - list.scrollTop;
-  const atBottom = fromBottom - list.clientHeight < 40;
-  renderMessages();
-  if (!atBottom) list.scrollTop = list.scrollHeight - fromBottom; // what was shown stays in place
+  renderMessagesInPlace();
   renderRoomHead();
   renderPresence();
   renderTyping();
   renderInvitations();
   invitePicker.render();
   directPicker.render();
+  renderHiddenPeople();
 }
 
 // -- name and start ------------------------------------------------------------------------
@@ -230,6 +229,10 @@ function start(name, renamed = false) {
       showAlert(`You are now ${personLabel(e.detail.user)}`, "info");
     }
     subscribePush(); // with the server's key, when notifications are on
+    // Whom you hide, and whether you moderate: asked on every connection (changes made
+    // while it was down were not pushed).
+    client.hidden().catch(() => undefined); // answered by the `hidden` event too
+    askModerator();
     if (openOnConnect) { // the address named a message (a notification's link)
       const target = openOnConnect;
       openOnConnect = null;
@@ -278,6 +281,7 @@ function start(name, renamed = false) {
     forgetRoom(e.detail.room);
   });
   client.addEventListener("typing", (e) => onTyping(e.detail));
+  client.addEventListener("hidden", (e) => applyHidden(e.detail));
   client.addEventListener("error", (e) => onError(e.detail));
   visibleSaid = null; // a new client: told (it says it again on every connection)
   reportVisibility();
@@ -369,6 +373,8 @@ $("name-form").addEventListener("submit", (event) => {
     people.clear();
     invitations.clear();
     renderInvitations();
+    applyHidden({ muted: [], blocked: [] }); // the new name's lists and role come with its hello
+    setModerator(false);
     $("rooms").replaceChildren();
     $("dms").replaceChildren();
     localStorage.setItem("hubbub.rooms", JSON.stringify(joined));
@@ -411,7 +417,10 @@ function showState({ state, delayMs, code, reason, transport }) {
     status.title = transport === "sse" && state === "open"
       ? "WebSockets are blocked between you and the server: messages go over plain HTTP" : "";
   }
-  if (state === "open") relinkAttachments(); // links asked while offline: ask again
+  if (state === "open") {
+    relinkAttachments(); // links asked while offline: ask again
+    pumpPreviews(); // previews waiting for the connection
+  }
   renderComposer();
 }
 
@@ -568,6 +577,7 @@ function renderRoomHead() {
   members.hidden = !(state?.kind === "room" && record?.members);
   $("room-title").title = state?.kind === "dm" ? state.peer : "";
   $("room-status").hidden = true;
+  renderDirectHide(state);
   if (!state) {
     $("room-title").textContent = "No room";
   } else if (state.kind === "dm") {
@@ -630,6 +640,8 @@ function onInbox({ conversations }) {
   }
   renderUnreadTotals();
   $("mentions-entry").hidden = false; // kept by the server: listed
+  $("hidden-settings").hidden = false; // mute and block lists are kept too
+  renderDirectHide(active === null ? null : rooms.get(active));
   if (first) { // the levels you chose (to honour them in this page's notifications)
     client.notificationLevels().then((list) => onLevels(list), levelsRefused);
     renderNotifyControl();
@@ -1106,20 +1118,28 @@ function conversationTarget(key) {
   return state.kind === "dm" ? { with: state.peer } : key;
 }
 
+/** A message's time (hours and minutes; the full time for machines). */
+function timeNode(ts) {
+  const time = el("time", "meta", new Date(ts).toLocaleTimeString([], { hour: "2-digit", minute: "2-digit" }));
+  time.dateTime = new Date(ts).toISOString();
+  return time;
+}
+
 function messageItem(frame) {
   const key = conversationOf(frame);
   const me = client.hello?.user;
+  const hiddenAs = frame.user === me ? null : hiddenKind(frame.user);
+  if (hiddenAs !== null) return hiddenItem(frame, hiddenAs);
   const item = el("li", frame.deleted ? "message deleted" : "message");
   item.dataset.id = String(frame.id);
   if (frame.reply_to) {
     const quoted = rooms.get(key)?.messages.get(frame.reply_to);
-    const quote = el("p", "quote", quoted
-      ? `↪ ${personLabel(quoted.user)}: ${quoted.deleted ? "(deleted)" : summary(quoted).slice(0, 80)}`
-      : "↪ an earlier message");
+    const quote = el("p", "quote", !quoted ? "↪ an earlier message"
+      : quoted.user !== me && hiddenKind(quoted.user) !== null ? "↪ a hidden message"
+        : `↪ ${personLabel(quoted.user)}: ${quoted.deleted ? "(deleted)" : summary(quoted).slice(0, 80)}`);
     item.append(quote);
   }
-  const time = el("time", "meta", new Date(frame.ts).toLocaleTimeString([], { hour: "2-digit", minute: "2-digit" }));
-  time.dateTime = new Date(frame.ts).toISOString();
+  const time = timeNode(frame.ts);
   // Guests may share a display name: the suffix and the avatar tell them apart (the id is
   // the tooltip).
   const author = personNode(frame.user, "span", "author person");
@@ -1139,6 +1159,8 @@ function messageItem(frame) {
   }
   if (frame.edited) item.append(el("span", "edited", " (edited)"));
   if (frame.attachments?.length) item.append(attachmentsOf(frame.attachments));
+  const link = firstLink(text);
+  if (link !== null) item.append(previewSlot(link));
   const reactions = el("span", "reactions");
   for (const [emoji, users] of Object.entries(frame.reactions ?? {})) {
     const chip = actionButton(`${emoji} ${users.length}`, `${emoji} ${users.length}, by ${users.map(personLabel).join(", ")}`,
@@ -1162,6 +1184,16 @@ function messageItem(frame) {
     actions.append(actionButton("🗑", "Delete", () => {
       if (confirm("Delete this message for everyone?")) client.deleteMessage(conversationTarget(key), frame.id);
     }));
+  } else {
+    const report = actionButton("⚑", "Report this message", () => openReport(key, frame, report));
+    actions.append(report, actionButton("🔇", `Mute ${personLabel(frame.user)}`, () => hide("mute", frame.user)));
+    if (moderator) {
+      actions.append(actionButton("🗑", "Delete as a moderator", () => {
+        if (confirm(`Delete this message of ${personLabel(frame.user)} for everyone?`)) {
+          client.deleteMessage(conversationTarget(key), frame.id); // a refusal is an alert (onError)
+        }
+      }));
+    }
   }
   item.append(actions);
   const seen = el("p", "seen");
@@ -1351,6 +1383,7 @@ $("jump-unread").addEventListener("click", () => {
 function renderMessages() {
   const list = $("messages");
   linkObserver.disconnect(); // the nodes shown are about to go; the new ones are watched
+  previewObserver.disconnect();
   list.replaceChildren();
   const state = rooms.get(active);
   if (!state) return;
@@ -1362,6 +1395,16 @@ function renderMessages() {
   if (line) line.scrollIntoView({ block: "start" }); // where the unread begin
   else list.scrollTop = list.scrollHeight;
   renderJump();
+}
+
+/** Show the messages again where they are: what was on screen stays in place (at the bottom:
+ * stays at the bottom). */
+function renderMessagesInPlace() {
+  const list = $("messages");
+  const fromBottom = list.scrollHeight - list.scrollTop;
+  const atBottom = fromBottom - list.clientHeight < 40;
+  renderMessages();
+  if (!atBottom) list.scrollTop = list.scrollHeight - fromBottom;
 }
 
 // -- presence and typing -------------------------------------------------------------------
@@ -2589,6 +2632,484 @@ document.addEventListener("keydown", (event) => {
 document.addEventListener("mousedown", (event) => {
   if (!$("notify-control").contains(event.target)) closeNotifyPanel(false);
 });
+
+// -- muting and blocking: whom you hide, and undoing it ---------------------------------------
+
+/** Whom you hide, as the server last said (its `hidden` lists, sorted and disjoint): the
+ * messages of theirs shown already are collapsed; the server sends no new ones. */
+const hiddenPeople = { muted: new Set(), blocked: new Set() };
+
+/** "muted" or "blocked" when you hide `user`, else null. */
+function hiddenKind(user) {
+  if (hiddenPeople.blocked.has(user)) return "blocked";
+  return hiddenPeople.muted.has(user) ? "muted" : null;
+}
+
+/** A message of someone you hide, collapsed to a line that says so: no author, no text. */
+function hiddenItem(frame, kind) {
+  const item = el("li", "message hidden-message");
+  item.dataset.id = String(frame.id);
+  item.append(timeNode(frame.ts), el("span", "hidden-note", `Hidden: ${kind} user`));
+  return item;
+}
+
+/** The server's lists (each `hidden` event: the answers, and changes made in your other tabs
+ * or devices). The messages shown follow them; for someone no longer hidden the shown
+ * conversation's newest page is loaded again, with what the server held back meanwhile. */
+function applyHidden({ muted, blocked }) {
+  const sameAs = (set, list) => set.size === list.length && list.every((user) => set.has(user));
+  const same = sameAs(hiddenPeople.muted, muted) && sameAs(hiddenPeople.blocked, blocked);
+  const before = new Set([...hiddenPeople.muted, ...hiddenPeople.blocked]);
+  hiddenPeople.muted = new Set(muted);
+  hiddenPeople.blocked = new Set(blocked);
+  const after = new Set([...muted, ...blocked]);
+  for (const user of after) know(user);
+  renderHiddenPeople();
+  if (same) return;
+  renderRoomHead();
+  renderMessagesInPlace();
+  if ([...before].some((user) => !after.has(user)) && active !== null) reloadNewest(active);
+}
+
+/** Conversation `key`'s newest page again, as the server gives it now (added where it
+ * belongs; nothing counted unread). A failure leaves what is shown. */
+async function reloadNewest(key) {
+  const state = rooms.get(key);
+  if (!state || client?.state !== "open") return;
+  try {
+    const page = state.kind === "dm"
+      ? (await client.directHistory(state.peer, { limit: PAGE })).messages
+      : await client.roomHistory(key, { limit: PAGE });
+    for (const frame of page) addMessage(frame, false, false, true);
+  } catch {
+    // Offline or refused: the next reload (or a scroll up) brings them.
+  }
+}
+
+const HIDE_DONE = {
+  mute: (label) => `${label} is muted: you will not see their messages (undo it under “Muted and blocked”)`,
+  unmute: (label) => `${label} is not muted any more`,
+  block: (label) => `${label} is blocked: you will not see their messages, and they cannot write to you directly`,
+  unblock: (label) => `${label} is not blocked any more`,
+};
+
+/** `action` ("mute", "unmute", "block" or "unblock") `user`. The page changes with the
+ * server's `hidden` event; this says it was done, or why not. */
+function hide(action, user) {
+  if (!client) return;
+  const label = personLabel(user);
+  client[action](user).then( // the SDK's mute, unmute, block or unblock
+    () => showAlert(HIDE_DONE[action](label), "info"),
+    (error) => showAlert(hideFailure(error, action, label)),
+  );
+}
+
+/** Why `action` of `label` was not done, in words. */
+function hideFailure(error, action, label) {
+  switch (error?.code) {
+    case "too_many_hidden":
+      return `You cannot ${action} anyone else: unmute or unblock someone first`;
+    case "no_store":
+      return "This server keeps no lists of muted and blocked people";
+    default:
+      return error?.message === "not connected" || error?.message === "disconnected"
+        ? `You are offline: ${action} ${label} again once connected`
+        : `Could not ${action} ${label}: ${error?.message ?? error}`;
+  }
+}
+
+/** The sidebar's "Muted and blocked": each person, how, and the button that undoes it. A
+ * focus in the list stays in it when the person it was on goes. */
+function renderHiddenPeople() {
+  const list = $("hidden-people");
+  const hadFocus = list.contains(document.activeElement);
+  const users = [...hiddenPeople.muted, ...hiddenPeople.blocked]
+    .map((user) => [personLabel(user), user]).sort(([a], [b]) => a.localeCompare(b));
+  list.replaceChildren(...users.map(([label, user]) => {
+    const kind = hiddenKind(user);
+    const undo = kind === "blocked" ? "Unblock" : "Unmute";
+    const button = el("button", "link", undo);
+    button.type = "button";
+    button.setAttribute("aria-label", `${undo} ${label}`);
+    button.addEventListener("click", () => hide(undo.toLowerCase(), user));
+    const item = el("li", "hidden-person");
+    item.append(personNode(user), el("span", "hidden-kind", `(${kind})`), button);
+    return item;
+  }));
+  list.hidden = users.length === 0;
+  $("hidden-none").hidden = users.length > 0;
+  if (hadFocus) {
+    const next = list.querySelector("button");
+    if (next) next.focus();
+    else { $("hidden-none").tabIndex = -1; $("hidden-none").focus(); }
+  }
+}
+
+/** The direct conversation's Mute and Block buttons (servers with a store), as you hide its
+ * person now: a blocked person has Unblock only. */
+function renderDirectHide(state) {
+  const box = $("dm-hide");
+  box.hidden = state?.kind !== "dm" || !hasStore || state.peer === client?.hello?.user;
+  if (box.hidden) return;
+  const label = personLabel(state.peer);
+  const kind = hiddenKind(state.peer);
+  const mute = $("dm-mute");
+  mute.hidden = kind === "blocked";
+  mute.textContent = kind === "muted" ? "Unmute" : "Mute";
+  mute.setAttribute("aria-label", `${mute.textContent} ${label}`);
+  const block = $("dm-block");
+  block.textContent = kind === "blocked" ? "Unblock" : "Block";
+  block.setAttribute("aria-label", `${block.textContent} ${label}`);
+}
+$("dm-mute").addEventListener("click", () => {
+  const peer = rooms.get(active)?.peer;
+  if (peer) hide(hiddenKind(peer) === "muted" ? "unmute" : "mute", peer);
+});
+$("dm-block").addEventListener("click", () => {
+  const peer = rooms.get(active)?.peer;
+  if (peer) hide(hiddenKind(peer) === "blocked" ? "unblock" : "block", peer);
+});
+
+// -- reporting a message to the moderators ---------------------------------------------------
+
+let reporting = null; // {key, frame, opener}: what the report dialog is about
+
+/** Ask why message `frame` of conversation `key` is reported, in the report dialog; the
+ * focus goes back to `opener` once it closes. */
+function openReport(key, frame, opener) {
+  reporting = { key, frame, opener };
+  $("report-quote").textContent = `${personLabel(frame.user)}: ${summary(frame).slice(0, 200)}`;
+  $("report-reason").value = "";
+  $("report-state").textContent = "";
+  $("report-send").disabled = false;
+  $("report-dialog").showModal();
+  $("report-reason").focus();
+}
+
+/** Why a report was not sent, in words. */
+function reportFailure(error) {
+  switch (error?.code) {
+    case "not_found":
+      return "Not sent: the message is gone, or you cannot read it any more.";
+    case "rate_limited":
+      return "Not sent: too many reports at once. Wait a moment and send it again.";
+    case "no_store":
+      return "Not sent: this server keeps no reports.";
+    default:
+      return error?.message === "not connected" || error?.message === "disconnected"
+        ? "Not sent: you are offline. Send it again once connected."
+        : `Not sent: ${error?.message ?? error}`;
+  }
+}
+
+$("report-form").addEventListener("submit", (event) => {
+  event.preventDefault(); // the dialog closes once the server has the report
+  const about = reporting;
+  const input = $("report-reason");
+  const reason = input.value.trim();
+  if (!about || !client || !rooms.has(about.key)) return;
+  if (!reason) {
+    input.setCustomValidity("Say what is wrong with the message");
+    input.reportValidity();
+    return;
+  }
+  $("report-send").disabled = true;
+  $("report-state").textContent = "Sending the report…";
+  client.report(conversationTarget(about.key), about.frame.id, reason).then(() => {
+    if (reporting !== about) return;
+    $("report-dialog").close();
+    showAlert("Report sent: the moderators will look at it", "info");
+  }, (error) => {
+    if (reporting !== about) return;
+    $("report-send").disabled = false;
+    $("report-state").textContent = reportFailure(error);
+  });
+});
+$("report-reason").addEventListener("input", () => $("report-reason").setCustomValidity(""));
+$("report-cancel").addEventListener("click", () => $("report-dialog").close());
+$("report-dialog").addEventListener("close", () => {
+  const opener = reporting?.opener;
+  reporting = null;
+  if (opener?.isConnected) opener.focus();
+  else $("composer-input").focus(); // its message was shown again meanwhile
+});
+
+// -- link previews: a card under a message for its first link ---------------------------------
+
+const PREVIEWS_AT_ONCE = 2; // requests on their way at once (a connection's are answered in turn)
+const PREVIEW_KEEP_MS = 10 * 60_000; // then asked again (its image link expires)
+const PREVIEW_IMAGE_BOX = 96; // px: a preview's image fits a square this big
+const NO_PREVIEW = new Set(["preview_unavailable", "bad_frame", "unknown_type"]);
+/** url -> {preview, at} (the server's answer, when), {waiting} (queued or asked; with the
+ * older answer, if any) or {failed} (no preview: not asked again). */
+const previews = new Map();
+const previewQueue = []; // the links waiting for a request, in the order they came on screen
+let previewsAsking = 0;
+
+/** Watches the preview slots shown (empty, but laid out: an observer sees no hidden node):
+ * one on screen gets its preview. */
+const previewObserver = new IntersectionObserver((entries) => {
+  for (const entry of entries) {
+    if (!entry.target.isConnected) previewObserver.unobserve(entry.target); // replaced
+    else if (entry.isIntersecting) wantPreview(entry.target.dataset.preview);
+  }
+}, { root: $("messages"), rootMargin: "300px 0px" });
+
+/** The first link of a message's rendered text (format.js made it: http or https only), or
+ * null. */
+function firstLink(text) {
+  for (const anchor of text.querySelectorAll("a[href]")) {
+    const href = anchor.getAttribute("href") ?? "";
+    if (/^https?:\/\/\S+$/i.test(href) && href.length <= 2048) return href;
+  }
+  return null;
+}
+
+/** Where a message's preview of `url` goes: empty until there is one (filled at once when
+ * the page has it; asked for once on screen). A link without a preview shows nothing. */
+function previewSlot(url) {
+  const slot = el("div", "preview-slot");
+  slot.dataset.preview = url;
+  const known = previews.get(url);
+  if (known?.preview) fillPreview(slot, known.preview);
+  if (!known?.failed) previewObserver.observe(slot);
+  return slot;
+}
+
+/** Queue `url` for a request unless its preview is fresh, on its way, or known not to be. */
+function wantPreview(url) {
+  const known = previews.get(url);
+  if (known?.failed || known?.waiting || (known?.preview && Date.now() - known.at < PREVIEW_KEEP_MS)) return;
+  previews.set(url, { ...known, waiting: true });
+  previewQueue.push(url);
+  pumpPreviews();
+}
+
+/** Ask for queued previews while fewer than PREVIEWS_AT_ONCE are on their way (and the
+ * connection is open: it pumps again once it is). */
+function pumpPreviews() {
+  while (client?.state === "open" && previewsAsking < PREVIEWS_AT_ONCE && previewQueue.length) {
+    const url = previewQueue.shift();
+    previewsAsking += 1;
+    client.preview(url).then((preview) => {
+      previews.set(url, { preview, at: Date.now() });
+      const list = $("messages");
+      const atBottom = list.scrollHeight - list.scrollTop - list.clientHeight < 40;
+      for (const slot of list.querySelectorAll(`.preview-slot[data-preview="${CSS.escape(url)}"]`)) {
+        fillPreview(slot, preview);
+      }
+      if (atBottom) list.scrollTop = list.scrollHeight;
+    }, (error) => {
+      // Refused (not a public page, nothing to show...): never asked again. Otherwise
+      // (offline, too many at once, too slow): asked again when shown again.
+      if (NO_PREVIEW.has(error?.code)) previews.set(url, { failed: true });
+      else previews.delete(url);
+    }).finally(() => {
+      previewsAsking -= 1;
+      pumpPreviews();
+    });
+  }
+}
+
+/** The host of `url`, for a preview without a site's name or a title. */
+function hostOf(url) {
+  try {
+    return new URL(url).host;
+  } catch {
+    return url;
+  }
+}
+
+/** A preview as a card in its slot: the site, the title (the link), the description and the
+ * image the server keeps (in its file storage: never the site's). Every text is set as text. */
+function fillPreview(slot, preview) {
+  const host = hostOf(preview.url);
+  const site = preview.site ?? host;
+  const body = el("div", "preview-body");
+  const title = el("a", "preview-title", preview.title ?? host);
+  title.href = preview.url; // the link asked about: http(s), as format.js made it
+  title.target = "_blank";
+  title.rel = "noopener noreferrer nofollow ugc";
+  body.append(el("span", "preview-site", site), title);
+  if (preview.description) body.append(el("p", "preview-description", preview.description));
+  const parts = [body];
+  if (preview.image) {
+    const { url, width, height } = preview.image;
+    const image = el("img", "preview-image");
+    image.alt = ""; // the title says what it is
+    image.loading = "lazy";
+    const scale = Math.min(1, PREVIEW_IMAGE_BOX / Math.max(width, height, 1));
+    image.width = Math.max(1, Math.round(width * scale));
+    image.height = Math.max(1, Math.round(height * scale));
+    image.addEventListener("error", () => image.remove()); // expired or gone: the card stays
+    image.src = url;
+    parts.unshift(image);
+  }
+  const card = el("div", "link-preview");
+  card.setAttribute("role", "group");
+  card.setAttribute("aria-label", `Link preview: ${site}`);
+  card.append(...parts);
+  slot.replaceChildren(card);
+}
+
+// -- moderators: the reports queue, and their powers over messages and people ----------------
+
+const REPORTS_PAGE = 20;
+const BAN_DURATIONS = [[3600, "1 hour"], [86_400, "1 day"], [7 * 86_400, "1 week"], [30 * 86_400, "30 days"]];
+const NOT_A_MODERATOR = new Set(["forbidden", "no_store", "unknown_type"]);
+let moderator = false; // the server answered a `reports` request: this user moderates
+let reportsView = null; // {next, asking}: the queue shown
+
+/** Whether this user moderates, asked on every connection: the server lists reports to
+ * moderators only (anyone else: `forbidden`; without a store: `no_store`). Moderators get
+ * "Reports to moderate" (with the open count) and Delete on every message. */
+function askModerator() {
+  client.reports({ limit: REPORTS_PAGE }).then((page) => {
+    setModerator(true);
+    showReportsCount(page);
+  }, (error) => {
+    if (NOT_A_MODERATOR.has(error?.code)) setModerator(false); // else: asked again next time
+  });
+}
+
+function setModerator(on) {
+  if (moderator === on) return;
+  moderator = on;
+  $("reports-entry").hidden = !on;
+  if (!on) closeReports();
+  renderMessagesInPlace(); // Delete on everyone's messages, or not
+}
+
+/** The open reports' count beside "Reports to moderate" ("20+": more than a page). */
+function showReportsCount(page) {
+  const count = page.reports.length;
+  const badge = $("reports-count");
+  badge.replaceChildren(`${count}${page.next !== null ? "+" : ""}`, el("span", "visually-hidden", " open"));
+  badge.hidden = count === 0;
+}
+
+function openReports() {
+  if (!client) return;
+  reportsView = { next: undefined, asking: false };
+  $("reports-list").replaceChildren();
+  $("reports-panel").hidden = false;
+  $("reports-open").setAttribute("aria-expanded", "true");
+  document.body.classList.remove("drawer-open"); // on a phone: the queue is in the conversation
+  $("drawer-toggle").setAttribute("aria-expanded", "false");
+  askReports();
+}
+
+function closeReports() {
+  $("reports-panel").hidden = true;
+  $("reports-open").setAttribute("aria-expanded", "false");
+  reportsView = null;
+}
+
+/** The next page of open reports, oldest first. */
+function askReports() {
+  const view = reportsView;
+  if (!view || view.asking) return;
+  view.asking = true;
+  $("reports-summary").textContent = "Looking for reports…";
+  client.reports({ before: view.next, limit: REPORTS_PAGE }).then((page) => {
+    if (reportsView !== view) return;
+    view.asking = false;
+    if (view.next === undefined) showReportsCount(page);
+    view.next = page.next;
+    $("reports-list").append(...page.reports.map(reportItem));
+    $("reports-more").hidden = page.next === null;
+    renderReportsSummary();
+  }, (error) => {
+    if (reportsView !== view) return;
+    view.asking = false;
+    $("reports-summary").textContent = `Could not list the reports: ${error?.message ?? error}`;
+  });
+}
+
+function renderReportsSummary() {
+  const count = $("reports-list").children.length;
+  $("reports-summary").textContent = count ? `${count} open report${count === 1 ? "" : "s"}` : "No open reports";
+}
+
+/** A report: where, who reported it and when, the message as it was, the reason, and what a
+ * moderator may do: dismiss it, delete the message, kick or ban its author. */
+function reportItem(report) {
+  const item = el("li", "search-result report-item");
+  item.dataset.report = String(report.id);
+  const author = report.message.user;
+  const label = personLabel(author);
+  const where = report.room !== undefined ? report.room
+    : (report.with ?? []).map((user) => `@${personLabel(user)}`).join(" & ");
+  const head = el("p", "result-head");
+  head.append(el("strong", "", where), " · reported by ", personNode(report.reporter), " · ",
+    el("time", "", new Date(report.ts).toLocaleString([], { dateStyle: "medium", timeStyle: "short" })));
+  const message = el("p", "report-message");
+  message.append(personNode(author), ": ", el("span", "report-text", plain(report.message.text)));
+  const buttons = el("p", "report-actions");
+  const duration = el("select", "ban-duration");
+  duration.id = `ban-duration-${report.id}`;
+  for (const [seconds, words] of BAN_DURATIONS) {
+    const option = el("option", "", words);
+    option.value = String(seconds);
+    duration.append(option);
+  }
+  duration.value = "86400";
+  const durationLabel = el("label", "visually-hidden", `How long to ban ${label}`);
+  durationLabel.htmlFor = duration.id;
+  buttons.append(
+    reportButton("Dismiss", `Dismiss report ${report.id}`, () => resolveReport(item, report, "dismiss")),
+    reportButton("Delete message", `Delete message of report ${report.id}`, () => resolveReport(item, report, "delete")),
+    reportButton(`Kick ${label}`, `Kick ${label}`, () => moderate("kick", author)),
+    durationLabel, duration,
+    reportButton(`Ban ${label}`, `Ban ${label}`, () => moderate("ban", author, Number(duration.value))),
+  );
+  item.append(head, message, el("p", "report-reason", `Reason: ${report.reason}`), buttons);
+  return item;
+}
+
+function reportButton(text, name, onClick) {
+  const button = el("button", "secondary", text);
+  button.type = "button";
+  button.setAttribute("aria-label", name);
+  button.addEventListener("click", onClick);
+  return button;
+}
+
+/** Dismiss a report, or delete its message (everyone in the conversation sees it go). Done:
+ * off the list, the focus on the next report's first button. */
+function resolveReport(item, report, action) {
+  client.resolve(report.id, action).then((now) => {
+    const next = item.nextElementSibling ?? item.previousElementSibling;
+    item.remove();
+    renderReportsSummary();
+    const outcome = now.resolved?.outcome ?? (action === "delete" ? "deleted" : "dismissed");
+    showAlert(outcome === "deleted" ? "Report resolved: the message is deleted" : "Report dismissed", "info");
+    (next?.querySelector("button") ?? $("reports-refresh")).focus();
+    askModerator(); // the count
+  }, (error) => showAlert(`Could not resolve the report: ${error?.message ?? error}`));
+}
+
+/** Kick `user` (disconnected; they may come back), or ban them for `seconds`. */
+function moderate(action, user, seconds = 0) {
+  const label = personLabel(user);
+  const words = BAN_DURATIONS.find(([value]) => value === seconds)?.[1] ?? `${seconds} s`;
+  const done = action === "kick" ? client.kick(user) : client.ban(user, seconds);
+  done.then(
+    () => showAlert(action === "kick" ? `${label} was disconnected` : `${label} is banned for ${words}`, "info"),
+    (error) => showAlert(`Could not ${action} ${label}: ${error?.message ?? error}`),
+  );
+}
+
+$("reports-open").addEventListener("click", () => {
+  if ($("reports-panel").hidden) openReports();
+  else closeReports();
+});
+$("reports-close").addEventListener("click", () => {
+  closeReports();
+  $("reports-open").focus();
+});
+$("reports-refresh").addEventListener("click", () => openReports());
+$("reports-more").addEventListener("click", () => askReports());
 
 // -- the phone drawer and the forms' hints --------------------------------------------------
 

@@ -20,6 +20,9 @@ import {
   type PushUnsubscribedFrame, type ReactionFrame, type ReceiptFrame, type ReceiptsFrame,
   type RoomFrame, type RoomName, type RoomsFrame, type SearchFrame, type SendFrame,
   type ServerFrame, type TypingNoticeFrame, type UploadFrame, type UserId,
+  type BanFrame, type BannedFrame, type KickFrame, type KickedFrame, type PreviewFrame,
+  type Report, type ReportedFrame, type ReportsFrame, type ReportsRequestFrame,
+  type ResolvedFrame,
 } from "./frames.js";
 import { SseSocket, type FetchLike } from "./sse.js";
 
@@ -211,7 +214,8 @@ interface PendingSend {
 /** What a request over the socket is answered with. */
 type Answer =
   | HistoryFrame | SearchFrame | UploadFrame | FileFrame | MentionsFrame | NotificationsFrame
-  | NotificationsListFrame | PushSubscribedFrame | PushUnsubscribedFrame | HiddenFrame;
+  | NotificationsListFrame | PushSubscribedFrame | PushUnsubscribedFrame | HiddenFrame
+  | PreviewFrame | ReportedFrame | ReportsFrame | ResolvedFrame | KickedFrame | BannedFrame;
 
 /** How `setNotificationLevel` changes a conversation's level: `level` what notifies you,
  * `muteUntil` nothing until then (epoch ms, or a Date; 0 unmutes). Either may be left out. */
@@ -220,9 +224,24 @@ export interface NotificationLevelOptions {
   muteUntil?: number | Date;
 }
 
+/** How `reports` pages the queue: open reports (oldest first) after `before`, or with
+ * `resolved` the resolved ones (newest first) before it; `limit` 1–100 (default 20). */
+export interface ReportsOptions {
+  resolved?: boolean;
+  before?: number;
+  limit?: number;
+}
+
 /** The request frames whose refusals name no key of their own (the server answers a
  * connection's frames in order: an error answers the oldest request of its type). */
-type OrderedRef = "file" | "notifications" | "push_subscribe" | "push_unsubscribe";
+type OrderedRef =
+  | "file" | "notifications" | "push_subscribe" | "push_unsubscribe" | ModerationRef;
+/** The requests of link previews, reports and moderation: each answered (or refused, with
+ * its type as `ref`) in the order asked, among those of its type. */
+type ModerationRef = "preview" | "report" | "reports" | "resolve" | "kick" | "ban";
+const MODERATION_REFS: ReadonlySet<string> = new Set<ModerationRef>([
+  "preview", "report", "reports", "resolve", "kick", "ban",
+]);
 interface Waiter { resolve: (frame: Answer) => void; reject: (error: Error) => void }
 
 /** The request frames answered with `hidden` (and refused with their type as `ref`). */
@@ -230,6 +249,10 @@ const HIDE_REFS: ReadonlySet<string> = new Set(["mute", "unmute", "block", "unbl
 const NOTIFICATION_LEVELS: readonly NotificationLevel[] = ["all", "mentions", "none"];
 // The largest page of mentions the server gives (its `limit` bound).
 const MENTIONS_PAGE_MAX = 500;
+// The largest page of the reports queue the server gives.
+const REPORTS_PAGE_MAX = 100;
+// The longest ban the server takes (10 years), in seconds.
+const BAN_MAX_S = 10 * 365 * 86_400;
 
 /** `value` if it is an integer in [min, max] (a time in ms at most 2^53); else a RangeError. */
 function integer(name: string, value: number, min: number, max = 2 ** 53): number {
@@ -597,8 +620,8 @@ export class HubbubClient extends EventTarget {
   async fileLinks(id: FileId): Promise<FileFrame> {
     const links = await this.askInOrder<FileFrame>("file", `file:${id}`, { type: "file", id });
     return {
-      ...links, url: this.resolve(links.url),
-      thumbnail: links.thumbnail === null ? null : this.resolve(links.thumbnail),
+      ...links, url: this.absolute(links.url),
+      thumbnail: links.thumbnail === null ? null : this.absolute(links.thumbnail),
     };
   }
 
@@ -720,16 +743,86 @@ export class HubbubClient extends EventTarget {
     return this.hide({ type: "hidden" });
   }
 
+  /** The preview of link `url` (`http(s)://…`, at most 2048 characters) found in a message:
+   * `title`, `description` and `site` as plain text (show them as text, never as markup),
+   * and `image` as a link to the server's file storage (absolute; never the site's; null
+   * without one). Rejects with a {@link HubbubError}: `preview_unavailable` (not a public address,
+   * not a page, too slow, nothing to show, or previews off), `rate_limited`, `bad_frame`
+   * (not an http(s) link). The server caches previews and failures: asking again is cheap. */
+  async preview(url: string): Promise<PreviewFrame> {
+    const answer = await this.askInOrder<PreviewFrame>("preview", `preview:${url}`, { type: "preview", url });
+    const { image } = answer;
+    return image ? { ...answer, image: { ...image, url: this.absolute(image.url) } } : answer;
+  }
+
+  /** Report message `id` of `conversation` (one you may read now; servers with a store) to
+   * the moderators, with `reason` (1–500 characters). Resolves with the report as stored
+   * (reporting the same message again resolves with the first report); rejects with a
+   * {@link HubbubError}: `not_found` (no such message, deleted, or a conversation you may
+   * not read), `bad_frame` (a reason out of bounds), `rate_limited`, `no_store`. */
+  async report(conversation: Conversation, id: number, reason: string): Promise<Report> {
+    const answer = await this.askInOrder<ReportedFrame>("report", "report", {
+      type: "report", ...target(conversation), id, reason,
+    });
+    return answer.report;
+  }
+
+  /** Moderators (a token whose `roles` claim holds `"moderator"`): a page of the reports
+   * queue, of the conversations you may read now: open reports oldest first after `before`,
+   * or with `resolved` resolved ones newest first before it. `next` is the `before` of the
+   * next page (null: the last). Rejects with a {@link HubbubError} (`forbidden` for anyone
+   * else, `no_store`), or a `RangeError` for a `limit` out of 1–100 or a negative `before`. */
+  async reports(options: ReportsOptions = {}): Promise<ReportsFrame> {
+    const frame: ReportsRequestFrame = { type: "reports" };
+    if (options.resolved !== undefined) frame.resolved = options.resolved;
+    if (options.before !== undefined) frame.before = integer("before", options.before, 0);
+    if (options.limit !== undefined) frame.limit = integer("limit", options.limit, 1, REPORTS_PAGE_MAX);
+    return this.askInOrder<ReportsFrame>("reports", "reports", frame);
+  }
+
+  /** Moderators: resolve report `id`: `dismiss` it, or `delete` its message (everyone in
+   * the conversation gets `deleted`). Resolves with the report as it is now (one resolved
+   * already: as it was); rejects with a {@link HubbubError} (`forbidden`, `not_found` for a
+   * report you may not read). */
+  async resolve(id: number, action: "dismiss" | "delete"): Promise<Report> {
+    const answer = await this.askInOrder<ResolvedFrame>("resolve", `resolve:${id}`, {
+      type: "resolve", id, action,
+    });
+    return answer.report;
+  }
+
+  /** Moderators: close every connection of `user` on every server (close code 4003; they may
+   * reconnect), with `reason` (at most 200 characters) in the close. Resolves once done;
+   * rejects with a {@link HubbubError} (`forbidden`, `broker_unavailable`). */
+  async kick(user: UserId, reason?: string): Promise<void> {
+    const frame: KickFrame = { type: "kick", user };
+    if (reason !== undefined) frame.reason = reason;
+    await this.askInOrder<KickedFrame>("kick", `kick:${user}`, frame);
+  }
+
+  /** Moderators: close `user`'s connections and refuse new ones for `durationS` seconds (at
+   * most 10 years), with `reason` (at most 200 characters). Resolves once done; rejects with
+   * a {@link HubbubError} (`forbidden`, `broker_unavailable`), or a `RangeError` for a
+   * duration out of bounds. */
+  async ban(user: UserId, durationS: number, reason?: string): Promise<void> {
+    if (!(Number.isFinite(durationS) && durationS > 0 && durationS <= BAN_MAX_S)) {
+      throw new RangeError(`durationS must be above 0 and at most ${BAN_MAX_S}, not ${String(durationS)}`);
+    }
+    const frame: BanFrame = { type: "ban", user, duration_s: durationS };
+    if (reason !== undefined) frame.reason = reason;
+    await this.askInOrder<BannedFrame>("ban", `ban:${user}`, frame);
+  }
+
   // -- internals ------------------------------------------------------------------------
 
   /** `url` (relative: on this client's server) as an absolute http(s) URL. */
-  private resolve(url: string): string {
+  private absolute(url: string): string {
     return new URL(url, this.url.replace(/^ws/, "http")).toString();
   }
 
   /** Send the bytes where an `upload` answer says; resolves once the storage took them. */
   private transfer(asked: UploadFrame, file: Blob, name: string, options: UploadOptions): Promise<void> {
-    const url = this.resolve(asked.url);
+    const url = this.absolute(asked.url);
     let body: Blob | FormData = file;
     if (asked.method === "POST") {
       const form = new FormData();
@@ -1140,6 +1233,12 @@ export class HubbubClient extends EventTarget {
         this.answerHide(frame);
         this.emit("hidden", frame);
         break;
+      case "preview": this.answerInOrder("preview", `preview:${frame.url}`, frame); break;
+      case "reported": this.answerInOrder("report", "report", frame); break;
+      case "reports": this.answerInOrder("reports", "reports", frame); break;
+      case "resolved": this.answerInOrder("resolve", `resolve:${frame.report.id}`, frame); break;
+      case "kicked": this.answerInOrder("kick", `kick:${frame.user}`, frame); break;
+      case "banned": this.answerInOrder("ban", `ban:${frame.user}`, frame); break;
       case "inbox":
         for (const entry of frame.conversations) {
           if (entry.with !== undefined && !this.lastDirect.has(entry.with)) {
@@ -1216,6 +1315,10 @@ export class HubbubClient extends EventTarget {
       const named = frame.ref === "notifications" && (frame.room !== undefined || frame.with !== undefined);
       const key = named ? notificationsKey(frame) : undefined;
       if (this.answerInOrder(frame.ref, key, new HubbubError(frame.code, frame.message, frame))) return;
+    }
+    if (frame.ref !== undefined && MODERATION_REFS.has(frame.ref)
+        && this.answerInOrder(frame.ref as ModerationRef, undefined, new HubbubError(frame.code, frame.message, frame))) {
+      return; // none names its request: the oldest of its type is answered
     }
     if (frame.ref !== undefined && HIDE_REFS.has(frame.ref)
         && this.answerHide(new HubbubError(frame.code, frame.message, frame))) {

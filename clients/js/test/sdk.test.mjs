@@ -465,6 +465,49 @@ test("block and mute: mute, block, unmute, unblock and hidden() resolve with the
   }
 });
 
+test("reports and previews: a report resolves with the report (again: the same one); a loopback link is no preview; moderators' calls are forbidden to others", { skip: !URL_, timeout: 20_000 }, async () => {
+  const room = unique("room");
+  const { client: ada } = await connected(unique("ada"));
+  const { client: bob } = await connected(unique("bob"));
+  const errors = [];
+  bob.on("error", (error) => errors.push(error));
+  try {
+    await joined(ada, room);
+    await joined(bob, room);
+    const { id } = await ada.send(room, "something rude");
+    const report = await bob.report(room, id, "insulting");
+    assert.equal(report.room, room);
+    assert.deepEqual(report.message, { id, user: ada.hello.user, text: "something rude" });
+    assert.deepEqual([report.reporter, report.reason, report.resolved], [bob.hello.user, "insulting", null]);
+    const refusedCode = (code) => (error) => error instanceof HubbubError && error.code === code;
+
+    // Asked at once, each gets its own answer, in the order the server gives them.
+    const [again, missing, loopback, queue, resolve, kick, ban] = await Promise.allSettled([
+      bob.report(room, id, "again"),
+      bob.report(room, id + 1000, "no such message"),
+      bob.preview("http://127.0.0.1:9/page"),
+      bob.reports(),
+      bob.resolve(report.id, "dismiss"),
+      bob.kick(ada.hello.user, "no reason"),
+      bob.ban(ada.hello.user, 60, "no reason"),
+    ]);
+    assert.deepEqual(again, { status: "fulfilled", value: report }); // the first one, unchanged
+    assert.ok(refusedCode("not_found")(missing.reason), String(missing.reason));
+    assert.ok(refusedCode("preview_unavailable")(loopback.reason), String(loopback.reason));
+    for (const refused of [queue, resolve, kick, ban]) {
+      assert.ok(refusedCode("forbidden")(refused.reason), String(refused.reason));
+    }
+    // Bad arguments never leave the client.
+    await assert.rejects(bob.reports({ limit: 0 }), RangeError);
+    await assert.rejects(bob.ban(ada.hello.user, 0), RangeError);
+    assert.deepEqual(errors, []); // the refusals answered their requests, not the error event
+    assert.equal(ada.state, "open");
+  } finally {
+    ada.close();
+    bob.close();
+  }
+});
+
 test("setVisible is taken; push subscriptions: one on an allowed push service, one elsewhere refused", { skip: !URL_, timeout: 20_000 }, async () => {
   const { client: ada } = await connected(unique("ada"));
   const errors = [];

@@ -81,6 +81,7 @@ from hubbub_client.frames import (
     AnyFrame,
     AuthenticatedFrame,
     AuthFrame,
+    BanFrame,
     Cid,
     ClientFrame,
     CreateFrame,
@@ -102,6 +103,7 @@ from hubbub_client.frames import (
     InvitedFrame,
     JoinedFrame,
     JoinFrame,
+    KickFrame,
     LeftFrame,
     MemberFrame,
     MentionsFrame,
@@ -112,6 +114,8 @@ from hubbub_client.frames import (
     NotificationsFrame,
     NotificationsRequestFrame,
     PresenceFrame,
+    PreviewFrame,
+    PreviewRequestFrame,
     PushSubscribedFrame,
     PushUnsubscribedFrame,
     ReactFrame,
@@ -119,6 +123,12 @@ from hubbub_client.frames import (
     ReadFrame,
     ReceiptFrame,
     ReceiptsFrame,
+    Report,
+    ReportedFrame,
+    ReportFrame,
+    ReportsFrame,
+    ReportsRequestFrame,
+    ResolvedFrame,
     RoomFrame,
     RoomsFrame,
     RoomsRequestFrame,
@@ -136,6 +146,17 @@ VERSION = "0.1.0"
 
 # The largest page of mentions the server gives (its ``limit`` bound).
 MENTIONS_PAGE_MAX = 500
+# The largest page of the reports queue the server gives, and its longest ban (10 years).
+REPORTS_PAGE_MAX = 100
+BAN_MAX_S = 10 * 365 * 86_400
+
+# The requests of link previews, reports and moderation, by the type of their answer: each
+# is answered (or refused, with its type as ``ref``) in the order asked among those of its
+# type (the server answers a connection's frames in order).
+_IN_ORDER_ANSWERS: dict[str, str] = {
+    "preview": "preview", "reported": "report", "reports": "reports", "resolved": "resolve",
+    "kicked": "kick", "banned": "ban",
+}  # fmt: skip
 
 # Close codes the client reports for ends the server did not name: the connection was lost
 # or could not be opened (1006), or the server fell silent past its heartbeat (4000).
@@ -885,6 +906,82 @@ class HubbubClient:
         (:class:`~hubbub_client.events.Hello`) to be sure."""
         return await self._hide({"type": "hidden"})
 
+    async def preview(self, url: str) -> PreviewFrame:
+        """The preview of link ``url`` (``http(s)://...``, at most 2048 characters) found in a
+        message: ``title``, ``description`` and ``site`` as plain text (show them as text,
+        never as markup), and ``image`` (``url``, absolute, to the server's file storage,
+        never the site's; ``width``, ``height``; None without one). Raises
+        :class:`HubbubError`: ``preview_unavailable`` (not a public address, not a page, too
+        slow, nothing to show, or previews off), ``rate_limited``, ``bad_frame`` (not an
+        http(s) link). The server caches previews and failures: asking again is cheap."""
+        frame: PreviewRequestFrame = {"type": "preview", "url": url}
+        answer = cast(PreviewFrame, await self._ask_in_order("preview", f"preview:{url}", frame))
+        image = answer["image"]
+        if image is None:
+            return answer
+        return {**answer, "image": {**image, "url": urljoin(_http_base(self.url), image["url"])}}
+
+    async def report(self, conversation: Conversation, id: int, reason: str) -> Report:
+        """Report message ``id`` of ``conversation`` (a room, or ``DM(user)``; one you may read
+        now; servers with a store) to the moderators, with ``reason`` (1-500 characters).
+        Returns the report as stored (reporting the same message again returns the first
+        report); raises :class:`HubbubError`: ``not_found`` (no such message, deleted, or a
+        conversation you may not read), ``bad_frame`` (a reason out of bounds),
+        ``rate_limited``, ``no_store``."""
+        frame: ReportFrame = {"type": "report", "id": id, "reason": reason}
+        _set_conversation(frame, conversation)
+        answer = await self._ask_in_order("report", "report", frame)
+        return cast(ReportedFrame, answer)["report"]
+
+    async def reports(
+        self, *, resolved: bool = False, before: int | None = None, limit: int = 20
+    ) -> ReportsFrame:
+        """Moderators (a token whose ``roles`` claim holds ``"moderator"``): a page of the
+        reports queue, of the conversations you may read now: open reports oldest first
+        after ``before``, or with ``resolved`` resolved ones newest first before it;
+        ``next`` is the ``before`` of the next page (None: the last). Raises
+        :class:`HubbubError` (``forbidden`` for anyone else, ``no_store``), or ``ValueError``
+        for a ``limit`` out of 1-100 or a negative ``before``."""
+        frame: ReportsRequestFrame = {
+            "type": "reports", "resolved": resolved,
+            "limit": _integer("limit", limit, 1, REPORTS_PAGE_MAX),
+        }  # fmt: skip
+        if before is not None:
+            frame["before"] = _integer("before", before, 0)
+        return cast(ReportsFrame, await self._ask_in_order("reports", "reports", frame))
+
+    async def resolve(self, id: int, action: Literal["dismiss", "delete"]) -> Report:
+        """Moderators: resolve report ``id``: ``dismiss`` it, or ``delete`` its message
+        (everyone in the conversation gets ``deleted``). Returns the report as it is now (one
+        resolved already: as it was); raises :class:`HubbubError` (``forbidden``,
+        ``not_found`` for a report you may not read), or ``ValueError`` for another action."""
+        if action not in ("dismiss", "delete"):
+            raise ValueError(f"no action {action!r}: dismiss or delete")
+        frame: ClientFrame = {"type": "resolve", "id": id, "action": action}
+        answer = await self._ask_in_order("resolve", f"resolve:{id}", frame)
+        return cast(ResolvedFrame, answer)["report"]
+
+    async def kick(self, user: str, reason: str | None = None) -> None:
+        """Moderators: close every connection of ``user`` on every server (close code 4003;
+        they may reconnect), with ``reason`` (at most 200 characters) in the close. Returns
+        once done; raises :class:`HubbubError` (``forbidden``, ``broker_unavailable``)."""
+        frame: KickFrame = {"type": "kick", "user": user}
+        if reason is not None:
+            frame["reason"] = reason
+        await self._ask_in_order("kick", f"kick:{user}", frame)
+
+    async def ban(self, user: str, duration_s: float, reason: str | None = None) -> None:
+        """Moderators: close ``user``'s connections and refuse new ones for ``duration_s``
+        seconds (at most 10 years), with ``reason`` (at most 200 characters). Returns once
+        done; raises :class:`HubbubError` (``forbidden``, ``broker_unavailable``), or
+        ``ValueError`` for a duration out of bounds."""
+        if isinstance(duration_s, bool) or not 0 < duration_s <= BAN_MAX_S:
+            raise ValueError(f"duration_s must be above 0 and at most {BAN_MAX_S}")
+        frame: BanFrame = {"type": "ban", "user": user, "duration_s": duration_s}
+        if reason is not None:
+            frame["reason"] = reason
+        await self._ask_in_order("ban", f"ban:{user}", frame)
+
     async def inbox(self) -> Inbox:
         """Your conversations (servers with a store). The next ``inbox`` frame answers: the
         one the server sends by itself after ``hello`` may be it."""
@@ -1308,6 +1405,9 @@ class HubbubClient:
         elif kind in ("push_subscribed", "push_unsubscribed"):
             ref = "push_subscribe" if kind == "push_subscribed" else "push_unsubscribe"
             self._answer_in_order(ref, f"{ref}:{frame.get('endpoint')}", frame)
+        elif kind in _IN_ORDER_ANSWERS:
+            ref = _IN_ORDER_ANSWERS[kind]
+            self._answer_in_order(ref, _answer_key(ref, frame), frame)
         elif kind == "hidden":
             hidden = HiddenUsers.from_frame(cast(HiddenFrame, frame))
             self._answer_hide(hidden)
@@ -1420,6 +1520,8 @@ class HubbubClient:
             answered = self._answer_in_order(ref, key, error)
         elif ref in ("mute", "unmute", "block", "unblock", "hidden"):
             answered = self._answer_hide(error)
+        elif ref is not None and ref in _IN_ORDER_ANSWERS.values():
+            answered = self._answer_in_order(ref, None, error)  # names none: the oldest
         elif ref == "join" and room is not None:
             if code in RETRY_JOIN_CODES:
                 # The join did not happen: try again later, or the room stays silent.
@@ -1540,13 +1642,26 @@ def _answers_hide(frame: HideFrame, lists: HiddenUsers) -> bool:
     return user not in lists.blocked
 
 
+def _answer_key(ref: str, frame: AnyFrame) -> str:
+    """Where the answers to the requests of ``_IN_ORDER_ANSWERS`` are paired: per link, report
+    or user where the answer names one; else one key per request type."""
+    if ref == "preview":
+        return f"preview:{frame.get('url')}"
+    if ref == "resolve":
+        return f"resolve:{frame.get('report', {}).get('id')}"
+    if ref in ("kick", "ban"):
+        return f"{ref}:{frame.get('user')}"
+    return ref
+
+
 def _history_key(room: str | None, peer: str | None) -> str:
     """Where the answers to ``history`` frames are paired: per conversation, in order."""
     return f"history:{room}" if room is not None else f"history:@{peer}"
 
 
 def _set_conversation(
-    frame: EditFrame | DeleteFrame | ReactFrame | ReadFrame, conversation: Conversation
+    frame: EditFrame | DeleteFrame | ReactFrame | ReadFrame | ReportFrame,
+    conversation: Conversation,
 ) -> None:
     if isinstance(conversation, DM):
         frame["with"] = conversation.user

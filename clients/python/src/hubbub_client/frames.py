@@ -300,6 +300,67 @@ HideFrame = MuteFrame | UnmuteFrame | BlockFrame | UnblockFrame | HiddenRequestF
 lists."""
 
 
+ReportFrame = TypedDict(
+    "ReportFrame",
+    {
+        "type": Literal["report"],
+        "room": NotRequired[RoomName],
+        "with": NotRequired[UserId],
+        "id": int,
+        "reason": str,
+    },
+)
+"""Report message ``id`` of a conversation you may read now (``room`` or ``with``), with
+``reason`` (1-500 characters). Answered with ``reported``."""
+
+
+class ReportsRequestFrame(TypedDict):
+    """Moderators: a page of the reports queue: open reports oldest first after ``before``, or
+    with ``resolved`` resolved ones newest first before it (``limit`` 1-100, default 20).
+    Answered with ``reports``."""
+
+    type: Literal["reports"]
+    resolved: NotRequired[bool]
+    before: NotRequired[int]
+    limit: NotRequired[int]
+
+
+class ResolveFrame(TypedDict):
+    """Moderators: resolve report ``id``: ``dismiss`` it, or ``delete`` its message. Answered
+    with ``resolved``."""
+
+    type: Literal["resolve"]
+    id: int
+    action: Literal["dismiss", "delete"]
+
+
+class KickFrame(TypedDict):
+    """Moderators: close every connection of ``user`` (they may come back). Answered with
+    ``kicked``."""
+
+    type: Literal["kick"]
+    user: UserId
+    reason: NotRequired[str]
+
+
+class BanFrame(TypedDict):
+    """Moderators: keep ``user`` out for ``duration_s`` (their connections are closed).
+    Answered with ``banned``."""
+
+    type: Literal["ban"]
+    user: UserId
+    duration_s: float
+    reason: NotRequired[str]
+
+
+class PreviewRequestFrame(TypedDict):
+    """The preview of link ``url`` (``http(s)://...``) found in a message. Answered with
+    ``preview``."""
+
+    type: Literal["preview"]
+    url: str
+
+
 class PingFrame(TypedDict):
     type: Literal["ping"]
 
@@ -318,7 +379,8 @@ ClientFrame = (
     | DescribeFrame | InviteFrame | RemoveFrame | RoomsRequestFrame | SearchRequestFrame
     | UploadRequestFrame | FileRequestFrame | MentionsRequestFrame | NotificationsRequestFrame
     | VisibilityFrame | PushSubscribeFrame | PushUnsubscribeFrame | MuteFrame | UnmuteFrame
-    | BlockFrame | UnblockFrame | HiddenRequestFrame | PingFrame | PongFrame
+    | BlockFrame | UnblockFrame | HiddenRequestFrame | ReportFrame | ReportsRequestFrame
+    | ResolveFrame | KickFrame | BanFrame | PreviewRequestFrame | PingFrame | PongFrame
 )  # fmt: skip
 """Every frame a client may send."""
 
@@ -678,13 +740,109 @@ class HiddenFrame(TypedDict):
     blocked: list[UserId]
 
 
+class ReportedMessageFrame(TypedDict):
+    """A reported message as it was when reported."""
+
+    id: int
+    user: UserId
+    text: str
+
+
+class ReportResolutionFrame(TypedDict):
+    """How a report was resolved: by whom, with what outcome, when (epoch ms)."""
+
+    by: UserId
+    outcome: Literal["dismissed", "deleted"]
+    ts: int
+
+
+Report = TypedDict(
+    "Report",
+    {
+        "id": int,
+        "room": NotRequired[RoomName],
+        "with": NotRequired[list[UserId]],
+        "message": ReportedMessageFrame,
+        "reporter": UserId,
+        "reason": str,
+        "ts": int,
+        "resolved": ReportResolutionFrame | None,
+    },
+)
+"""A report of a message, as the moderators' queue shows it: the message as it was when
+reported, in ``room`` or the direct conversation of the two users ``with``; ``resolved``:
+by whom, how and when (None: open)."""
+
+
+class ReportedFrame(TypedDict):
+    """The answer to ``report``: the report as stored (reporting a message again answers the
+    first)."""
+
+    type: Literal["reported"]
+    report: Report
+
+
+class ReportsFrame(TypedDict):
+    """The answer to ``reports`` (moderators): reports of conversations you may read now;
+    ``next``: the ``before`` of the next page (None: the last)."""
+
+    type: Literal["reports"]
+    reports: list[Report]
+    next: int | None
+
+
+class ResolvedFrame(TypedDict):
+    """The answer to ``resolve``: the report as it is now."""
+
+    type: Literal["resolved"]
+    report: Report
+
+
+class KickedFrame(TypedDict):
+    """The answer to ``kick``."""
+
+    type: Literal["kicked"]
+    user: UserId
+
+
+class BannedFrame(TypedDict):
+    """The answer to ``ban``."""
+
+    type: Literal["banned"]
+    user: UserId
+    duration_s: float
+    reason: str
+
+
+class PreviewImageFrame(TypedDict):
+    """A preview's image: a link to the server's file storage (never the site's), a WebP
+    thumbnail of ``width`` x ``height`` pixels."""
+
+    url: str
+    width: int
+    height: int
+
+
+class PreviewFrame(TypedDict):
+    """The answer to ``preview``: plain texts (show them as text, never as markup) and the
+    image (None: none). ``HubbubClient.preview`` makes the image's relative URL absolute."""
+
+    type: Literal["preview"]
+    url: str
+    title: str | None
+    description: str | None
+    site: str | None
+    image: PreviewImageFrame | None
+
+
 ServerFrame = (
     HelloFrame | JoinedFrame | LeftFrame | MessageFrame | EditedFrame | DeletedFrame
     | ReactionFrame | PresenceFrame | TypingNoticeFrame | ReceiptFrame | ReceiptsFrame
     | AckFrame | ErrorFrame | RefreshFrame | AuthenticatedFrame | HistoryFrame | InboxFrame
     | RoomFrame | RoomsFrame | MemberFrame | InvitedFrame | SearchFrame | UploadFrame | FileFrame
     | MentionsFrame | NotificationsFrame | PushSubscribedFrame | PushUnsubscribedFrame
-    | HiddenFrame | PingFrame | PongFrame
+    | HiddenFrame | ReportedFrame | ReportsFrame | ResolvedFrame | KickedFrame | BannedFrame
+    | PreviewFrame | PingFrame | PongFrame
 )  # fmt: skip
 """Every frame a server sends (a newer server may send more types: they are ignored)."""
 
