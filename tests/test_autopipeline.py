@@ -90,6 +90,29 @@ async def test_a_lost_server_fails_every_caller_of_the_batch(
     assert await pipeline.call(incr, ["n"], [1]) == 1  # a new server: it starts over
 
 
+async def test_a_replica_is_refused_for_reads_and_writes(redis_server: RedisServer) -> None:
+    """A Sentinel behind on a failover may name the old master, back as a replica: the
+    pipeline does not use it (its reads would be stale, its writes refused); each caller is
+    told why."""
+    replica = RedisServer(extra=("--replicaof", "127.0.0.1", str(redis_server.port)))
+    await replica.start()
+    client = Redis.from_url(replica.url, socket_timeout=2, socket_connect_timeout=2)
+    try:
+        pipeline = AutoPipeline(client)
+        results = await asyncio.gather(
+            pipeline.command("k", "GET", "k"),
+            pipeline.call(client.register_script(INCR_BY), ["n"], [1]),
+            return_exceptions=True,
+        )
+        for result in results:
+            assert isinstance(result, RedisConnectionError), results
+            assert "replica, not the master" in str(result)
+        await pipeline.close()
+    finally:
+        await client.aclose()
+        await replica.stop()
+
+
 async def test_a_cancelled_caller_does_not_disturb_the_others(redis: Redis) -> None:
     pipeline = AutoPipeline(redis)
     incr = redis.register_script(INCR_BY)

@@ -65,3 +65,21 @@ async def test_a_handler_that_raises_ends_the_subscription(redis: Redis) -> None
         while await redis.pubsub_numsub("a") != [(b"a", 0)]:
             await asyncio.sleep(0.01)
     subscription.close()
+
+
+async def test_a_replica_is_refused(redis_server: RedisServer, redis: Redis) -> None:
+    """A subscription on a replica could miss the publishes its master ran before the
+    replica's sync (a Sentinel behind on a failover names such a server): it is refused with
+    the reason, and the same on the master is taken."""
+    replica = RedisServer(extra=("--replicaof", "127.0.0.1", str(redis_server.port)))
+    await replica.start()
+    client = Redis.from_url(replica.url, socket_timeout=2, socket_connect_timeout=2)
+    try:
+        with pytest.raises(RedisConnectionError, match="only on a master"):
+            await Subscription.open(client, lambda push: None)
+        assert await client.pubsub_numsub("a") == [(b"a", 0)]
+        subscription = await Subscription.open(redis, lambda push: None)
+        subscription.close()
+    finally:
+        await client.aclose()
+        await replica.stop()

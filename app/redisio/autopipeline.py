@@ -406,11 +406,18 @@ class AutoPipeline:
         """Open a connection; then send the batches that waited for it, in order."""
         try:
             replies = _Replies(self._timeout_s, self._rerun_loading, self._short_wait)
-            replies.writer, info = await hand_over(self._redis, replies, ("INFO", "server"))
-            found = _RUN_ID.search(info if isinstance(info, bytes) else str(info).encode())
+            asked = ("INFO", "server", "replication")
+            replies.writer, info = await hand_over(self._redis, replies, asked)
+            text = info if isinstance(info, bytes) else str(info).encode()
+            found = _RUN_ID.search(text)
             if found is None:  # pragma: no cover - every Redis since 2.4 says it
                 replies.writer.transport.close()
                 raise RedisConnectionError("Redis did not say its run_id")
+            if b"role:master" not in text:
+                # A Sentinel not yet told of a failover names the old master, back as a
+                # replica: its reads would be stale and its writes refused.
+                replies.writer.transport.close()
+                raise RedisConnectionError("the server is a replica, not the master")
             replies.run_id = found.group(1)
         except Exception as exc:
             batches, self._connecting = self._connecting or [], None

@@ -37,6 +37,12 @@ class Subscription(asyncio.Protocol):
       connection's loss, an error reply, or an exception ``on_push`` raised (the connection is
       then aborted). Nothing is delivered after that. Whoever opened it calls :meth:`close`.
     * Subscribing is a write: the confirmation is the ``subscribe`` push.
+    * **Masters only:** :meth:`open` refuses a server that says it is a replica. A replica
+      executes the PUBLISHes of its master's replication stream, but not those its master ran
+      before the snapshot of a (re)sync: a subscription made on a replica while it syncs (a
+      Sentinel that has not heard of a failover yet names the old master, back as a replica)
+      would miss messages with nothing to tell, since the publishes' history, read on the
+      master, holds them.
     """
 
     writer: asyncio.StreamWriter  # kept: see hand_over
@@ -48,9 +54,14 @@ class Subscription(asyncio.Protocol):
 
     @classmethod
     async def open(cls, redis: Redis, on_push: PushHandler) -> Subscription:
-        """Connect as ``redis`` would (its URL, credentials and timeouts)."""
+        """Connect as ``redis`` would (its URL, credentials and timeouts); raises
+        ``ConnectionError`` when the server is not a master (see the class' contract)."""
         subscription = cls(on_push)
-        subscription.writer, _ = await hand_over(redis, subscription)
+        subscription.writer, role = await hand_over(redis, subscription, ("ROLE",))
+        if not (isinstance(role, list) and role and role[0] == b"master"):
+            subscription.close()
+            kind = role[0].decode() if isinstance(role, list) and role else repr(role)
+            raise RedisConnectionError(f"will not subscribe on a {kind}, only on a master")
         return subscription
 
     def subscribe(self, *channels: str) -> None:
