@@ -77,3 +77,49 @@ async def test_an_error_after_a_wait_ends_the_task_with_it() -> None:
     gate.set_exception(OSError("reset"))
     with pytest.raises(OSError, match="reset"):
         await asyncio.wait_for(task, 1)
+
+
+async def test_cancelling_the_task_cancels_the_future_it_waits_on() -> None:
+    """As a task of its own would: the future the coroutine awaits is cancelled with it."""
+    gate = asyncio.get_running_loop().create_future()
+    seen: list[str] = []
+
+    async def write() -> None:
+        try:
+            await gate
+        except asyncio.CancelledError:
+            seen.append("cancelled")
+            raise
+
+    task = start_eagerly(write())
+    assert task is not None
+    await asyncio.sleep(0)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await asyncio.wait_for(task, 1)
+    assert gate.cancelled() and seen == ["cancelled"]
+
+
+async def test_a_cancel_after_the_future_is_done_still_reaches_the_coroutine() -> None:
+    """The future resolves, then the task is cancelled before it runs again: the coroutine
+    is cancelled there, not resumed as if nothing had happened."""
+    gate = asyncio.get_running_loop().create_future()
+    seen: list[str] = []
+
+    async def write() -> None:
+        try:
+            await gate
+            seen.append("resumed")
+            await asyncio.sleep(0)
+        except asyncio.CancelledError:
+            seen.append("cancelled")
+            raise
+
+    task = start_eagerly(write())
+    assert task is not None
+    await asyncio.sleep(0)
+    gate.set_result(None)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await asyncio.wait_for(task, 1)
+    assert seen == ["cancelled"] or seen == ["resumed", "cancelled"]

@@ -29,9 +29,10 @@ async def _resume(coro: Coroutine[Any, Any, None], awaited: Any) -> None:
     """Go on with ``coro``, suspended on ``awaited`` (what it yielded: a future, or None for a
     bare yield), the way a task would: wait for it, then resume, until it returns.
 
-    The future is waited on without being awaited again (``coro``'s own ``await`` still holds
-    it); cancelling the task throws ``CancelledError`` into ``coro`` where it waits, as if it
-    were a task of its own.
+    The task awaits the future itself, as ``coro``'s own task would (``coro``'s ``await``
+    then reads its outcome): cancelling the task cancels that future, and ``coro`` gets
+    ``CancelledError`` where it waits, as if it were a task of its own. (Waiting with
+    ``asyncio.wait`` instead, as it did, costs a waiter future and two callbacks a wait.)
     """
     while True:
         error: BaseException | None = None
@@ -39,9 +40,18 @@ async def _resume(coro: Coroutine[Any, Any, None], awaited: Any) -> None:
             if awaited is None:
                 await asyncio.sleep(0)
             else:
-                await asyncio.wait([awaited])
-        except asyncio.CancelledError as exc:
-            error = exc
+                # What a task does with a future its coroutine yields (else awaiting it
+                # again is refused: "await wasn't used with future").
+                awaited._asyncio_future_blocking = False
+                await awaited
+        except BaseException as exc:
+            # The future's own outcome (its error; or cancelled, by this task's cancel or
+            # anyone's) is for coro's own await to read. Anything else, such as a cancel that
+            # came once the future was done, is thrown into coro where it waits.
+            if awaited is None or not awaited.done():
+                error = exc
+            elif isinstance(exc, asyncio.CancelledError) and not awaited.cancelled():
+                error = exc
         try:
             awaited = coro.send(None) if error is None else coro.throw(error)
         except StopIteration:
