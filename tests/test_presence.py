@@ -4,6 +4,7 @@ rooms announced as throttled counts, and the departure of a dead worker's users.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 
@@ -132,6 +133,41 @@ async def test_a_dead_workers_users_leave_when_their_entries_expire() -> None:
             assert (await alive.of("r")).users == ["ada"]
         finally:
             await dead.stop()  # only now: its connections are closed
+            await alive.stop()
+            await broker.stop()
+    finally:
+        await server.stop()
+
+
+async def test_the_upkeep_of_many_rooms_refreshes_and_sweeps_each() -> None:
+    """More rooms than the upkeep has calls in flight at once: every room's entries are
+    refreshed (the live user stays past the ttl) and every room's sweep announces its own
+    departures (the dead worker's user leaves each room, once)."""
+    server = RedisServer()
+    await server.start()
+    try:
+        settings = make_settings(redis_url=server.url, presence_ttl_s=0.9)
+        broker = RedisBroker(settings)
+        recorder = Recorder()
+        await broker.start(recorder)
+        await wait_until(lambda: broker.ready)
+        rooms = [f"r{n}" for n in range(300)]
+        await asyncio.gather(*(broker.subscribe_room(room) for room in rooms))
+        alive, dead = RedisPresence(settings, broker), RedisPresence(settings, broker)
+        await alive.start()
+        try:
+            await asyncio.gather(*(alive.join(room, "ada") for room in rooms))
+            await asyncio.gather(*(dead.join(room, f"zed-{room}") for room in rooms))
+
+            def departed() -> list[bytes]:
+                return [user for event, user in _events(recorder) if event == b'"leave"']
+
+            await wait_until(lambda: len(departed()) == len(rooms), 10)
+            assert sorted(departed()) == sorted(orjson.dumps(f"zed-{r}") for r in rooms)
+            for room in (rooms[0], rooms[255], rooms[256], rooms[-1]):
+                assert (await alive.of(room)).users == ["ada"]
+        finally:
+            await dead.stop()
             await alive.stop()
             await broker.stop()
     finally:

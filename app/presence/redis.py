@@ -14,9 +14,10 @@ import logging
 import secrets
 import time
 from collections.abc import Awaitable, Callable
-from typing import Final, cast
+from typing import Any, Final, cast
 
 from redis.asyncio import Redis
+from redis.commands.core import AsyncScript
 
 from app.broker import Broker
 from app.broker.keys import KeyLayout
@@ -35,6 +36,10 @@ from app.redisio.cluster import ClusterPipelines, pipelines_for
 from app.settings import Settings
 
 logger = logging.getLogger(__name__)
+
+# The upkeep's script calls in flight at once (every room's refresh, then every room's sweep,
+# each ttl/3): pipelined, they leave in a few batches instead of a round trip each.
+_UPKEEP_IN_FLIGHT: Final = 256
 
 # Presence, per room: ``present`` is a sorted set user -> expiry (ms) of the user's freshest
 # entry; ``tabs:<user>`` a sorted set worker -> expiry. A user is present while its ``present``
@@ -202,26 +207,55 @@ class RedisPresence:
     async def _refresh_entries(self) -> None:
         now = int(time.time() * 1000)
         ttl = int(self._settings.presence_ttl_s * 1000)
+        calls: list[tuple[list[str], list[Any]]] = []
         for room, users in list(self._present.items()):
             ordered = sorted(users)
             keys = [self._room_key(room, "present")]
             keys += [self._room_key(room, f"tabs:{u}") for u in ordered]
-            await self._refresh(keys=keys, args=[self.worker_id, now + ttl, ttl, *ordered])
+            calls.append((keys, [self.worker_id, now + ttl, ttl, *ordered]))
+        error = _first_error(await self._run_all(self._refresh, calls))
+        if error is not None:
+            raise error
 
     async def _sweep_rooms(self) -> None:
         """Announce the departure of users whose every entry expired, in the rooms this
         worker has users in (each room is swept by every worker with a user there)."""
         now = int(time.time() * 1000)
-        for room in list(self._present):
-            gone = await self._sweep(
-                keys=[self._room_key(room, "present")],
-                args=[now, self._room_key(room, "tabs:")],
+        rooms = list(self._present)
+        calls: list[tuple[list[str], list[Any]]] = [
+            ([self._room_key(room, "present")], [now, self._room_key(room, "tabs:")])
+            for room in rooms
+        ]
+        replies = await self._run_all(self._sweep, calls)
+        for room, gone in zip(rooms, replies, strict=True):
+            if not isinstance(gone, BaseException):
+                for user in gone:
+                    await self._announcer.announce(room, "leave", user.decode())
+        error = _first_error(replies)
+        if error is not None:
+            raise error
+
+    async def _run_all(
+        self, script: AsyncScript, calls: list[tuple[list[str], list[Any]]]
+    ) -> list[Any]:
+        """``script`` for each (keys, args) through the pipelines, ``_UPKEEP_IN_FLIGHT`` at a
+        time (one batch a loop iteration, not one round trip each): the replies in order,
+        an error in place of the reply of each call that failed."""
+        replies: list[Any] = []
+        for start in range(0, len(calls), _UPKEEP_IN_FLIGHT):
+            chunk = calls[start : start + _UPKEEP_IN_FLIGHT]
+            replies += await asyncio.gather(
+                *(self._pipeline.call(script, keys, args) for keys, args in chunk),
+                return_exceptions=True,
             )
-            for user in gone:
-                await self._announcer.announce(room, "leave", user.decode())
+        return replies
 
     async def _withdraw(self) -> None:
         """On a clean stop, leave every room at once instead of waiting for expiry."""
         for room, users in list(self._present.items()):
             for user in list(users):
                 await self.leave(room, user)
+
+
+def _first_error(replies: list[Any]) -> BaseException | None:
+    return next((reply for reply in replies if isinstance(reply, BaseException)), None)
