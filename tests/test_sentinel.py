@@ -14,19 +14,29 @@ from typing import Any
 import httpx2 as httpx
 import pytest
 from redis.asyncio import Redis
+from redis.exceptions import ConnectionError as RedisConnectionError
 
 from app.broker.redis import RedisBroker
 from app.errors import BrokerUnavailable
 from app.redisio.autopipeline import AutoPipeline, NotReplicated
+from app.redisio.clients import close_client, command_client, subscriber_client
+from app.redisio.subscription import Subscription
 from app.settings import SettingsError, load_settings
 from tests.helpers import (
     ChatClient,
     assert_live_delivery,
+    free_port,
     make_settings,
     send_until_acked,
     wait_until,
 )
-from tests.processes import FAILOVER_ENV, AppProcess, RedisServer, SentinelDeployment
+from tests.processes import (
+    FAILOVER_ENV,
+    AppProcess,
+    RedisServer,
+    SentinelDeployment,
+    wait_for_port,
+)
 from tests.test_broker_contract import Recorder
 from tests.test_chaos import replicated_chaos_smoke
 
@@ -56,6 +66,51 @@ def test_sentinel_settings_are_checked() -> None:
         load_settings(redis_wait_replicas=1, redis_wait_timeout_s=3, auth_mode="guest")
     settings = load_settings(redis_sentinels="a:26379, b:26379", auth_mode="guest")
     assert settings.redis_sentinels == ["a:26379", "b:26379"] and settings.uses_redis
+
+
+async def test_a_server_the_sentinels_name_that_is_a_replica_is_not_used(tmp_path: Path) -> None:
+    """For a second or two after a failover a Sentinel not yet told of it names the old master,
+    back as a replica. Here a Sentinel names a replica for good (it monitors it as a master,
+    and takes a minute to find out): no command, subscription or pipeline of the app reads or
+    subscribes there; each is refused, saying why."""
+    master = RedisServer()
+    await master.start()
+    replica = RedisServer(extra=("--replicaof", "127.0.0.1", str(master.port)))
+    await replica.start()
+    port = free_port()
+    conf = tmp_path / "sentinel.conf"
+    conf.write_text(
+        f"port {port}\nbind 127.0.0.1\ndir {tmp_path}\n"
+        f"sentinel monitor {SentinelDeployment.NAME} 127.0.0.1 {replica.port} 1\n"
+        f"sentinel down-after-milliseconds {SentinelDeployment.NAME} 60000\n"
+    )
+    sentinel = await asyncio.create_subprocess_exec(
+        master.binary, str(conf), "--sentinel", stdout=asyncio.subprocess.DEVNULL
+    )
+    settings = make_settings(
+        redis_sentinels=f"127.0.0.1:{port}", redis_sentinel_master=SentinelDeployment.NAME
+    )
+    redis = command_client(settings)
+    subscriber = subscriber_client(settings)
+    try:
+        await wait_for_port(port, sentinel, "redis-sentinel")
+        async with Redis(port=replica.port) as direct:
+            assert (await direct.role())[0] == b"slave"
+        with pytest.raises(RedisConnectionError, match="is not the master"):
+            await redis.get("anything")
+        with pytest.raises(RedisConnectionError, match="is not the master"):
+            await Subscription.open(subscriber, lambda push: None)
+        pipeline = AutoPipeline(redis)
+        with pytest.raises(RedisConnectionError, match="is not the master"):
+            await pipeline.command("anything", "GET", "anything")
+        await pipeline.close()
+    finally:
+        await close_client(redis)
+        await close_client(subscriber)
+        sentinel.kill()
+        await sentinel.wait()
+        await replica.stop()
+        await master.stop()
 
 
 async def test_a_durable_call_is_answered_once_a_replica_has_it() -> None:

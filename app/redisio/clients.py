@@ -20,9 +20,10 @@ from typing import Any, Final, TypeVar, cast
 from redis.asyncio import BlockingConnectionPool, ConnectionPool, Redis
 from redis.asyncio.cluster import ClusterNode, RedisCluster
 from redis.asyncio.retry import Retry
-from redis.asyncio.sentinel import Sentinel, SentinelConnectionPool
+from redis.asyncio.sentinel import Sentinel, SentinelConnectionPool, SentinelManagedConnection
 from redis.backoff import NoBackoff
 from redis.commands.core import AsyncScript
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisClusterException, RedisError
 
 from app.errors import BrokerUnavailable
@@ -64,7 +65,7 @@ def command_client(settings: Settings) -> Redis:
     if settings.redis_cluster_nodes:
         return cast(Redis, cluster_client(settings))
     if settings.redis_sentinels:
-        pool: ConnectionPool = _BlockingSentinelPool(  # type: ignore[no-untyped-call]
+        pool: ConnectionPool = _BlockingSentinelPool(
             settings.redis_sentinel_master, _sentinel(settings), **_master_auth(settings), **options
         )
     else:
@@ -143,7 +144,7 @@ def subscriber_client(settings: Settings) -> Redis:
         "retry": Retry(NoBackoff(), 0),
     }
     if settings.redis_sentinels:
-        pool = _SentinelPool(  # type: ignore[no-untyped-call]
+        pool = _SentinelPool(
             settings.redis_sentinel_master, _sentinel(settings), **_master_auth(settings), **options
         )
         return pack_with_hiredis(Redis.from_pool(pool))
@@ -151,9 +152,30 @@ def subscriber_client(settings: Settings) -> Redis:
     return pack_with_hiredis(Redis.from_url(settings.redis_url, **options))
 
 
+class _MasterOnlyConnection(SentinelManagedConnection):
+    """A connection to the server the Sentinels name as master, refused (``ConnectionError``,
+    the next attempt asks them again) when that server says it is a replica: for a second or
+    two after a failover a Sentinel not yet told of it names the old master, back by then as
+    a replica of the new one, whose reads are stale and whose subscriptions miss publishes
+    (see :class:`~app.redisio.subscription.Subscription`)."""
+
+    async def connect_to(self, address: Any) -> None:
+        await super().connect_to(address)  # type: ignore[no-untyped-call]
+        await self.send_command("ROLE")
+        role = await self.read_response()
+        if not (isinstance(role, list) and role and role[0] in (b"master", "master")):
+            await self.disconnect()
+            raise RedisConnectionError(f"{address} is not the master (ROLE: {role!r:.60})")
+
+
 class _SentinelPool(SentinelConnectionPool):
-    """A Sentinel-managed pool that also closes its clients of the Sentinels when it is
-    closed (its client's ``aclose``); a master change only drops its idle connections."""
+    """A Sentinel-managed pool of :class:`_MasterOnlyConnection` that also closes its clients
+    of the Sentinels when it is closed (its client's ``aclose``); a master change only drops
+    its idle connections."""
+
+    def __init__(self, service_name: str, sentinel_manager: Sentinel, **kwargs: Any) -> None:
+        kwargs.setdefault("connection_class", _MasterOnlyConnection)
+        super().__init__(service_name, sentinel_manager, **kwargs)  # type: ignore[no-untyped-call]
 
     async def disconnect(self, inuse_connections: bool = True) -> None:
         await super().disconnect(inuse_connections)
