@@ -48,9 +48,8 @@ async def _resume(coro: Coroutine[Any, Any, None], awaited: Any) -> None:
             # The future's own outcome (its error; or cancelled, by this task's cancel or
             # anyone's) is for coro's own await to read. Anything else, such as a cancel that
             # came once the future was done, is thrown into coro where it waits.
-            if awaited is None or not awaited.done():
-                error = exc
-            elif isinstance(exc, asyncio.CancelledError) and not awaited.cancelled():
+            settled = awaited is not None and awaited.done()
+            if not settled or (isinstance(exc, asyncio.CancelledError) and not awaited.cancelled()):
                 error = exc
         try:
             awaited = coro.send(None) if error is None else coro.throw(error)
