@@ -8,6 +8,8 @@ from redis.asyncio import Redis
 from redis.asyncio.connection import Connection, UnixDomainSocketConnection
 from redis.exceptions import DataError
 
+from app.errors import BrokerUnavailable
+from app.redisio.clients import call_redis
 from app.redisio.redis_seam import pack_with_hiredis
 from tests.processes import RedisServer
 
@@ -48,3 +50,40 @@ async def test_commands_and_pipelines_round_trip(redis_server: RedisServer) -> N
         assert await script(keys=["k"], args=["ü"]) == [b"k", "ü".encode()]
     finally:
         await client.aclose()
+
+
+async def test_a_write_on_a_connection_closed_under_redis_py_is_a_lost_connection(
+    redis_server: RedisServer,
+) -> None:
+    """What a Cluster failover did (redis-py 8.1 on uvloop): a connection closed under
+    redis-py raises AttributeError (its writer gone) or uvloop's RuntimeError (the transport
+    closed) from redis-py's connection module; call_redis answers BrokerUnavailable, as for
+    its ConnectionError, instead of letting it close a client's socket with 1011."""
+    client = Redis.from_url(redis_server.url, socket_timeout=2)
+    try:
+        connection = await client.connection_pool.get_connection()
+        await connection.connect()
+        assert connection._writer is not None
+        connection._writer.transport.abort()  # closed under it
+        await connection._writer.wait_closed()
+        with pytest.raises(BrokerUnavailable, match="RuntimeError"):
+            await call_redis(lambda: connection._send_packed_command([b"PING\r\n"]))
+        connection._writer = None  # as a disconnect in another task leaves it
+        with pytest.raises(BrokerUnavailable, match="AttributeError"):
+            await call_redis(lambda: connection._send_packed_command([b"PING\r\n"]))
+        await connection.disconnect()
+    finally:
+        await client.aclose()
+
+
+async def test_errors_of_our_own_code_are_not_taken_for_a_lost_connection() -> None:
+    async def broken() -> None:
+        raise AttributeError("a bug of ours")
+
+    async def also_broken() -> None:
+        raise RuntimeError("another")
+
+    with pytest.raises(AttributeError, match="a bug of ours"):
+        await call_redis(broken)
+    with pytest.raises(RuntimeError, match="another"):
+        await call_redis(also_broken)

@@ -27,7 +27,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisClusterException, RedisError
 
 from app.errors import BrokerUnavailable
-from app.redisio.redis_seam import pack_with_hiredis
+from app.redisio.redis_seam import closed_under_redis_py, pack_with_hiredis
 from app.settings import Settings
 
 T = TypeVar("T")
@@ -38,11 +38,17 @@ REDIS_ERRORS: Final = (RedisError, RedisClusterException, OSError, asyncio.Timeo
 
 async def call_redis(call: Callable[[], Awaitable[T]]) -> T:
     """``await call()``, raising :class:`~app.errors.BrokerUnavailable` for a
-    :data:`REDIS_ERRORS` (the broker's and presence's contract)."""
+    :data:`REDIS_ERRORS` (the broker's and presence's contract), and for redis-py writing to
+    a connection closed under it (:func:`~app.redisio.redis_seam.closed_under_redis_py`),
+    which is a lost connection too, not a bug to close the client's socket with 1011."""
     try:
         return await call()
     except REDIS_ERRORS as exc:
         raise BrokerUnavailable(f"redis: {exc!r}") from exc
+    except (AttributeError, RuntimeError) as exc:
+        if closed_under_redis_py(exc):
+            raise BrokerUnavailable(f"redis: connection closed under redis-py: {exc!r}") from exc
+        raise
 
 
 def command_client(settings: Settings) -> Redis:

@@ -15,6 +15,9 @@ What it relies on, and why:
   the Redis rtt benchmark. This swaps a client's connection class for a subclass whose
   ``pack_command`` uses the sync client's hiredis serializer; the bytes on the wire are the
   same.
+- **Failures it does not translate** (:func:`closed_under_redis_py`): a write on a connection
+  closed under redis-py raises ``AttributeError`` or ``RuntimeError`` from its connection
+  module instead of its ``ConnectionError``; recognized by that module in the traceback.
 
 :data:`CHECKED_AGAINST` is the version this was checked against (``pyproject.toml`` bounds
 redis to it); :func:`fast_paths` says whether each works with what is installed, which every
@@ -26,6 +29,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any, Final
 
+import redis.asyncio.connection as redis_connection_module
 from redis.asyncio import Redis
 from redis.asyncio.connection import AbstractConnection, Connection, ConnectionPool
 from redis.connection import HiredisRespSerializer
@@ -64,6 +68,27 @@ async def hand_over(
     connection._reader = connection._writer = None  # redis-py must not close it later
     writer.transport.set_protocol(protocol)
     return writer, answer
+
+
+# redis-py's module that writes to the socket (as its tracebacks name it).
+_CONNECTION_MODULE: Final = redis_connection_module.__file__
+
+
+def closed_under_redis_py(exc: BaseException) -> bool:
+    """Whether ``exc`` is redis-py's asyncio connection writing to a socket that was closed
+    under it, which it does not turn into its ``ConnectionError``: an ``AttributeError``
+    (its ``_writer`` set to None by a disconnect in another task) or uvloop's
+    ``RuntimeError`` ("unable to perform operation on <TCPTransport closed=True>"), raised in
+    or below ``redis.asyncio.connection``. Seen on Redis Cluster while a master fails over
+    (redis-py 8.1): the connection is lost, as a ``ConnectionError`` would say."""
+    if not isinstance(exc, AttributeError | RuntimeError):
+        return False
+    frames = exc.__traceback__
+    while frames is not None:
+        if frames.tb_frame.f_code.co_filename == _CONNECTION_MODULE:
+            return True
+        frames = frames.tb_next
+    return False
 
 
 _SERIALIZER = HiredisRespSerializer()
