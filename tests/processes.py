@@ -259,12 +259,21 @@ class ClusterDeployment:
         return {"redis_cluster_nodes": self.addresses}
 
     async def start(self) -> None:
-        for server in self.servers:
-            await server.start()
+        """Start every node and make the cluster (30 s at most); on any failure, every node
+        started is stopped again before the error is raised."""
+        try:
+            for server in self.servers:
+                await server.start()
+            await self._create()
+            await self.wait_ok()
+        except BaseException:
+            await self.stop()
+            raise
+
+    async def _create(self) -> None:
         if self.masters == 1 and self.replicas == 0:  # `--cluster create` needs three
             async with Redis(port=self.servers[0].port) as node:
                 await node.execute_command("CLUSTER", "ADDSLOTSRANGE", 0, 16383)  # type: ignore[no-untyped-call]
-            await self.wait_ok()
             return
         cli = shutil.which("redis-cli")
         assert cli, "redis-cli is missing: `make test` installs redis-server (it has it)"
@@ -273,9 +282,14 @@ class ClusterDeployment:
             "--cluster-replicas", str(self.replicas), "--cluster-yes",
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
         )  # fmt: skip
-        output, _ = await create.communicate()
+        try:
+            async with asyncio.timeout(30):  # it waits for the nodes to meet: for ever if not
+                output, _ = await create.communicate()
+        finally:
+            if create.returncode is None:
+                create.kill()
+                await create.wait()
         assert create.returncode == 0, output.decode(errors="replace")
-        await self.wait_ok()
 
     async def wait_ok(self, timeout: float = 30) -> None:
         """Until every live node says ``cluster_state:ok`` and every slot has a master."""
