@@ -259,6 +259,7 @@ async def run_module(module: str, *args: str, timeout: float) -> None:
     assert proc.returncode == 0, err.decode()
 
 
+@pytest.mark.timeout(180)  # about a minute on the 2-core CI machine
 async def test_the_archiving_benchmarks_smoke(tmp_path: Path) -> None:
     """``python -m loadtest.archive``, tiny: both archivers store every message once and a
     rate comes out; and ``make bench``'s store row (a PostgreSQL per measurement) runs."""

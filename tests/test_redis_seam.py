@@ -61,7 +61,7 @@ async def test_a_write_on_a_connection_closed_under_redis_py_is_a_lost_connectio
     its ConnectionError, instead of letting it close a client's socket with 1011."""
     client = Redis.from_url(redis_server.url, socket_timeout=2)
     try:
-        connection = await client.connection_pool.get_connection()
+        connection = await client.connection_pool.get_connection()  # type: ignore[no-untyped-call]
         await connection.connect()
         assert connection._writer is not None
         connection._writer.transport.abort()  # closed under it

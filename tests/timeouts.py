@@ -24,7 +24,8 @@ and ``grace`` the ini option ``timeout_grace`` (:data:`GRACE_S` seconds unless s
 * Every teardown is bounded: a test's teardown starts a timer of ``grace`` when none runs
   (after a failure, or once a timeout fired).
 * The last resort is pytest's ``faulthandler_timeout`` with ``faulthandler_exit_on_timeout``
-  (pyproject.toml): every thread's stack printed, and the run ended.
+  (pyproject.toml, past every test's timeout and grace): every thread's stack printed, and the
+  run ended.
 """
 
 from __future__ import annotations
