@@ -33,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import signal
 import sys
+import threading
 from collections.abc import Generator
 from types import FrameType
 from typing import Any
@@ -81,8 +82,8 @@ def _expired(item: pytest.Item, what: str) -> None:
 @pytest.hookimpl(tryfirst=True)
 def pytest_timeout_set_timer(item: pytest.Item, settings: Any) -> bool | None:
     """pytest-timeout's ``signal`` method, made to reach event loops (see the module)."""
-    if settings.method != "signal":
-        return None  # pytest-timeout's own
+    if settings.method != "signal" or threading.current_thread() is not threading.main_thread():
+        return None  # pytest-timeout's own (signals reach the main thread only)
 
     def on_alarm(signum: int, frame: FrameType | None) -> None:
         _expired(item, f"the test ran past {settings.timeout:g} s")
