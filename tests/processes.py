@@ -259,8 +259,9 @@ class ClusterDeployment:
         return {"redis_cluster_nodes": self.addresses}
 
     async def start(self) -> None:
-        """Start every node and make the cluster (30 s at most); on any failure, every node
-        started is stopped again before the error is raised."""
+        """Start every node and make the cluster (``redis-cli --cluster create`` given 30 s,
+        then :meth:`wait_ok`); on any failure, every node started is stopped again before the
+        error is raised."""
         try:
             for server in self.servers:
                 await server.start()

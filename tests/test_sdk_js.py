@@ -95,10 +95,12 @@ def test_the_package_packs_with_types_and_loads_as_esm_and_commonjs(
     consumer = tmp_path / "consumer"
     consumer.mkdir()
     (consumer / "package.json").write_text('{"name": "consumer", "private": true}')
-    # --prefer-offline: its dependencies from npm's cache (`npm ci` put their tarballs there),
-    # asking the registry only for what the cache lacks (their metadata, on some machines).
+    # Offline: its dependencies from the SDK's own node_modules (npm's cache may hold their
+    # tarballs but not the registry's metadata that resolving them from it needs).
+    dependencies = json.loads((built / "package.json").read_text()).get("dependencies", {})
     subprocess.run(
-        ["npm", "install", "--no-audit", "--no-fund", "--prefer-offline", str(tmp_path / packed)],
+        ["npm", "install", "--no-audit", "--no-fund", "--offline",
+         *(str(SDK / "node_modules" / name) for name in dependencies), str(tmp_path / packed)],
         cwd=consumer, capture_output=True, timeout=60, check=True,
     )  # fmt: skip
     required = "const c = require('hubbub-client'); console.log(typeof c.HubbubClient, c.VERSION)"
