@@ -265,6 +265,9 @@ function integer(name: string, value: number, min: number, max = 2 ** 53): numbe
 // Error codes after which a refused join is sent again (the server did not join the room).
 const RETRY_JOIN_CODES = new Set(["broker_unavailable", "rate_limited"]);
 const OPEN = 1;
+/** Why a client left a WebSocket for the HTTP fallback: none opened, or one opened and
+ * brought nothing. */
+type FallbackReason = "refused" | "silent";
 /** Per server URL, until when this page's clients use the HTTP fallback (epoch ms). */
 const fallbackUntil = new Map<string, number>();
 
@@ -363,9 +366,13 @@ export class HubbubClient extends EventTarget {
   private fallbackTimer: ReturnType<typeof setTimeout> | undefined;
   /** The next connection's transport, once (a switch under way). */
   private nextTransport: Transport | null = null;
-  /** This connection is the fallback tried after a WebSocket failed: once it is open the
-   * page remembers to use the fallback (a server that is merely down fails both). */
-  private fallingBack = false;
+  /** Why this connection is the fallback, if it is one tried after a WebSocket failed:
+   * `silent` (one opened but brought nothing: once the fallback is open the page remembers
+   * to use it) or `refused` (none opened: once the fallback is open a WebSocket is tried once
+   * more, since a server back from a restart between the two tries looks the same). */
+  private fallingBack: FallbackReason | null = null;
+  /** The WebSocket tried once more beside an open fallback (see `fallingBack`). */
+  private probe: WebSocketLike | null = null;
   private attempt = 0;
   private retryTimer: ReturnType<typeof setTimeout> | undefined;
   private watchdog: ReturnType<typeof setTimeout> | undefined;
@@ -1065,17 +1072,55 @@ export class HubbubClient extends EventTarget {
     return (fallbackUntil.get(this.url) ?? 0) > Date.now() ? "sse" : "websocket";
   }
 
-  /** Leave `ws` for the other transport now: the HTTP fallback (remembered for every client
-   * of this page, `websocketRetryMs` long, once it is open), or a WebSocket again. */
-  private switchTransport(ws: WebSocketLike, toFallback: boolean): void {
+  /** Leave `ws` now for the HTTP fallback (a WebSocket failed as `fallback` says), or for a
+   * WebSocket again (`fallback` null). */
+  private switchTransport(ws: WebSocketLike, fallback: FallbackReason | null): void {
     if (ws !== this.ws) return;
-    if (!toFallback) fallbackUntil.delete(this.url);
-    this.nextTransport = toFallback ? "sse" : "websocket";
-    this.fallingBack = toFallback;
+    if (!fallback) fallbackUntil.delete(this.url);
+    this.nextTransport = fallback ? "sse" : "websocket";
+    this.fallingBack = fallback;
     this.ws = null;
     this.clearTimers();
-    ws.close(1000, toFallback ? "falling back" : "trying a WebSocket again");
+    ws.close(1000, fallback ? "falling back" : "trying a WebSocket again");
     this.open();
+  }
+
+  /** The fallback `ws` is open after a WebSocket failed for `reason`: remember it for every
+   * client of this page, `websocketRetryMs` long (then try a WebSocket again) — at once if
+   * the WebSocket opened and brought nothing; if none opened, only once one more WebSocket,
+   * tried beside the open fallback, fails too: one that opens means the server merely
+   * restarted between the two tries, and the client goes back to a WebSocket. */
+  private fellBack(ws: WebSocketLike, reason: FallbackReason): void {
+    const remember = (): void => {
+      fallbackUntil.set(this.url, Date.now() + this.websocketRetryMs);
+      this.fallbackTimer = setTimeout(() => this.switchTransport(ws, null), this.websocketRetryMs);
+    };
+    if (reason === "silent") {
+      remember();
+      return;
+    }
+    const probe = new this.WebSocketClass!(this.connectUrl());
+    this.probe = probe;
+    let opened = false;
+    probe.onopen = () => {
+      opened = true;
+      probe.close(1000, "the WebSocket works");
+    };
+    probe.onclose = () => {
+      if (probe !== this.probe) return;
+      this.probe = null;
+      if (opened) this.switchTransport(ws, null);
+      else if (ws === this.ws) remember();
+    };
+    probe.onerror = () => undefined;
+  }
+
+  /** The server's URL to connect to: who we are goes in the first frame, never in the URL
+   * (URLs end up in logs). */
+  private connectUrl(): string {
+    const url = new URL(this.url);
+    url.searchParams.set("auth", "frame");
+    return url.toString();
   }
 
   private open(): void {
@@ -1083,19 +1128,17 @@ export class HubbubClient extends EventTarget {
     const transport = this.pickTransport();
     this.transport = transport;
     this.setState(this.attempt === 0 ? "connecting" : "reconnecting", { transport });
-    const url = new URL(this.url);
-    // Who we are goes in the first frame, never in the URL (URLs end up in logs).
-    url.searchParams.set("auth", "frame");
+    const url = this.connectUrl();
     const ws: WebSocketLike = transport === "sse"
-      ? new SseSocket(url.toString(), this.fetchImpl)
-      : new this.WebSocketClass!(url.toString());
+      ? new SseSocket(url, this.fetchImpl)
+      : new this.WebSocketClass!(url);
     this.ws = ws;
     let opened = false;
     let heard = false;
     if (transport === "websocket" && this.transports.includes("sse")) {
       // Upgraded, but nothing comes through (a proxy that breaks WebSockets): fall back.
       this.fallbackTimer = setTimeout(() => {
-        if (!heard) this.switchTransport(ws, true);
+        if (!heard) this.switchTransport(ws, "silent");
       }, this.fallbackAfterMs);
     }
     ws.onopen = () => {
@@ -1104,8 +1147,10 @@ export class HubbubClient extends EventTarget {
     };
     ws.onmessage = (event) => {
       if (ws !== this.ws) return;
-      heard = true;
-      clearTimeout(this.fallbackTimer);
+      if (!heard) {
+        heard = true;
+        clearTimeout(this.fallbackTimer); // the WebSocket works (the timer is not yet the retry's)
+      }
       this.armWatchdog();
       for (const line of String(event.data).split("\n")) {
         if (line) this.handle(JSON.parse(line) as ServerFrame);
@@ -1114,7 +1159,7 @@ export class HubbubClient extends EventTarget {
     ws.onclose = (event) => {
       if (ws !== this.ws) return;
       if (transport === "websocket" && !opened && this.transports.includes("sse")) {
-        this.switchTransport(ws, true); // the upgrade failed: try the HTTP fallback at once
+        this.switchTransport(ws, "refused"); // no upgrade: try the HTTP fallback at once
         return;
       }
       this.closed(event.code, event.reason);
@@ -1143,7 +1188,7 @@ export class HubbubClient extends EventTarget {
 
   private closed(code: number, reason: string): void {
     this.ws = null;
-    this.fallingBack = false; // the fallback failed too: the server is down, not the upgrade
+    this.fallingBack = null; // the fallback failed too: the server is down, not the upgrade
     this.clearTimers();
     this.failAnswers(new Error("disconnected"));
     for (const pending of this.pending.values()) clearTimeout(pending.timer); // resent later
@@ -1167,19 +1212,17 @@ export class HubbubClient extends EventTarget {
         this.hello = frame;
         if (frame.guest) this.guestKey = frame.guest; // made for us: reconnect as the same guest
         this.setState("open", this.transport ? { transport: this.transport } : {});
-        if (this.fallingBack) {
-          // A WebSocket failed where plain HTTP works: this page uses the fallback a while.
-          fallbackUntil.set(this.url, Date.now() + this.websocketRetryMs);
-          this.fallingBack = false;
-        }
         this.stableTimer = setTimeout(() => { this.attempt = 0; }, this.stableAfterMs);
-        if (this.transport === "sse" && this.transports.includes("websocket")) {
-          // Try a WebSocket again once the page's fallback time is over (a reconnect: the
-          // rooms are rejoined with `since`, nothing is lost).
+        if (this.transport === "sse" && this.transports.includes("websocket") && this.ws) {
+          // A WebSocket failed where plain HTTP works; or this page's fallback time is not
+          // over yet: try a WebSocket again once it is (a reconnect: the rooms are rejoined
+          // with `since`, nothing is lost).
           const ws = this.ws;
           const retryIn = (fallbackUntil.get(this.url) ?? 0) - Date.now();
-          if (retryIn > 0 && ws) this.fallbackTimer = setTimeout(() => this.switchTransport(ws, false), retryIn);
+          if (this.fallingBack) this.fellBack(ws, this.fallingBack);
+          else if (retryIn > 0) this.fallbackTimer = setTimeout(() => this.switchTransport(ws, null), retryIn);
         }
+        this.fallingBack = null;
         this.armWatchdog();
         this.emit("hello", frame);
         if (this.visible) this.write({ type: "visibility", visible: true });
@@ -1367,10 +1410,14 @@ export class HubbubClient extends EventTarget {
     }, ms);
   }
 
+  /** Stops what watches the current connection: its timers, and a WebSocket tried beside it. */
   private clearTimers(): void {
     clearTimeout(this.watchdog);
     clearTimeout(this.stableTimer);
     clearTimeout(this.fallbackTimer);
+    const probe = this.probe;
+    this.probe = null;
+    probe?.close(1000, "not needed");
   }
 
   private setState(state: ConnectionState, extra: Omit<StateChange, "state"> = {}): void {

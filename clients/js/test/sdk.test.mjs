@@ -52,6 +52,84 @@ test("connects, says hello, and goes idle → connecting → open → closed", {
   assert.deepEqual(states, ["connecting", "open", "closed"]);
 });
 
+/** A WebSocket class whose first `refusals` connections (all, if Infinity) go to a port
+ * where nothing listens, as when the server is down or a proxy refuses the upgrade; counts
+ * the connections made in `made`. */
+function refusing(refusals) {
+  const made = [];
+  class Refusing extends WebSocket {
+    constructor(url) {
+      const refused = made.length < refusals;
+      made.push(refused ? "refused" : "sent");
+      super(refused ? "ws://127.0.0.1:9/ws" : url);
+    }
+  }
+  return { Refusing, made };
+}
+
+/** The transports of `client`'s state changes to `open`. */
+function opens(client) {
+  const seen = [];
+  client.on("state", ({ state, transport }) => { if (state === "open") seen.push(transport); });
+  return seen;
+}
+
+test("a WebSocket refused once while plain HTTP works (a server back from a restart in between): back on a WebSocket at once, nothing remembered", { skip: !URL_, timeout: 20_000 }, async () => {
+  const url = `${URL_}?case=${unique("restart")}`; // the page's memory is per URL
+  const { Refusing, made } = refusing(1);
+  const ada = new HubbubClient({ url, name: unique("ada"), WebSocket: Refusing });
+  const seen = opens(ada);
+  const bob = new HubbubClient({ url, name: unique("bob"), WebSocket });
+  try {
+    ada.connect();
+    await until(() => seen.length === 2, "two connections open");
+    assert.deepEqual(seen, ["sse", "websocket"]);
+    assert.deepEqual(made, ["refused", "sent", "sent"]); // refused, then the one more try, then the connection
+    assert.equal(ada.transport, "websocket");
+    const room = unique("room");
+    await joined(ada, room); // the rooms are the WebSocket's now
+    const tries = [];
+    bob.on("state", ({ transport }) => { if (transport) tries.push(transport); });
+    const hello = next(bob, "hello");
+    bob.connect();
+    await hello;
+    assert.deepEqual(tries, ["websocket", "websocket"]); // this page does not use the fallback
+  } finally {
+    ada.close();
+    bob.close();
+  }
+});
+
+test("a WebSocket refused always while plain HTTP works (a proxy that blocks it): one more try beside the fallback, then the page uses the fallback", { skip: !URL_, timeout: 20_000 }, async () => {
+  const url = `${URL_}?case=${unique("blocked")}`;
+  const { Refusing, made } = refusing(Infinity);
+  const ada = new HubbubClient({ url, name: unique("ada"), WebSocket: Refusing, websocketRetryMs: 1_000 });
+  const seen = opens(ada);
+  const { Refusing: RefusingToo, made: madeToo } = refusing(Infinity);
+  const bob = new HubbubClient({ url, name: unique("bob"), WebSocket: RefusingToo });
+  try {
+    ada.connect();
+    await until(() => seen.length === 1 && made.length === 2, "the fallback open, and one more WebSocket tried");
+    assert.deepEqual(seen, ["sse"]);
+    const room = unique("room");
+    await joined(ada, room);
+    const hello = next(bob, "hello");
+    bob.connect(); // remembered: this page's next client takes the fallback first
+    await hello;
+    assert.equal(bob.transport, "sse");
+    assert.deepEqual(madeToo, []);
+    bob.close();
+    // After websocketRetryMs a WebSocket is tried again (refused: back on the fallback, with
+    // one more try beside it).
+    await until(() => made.length === 4 && seen.length === 2, "a WebSocket tried again after websocketRetryMs");
+    assert.deepEqual(seen, ["sse", "sse"]);
+    assert.equal(ada.transport, "sse");
+  } finally {
+    ada.close();
+    bob.close();
+  }
+});
+
 test("a send resolves with its ack; the other member gets the message once; a retry with the same cid is a duplicate", { skip: !URL_, timeout: 20_000 }, async () => {
   const room = unique("room");
   const { client: ada } = await connected(unique("ada"));
