@@ -51,6 +51,7 @@ from app.redisio.clients import (
     call_redis,
     close_client,
     command_client,
+    describe,
     node_client,
     subscriber_client,
 )
@@ -665,7 +666,7 @@ class RedisBroker:
                     channel
                 ).name
         except REDIS_ERRORS as exc:  # Redis Cluster: no master known for the slot yet
-            raise BrokerUnavailable(f"cannot subscribe: {exc!r}") from exc
+            raise BrokerUnavailable(f"cannot subscribe: {describe(exc)}") from exc
         future = asyncio.get_running_loop().create_future()
         self._confirmations[channel.encode()] = future
         try:
@@ -677,7 +678,7 @@ class RedisBroker:
                 await future
         except REDIS_ERRORS as exc:
             self._confirmations.pop(channel.encode(), None)
-            raise BrokerUnavailable(f"cannot subscribe: {exc!r}") from exc
+            raise BrokerUnavailable(f"cannot subscribe: {describe(exc)}") from exc
 
     async def _unsubscribe(self, channel: str, room: bool = False) -> None:
         with contextlib.suppress(*REDIS_ERRORS):  # lost: the next connection leaves it out
@@ -850,7 +851,7 @@ class RedisBroker:
         except REDIS_ERRORS as exc:
             if isinstance(exc, NotReplicated):
                 self._not_replicated += 1
-            raise BrokerUnavailable(f"redis: {exc!r}") from exc
+            raise BrokerUnavailable(f"redis: {describe(exc)}") from exc
         message_id, outcome, ts_ms = reply
         if outcome == _FAILED:
             raise BrokerUnavailable(f"redis: {message_id!r}")

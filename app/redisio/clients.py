@@ -1,7 +1,8 @@
 """The Redis clients a worker opens, configured one way: from ``CHAT_REDIS_URL`` or through
 the Sentinels (``CHAT_REDIS_SENTINELS``), with the settings' timeouts, commands packed by
-hiredis (:func:`~app.redisio.redis_seam.pack_with_hiredis`) and one retry on a fresh
-connection; and how their failures read.
+hiredis and redis-py's untranslated losses raised as its ``ConnectionError``
+(:mod:`~app.redisio.redis_seam`), and one retry on a fresh connection; and how their failures
+read.
 
 With Sentinels, every new connection asks them where the master is (redis-py's
 ``SentinelConnectionPool``): after a failover, the connections the old master dropped (a
@@ -27,7 +28,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisClusterException, RedisError
 
 from app.errors import BrokerUnavailable
-from app.redisio.redis_seam import closed_under_redis_py, pack_with_hiredis
+from app.redisio.redis_seam import adapt_cluster_connections, adapt_connections
 from app.settings import Settings
 
 T = TypeVar("T")
@@ -36,19 +37,22 @@ T = TypeVar("T")
 REDIS_ERRORS: Final = (RedisError, RedisClusterException, OSError, asyncio.TimeoutError)
 
 
+def describe(exc: BaseException) -> str:
+    """``exc`` for a log or an error's message: its type and text (redis-py's ``repr`` of its
+    errors gives only their category, as ``network:ConnectionError``)."""
+    return f"{type(exc).__name__}: {exc}"
+
+
 async def call_redis(call: Callable[[], Awaitable[T]]) -> T:
     """``await call()``, raising :class:`~app.errors.BrokerUnavailable` for a
-    :data:`REDIS_ERRORS` (the broker's and presence's contract), and for redis-py writing to
-    a connection closed under it (:func:`~app.redisio.redis_seam.closed_under_redis_py`),
-    which is a lost connection too, not a bug to close the client's socket with 1011."""
+    :data:`REDIS_ERRORS` (the broker's and presence's contract). The clients below raise one
+    for a write on a connection closed under redis-py too (a ``ConnectionError``:
+    :func:`~app.redisio.redis_seam.adapt_connections`), a lost connection rather than a bug
+    to close the client's socket with 1011."""
     try:
         return await call()
     except REDIS_ERRORS as exc:
-        raise BrokerUnavailable(f"redis: {exc!r}") from exc
-    except (AttributeError, RuntimeError) as exc:
-        if closed_under_redis_py(exc):
-            raise BrokerUnavailable(f"redis: connection closed under redis-py: {exc!r}") from exc
-        raise
+        raise BrokerUnavailable(f"redis: {describe(exc)}") from exc
 
 
 def command_client(settings: Settings) -> Redis:
@@ -77,7 +81,7 @@ def command_client(settings: Settings) -> Redis:
     else:
         assert settings.redis_url is not None
         pool = BlockingConnectionPool.from_url(settings.redis_url, **options)
-    return pack_with_hiredis(Redis.from_pool(pool))
+    return adapt_connections(Redis.from_pool(pool))
 
 
 def cluster_client(settings: Settings) -> RedisCluster:
@@ -86,12 +90,14 @@ def cluster_client(settings: Settings) -> RedisCluster:
     ``MOVED`` and after a failover. ``command_client`` returns it (typed as a ``Redis``:
     the commands Hubbub uses on it are the same, each on keys of one slot)."""
     addresses = [address.rpartition(":") for address in settings.redis_cluster_nodes]
-    return RedisCluster(
-        startup_nodes=[ClusterNode(host, int(port)) for host, _, port in addresses],
-        socket_timeout=settings.redis_timeout_s,
-        socket_connect_timeout=settings.redis_timeout_s,
-        max_connections=settings.redis_pool_size,
-        **_master_auth(settings),
+    return adapt_cluster_connections(
+        RedisCluster(
+            startup_nodes=[ClusterNode(host, int(port)) for host, _, port in addresses],
+            socket_timeout=settings.redis_timeout_s,
+            socket_connect_timeout=settings.redis_timeout_s,
+            max_connections=settings.redis_pool_size,
+            **_master_auth(settings),
+        )
     )
 
 
@@ -130,7 +136,7 @@ def node_client(settings: Settings, node: ClusterNode, subscriber: bool = False)
     """A client of one cluster node, for a hot path that takes a connection over (a node's
     pipeline; with ``subscriber``, a pub/sub connection: no socket timeout)."""
     timeout = None if subscriber else settings.redis_timeout_s
-    return pack_with_hiredis(
+    return adapt_connections(
         Redis(
             host=node.host,
             port=int(node.port),
@@ -153,9 +159,9 @@ def subscriber_client(settings: Settings) -> Redis:
         pool = _SentinelPool(
             settings.redis_sentinel_master, _sentinel(settings), **_master_auth(settings), **options
         )
-        return pack_with_hiredis(Redis.from_pool(pool))
+        return adapt_connections(Redis.from_pool(pool))
     assert settings.redis_url is not None
-    return pack_with_hiredis(Redis.from_url(settings.redis_url, **options))
+    return adapt_connections(Redis.from_url(settings.redis_url, **options))
 
 
 class _MasterOnlyConnection(SentinelManagedConnection):

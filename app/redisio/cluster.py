@@ -23,7 +23,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import MovedError, RedisClusterException, RedisError, ResponseError
 
 from app.redisio.autopipeline import AutoPipeline, Merge
-from app.redisio.clients import node_client
+from app.redisio.clients import describe, node_client
 from app.settings import Settings
 
 logger = logging.getLogger(__name__)
@@ -146,7 +146,7 @@ class ClusterPipelines:
                 pipeline = self.pipeline_for(key)
             except (RedisClusterException, LookupError) as exc:  # no master known for the slot
                 self._reload_soon()  # (failing over; redis-py's cache may lack it: KeyError)
-                raise RedisConnectionError(f"redis cluster: {exc!r}") from exc
+                raise RedisConnectionError(f"redis cluster: {describe(exc)}") from exc
             try:
                 return await submit(pipeline)
             except ResponseError as exc:

@@ -17,7 +17,11 @@ What it relies on, and why:
   same.
 - **Failures it does not translate** (:func:`closed_under_redis_py`): a write on a connection
   closed under redis-py raises ``AttributeError`` or ``RuntimeError`` from its connection
-  module instead of its ``ConnectionError``; recognized by that module in the traceback.
+  module instead of its ``ConnectionError``; recognized by that module in the traceback, and
+  raised as its ``ConnectionError`` by the connections :func:`adapt_connections` and
+  :func:`adapt_cluster_connections` give a client — so every caller's ``except`` of redis-py's
+  errors sees a lost connection, and redis-py's retry on a fresh connection (or a Cluster's
+  new look at its slots) applies.
 
 :data:`CHECKED_AGAINST` is the version this was checked against (``pyproject.toml`` bounds
 redis to it); :func:`fast_paths` says whether each works with what is installed, which every
@@ -27,15 +31,19 @@ worker logs and exports (``hubbub_fast_path_live``) at start.
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Final
+import functools
+from collections.abc import Iterable
+from typing import Any, Final, TypeVar, cast
 
 import redis.asyncio.connection as redis_connection_module
-from redis.asyncio import Redis
+from redis.asyncio import Redis, RedisCluster
 from redis.asyncio.connection import AbstractConnection, Connection, ConnectionPool
 from redis.connection import HiredisRespSerializer
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.utils import HIREDIS_AVAILABLE
 
 CHECKED_AGAINST: Final = {"redis": "8.1."}
+C = TypeVar("C", bound=AbstractConnection)
 
 
 async def hand_over(
@@ -102,17 +110,55 @@ class _HiredisPacking(AbstractConnection):
         return packed
 
 
-def pack_with_hiredis(client: Redis) -> Redis:
-    """Make ``client``'s new connections pack commands with hiredis (a no-op without it).
+class _LossesAsConnectionError(AbstractConnection):
+    """Raises redis-py's ``ConnectionError`` for a write on a connection closed under it
+    (:func:`closed_under_redis_py`), as it does for the other ways a connection is lost."""
+
+    async def send_packed_command(
+        self, command: bytes | str | Iterable[bytes], check_health: bool = True
+    ) -> None:
+        try:
+            await super().send_packed_command(command, check_health)
+        except (AttributeError, RuntimeError) as exc:
+            if not closed_under_redis_py(exc):
+                raise
+            # redis-py disconnected it already (its handler of any exception does).
+            raise RedisConnectionError(
+                f"connection closed under redis-py: {type(exc).__name__}: {exc}"
+            ) from exc
+
+
+@functools.cache
+def _adapted(base: type[C]) -> type[C]:
+    """``base`` with the mixins above (hiredis packing only where hiredis is installed)."""
+    if issubclass(base, _LossesAsConnectionError):
+        return base
+    mixins: tuple[type, ...] = (_LossesAsConnectionError,)
+    if HIREDIS_AVAILABLE:
+        mixins = (_HiredisPacking, *mixins)
+    return cast("type[C]", type(f"Adapted{base.__name__}", (*mixins, base), {}))
+
+
+def adapt_connections(client: Redis) -> Redis:
+    """Make ``client``'s new connections pack commands with hiredis (where it is installed)
+    and raise ``ConnectionError`` for a write on a connection closed under redis-py.
 
     Call it before the client opens its first connection. It keeps the connection class the
-    URL chose (TCP, TLS or Unix socket) and only replaces how commands are packed.
+    URL chose (TCP, TLS or Unix socket, Sentinel-managed) and changes only those two things.
     """
     pool = client.connection_pool
-    base = pool.connection_class
-    if HIREDIS_AVAILABLE and not issubclass(base, _HiredisPacking):
-        pool.connection_class = type(f"Hiredis{base.__name__}", (_HiredisPacking, base), {})
+    pool.connection_class = _adapted(pool.connection_class)
     return client
+
+
+def adapt_cluster_connections(cluster: RedisCluster) -> RedisCluster:
+    """What :func:`adapt_connections` does, for every node ``cluster`` knows now (its seeds)
+    or learns later (the node options it makes them with). Call it before its first command."""
+    options = cluster.connection_kwargs
+    options["connection_class"] = _adapted(options.get("connection_class", Connection))
+    for node in cluster.nodes_manager.startup_nodes.values():
+        node.connection_class = _adapted(node.connection_class)
+    return cluster
 
 
 def fast_paths() -> dict[str, bool]:
