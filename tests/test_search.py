@@ -11,12 +11,14 @@ from typing import Any
 
 import httpx2 as httpx
 import pytest
-from sqlalchemy import text
+from alembic import command
+from alembic.config import Config
+from sqlalchemy import Connection, text
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from app.conversations.lifecycle import Kind
 from app.conversations.names import direct
-from app.store.database import engine_for, migrate
+from app.store.database import MIGRATIONS, engine_for, migrate
 from app.store.messages import MessageStore, StoredMessage
 from app.store.rooms import Role, Room, RoomStore
 from app.store.search import SearchIndexer, SearchStore, fts5_query
@@ -141,6 +143,95 @@ async def test_only_what_the_user_may_read_is_found(engine: AsyncEngine) -> None
     assert await found("eve") == ["secret word in public"]
     await rooms.remove("plans", "bob")
     assert await found("bob") == ["secret word between us", "secret word in public"]
+
+
+async def _stored_with_edits_and_a_deletion(engine: AsyncEngine) -> None:
+    await IndexedStore(engine).add([
+        row("lobby", 1, "ada", "old words"), row("lobby", 2, "ada", "gone words"),
+        row("lobby", 3, "ada", "new words", Kind.EDITED, 1),
+        row("lobby", 4, "ada", "", Kind.DELETED, 2), row("lobby", 5, "bob", "more words"),
+    ])  # fmt: skip
+
+
+async def _found(engine: AsyncEngine, query: str = "words") -> list[tuple[int, str]]:
+    hits = await SearchStore(engine).search("eve", query, None, "newest", 10, 0)
+    return [(hit.id, hit.text) for hit in hits]
+
+
+async def test_on_sqlite_the_index_is_a_file_of_its_own_made_again_when_lost(
+    tmp_path: Path,
+) -> None:
+    """The index lives in chat-search.db beside chat.db (the store's file holds no search
+    table); deleted, it is made again from the stored messages as they are now when the store
+    is next opened (newest edit; deleted messages left out), and indexing goes on."""
+    store_file = tmp_path / "chat.db"
+    engine = engine_for(f"sqlite:///{store_file}")
+    try:
+        await migrate(engine)
+        await _stored_with_edits_and_a_deletion(engine)
+        assert await _found(engine) == [(5, "more words"), (1, "new words")]
+        async with engine.connect() as connection:
+            in_store = await connection.scalar(
+                text("SELECT count(*) FROM main.sqlite_master WHERE name LIKE 'search_%'")
+            )
+            tables = await connection.scalar(
+                text("SELECT count(*) FROM search.sqlite_master WHERE name = 'search_documents'")
+            )
+        assert (in_store, tables) == (1, 1)  # only the queue (search_backlog) in the store's
+    finally:
+        await engine.dispose()
+    _delete_search_file(tmp_path)
+    engine = engine_for(f"sqlite:///{store_file}")
+    try:
+        await migrate(engine)
+        assert await _found(engine) == [(5, "more words"), (1, "new words")]
+        await IndexedStore(engine).add([row("lobby", 6, "bob", "later words")])
+        assert [n for n, _ in await _found(engine)] == [6, 5, 1]
+    finally:
+        await engine.dispose()
+
+
+async def test_a_sqlite_store_from_before_the_search_file_moves_its_index_there(
+    tmp_path: Path,
+) -> None:
+    """A store migrated before 0012 (its index in the store's own file: downgraded here, as
+    0012's downgrade leaves it) is upgraded: the index leaves the store's file and is made in
+    the search file, what was stored found as before."""
+    store_file = tmp_path / "chat.db"
+    engine = engine_for(f"sqlite:///{store_file}")
+    try:
+        await migrate(engine)
+        await _stored_with_edits_and_a_deletion(engine)
+        async with engine.begin() as connection:
+            await connection.run_sync(_downgrade_to, "0011")
+            await connection.execute(text("DROP TABLE search.search_fts"))
+            await connection.execute(text("DROP TABLE search.search_documents"))
+            in_store = await connection.scalar(text("SELECT count(*) FROM main.search_documents"))
+        assert in_store == 2
+        assert await _found(engine) == [(5, "more words"), (1, "new words")]  # the store's
+        await migrate(engine)
+        async with engine.connect() as connection:
+            left = await connection.scalar(
+                text("SELECT count(*) FROM main.sqlite_master WHERE name LIKE 'search_d%'")
+            )
+        assert left == 0
+        assert await _found(engine) == [(5, "more words"), (1, "new words")]
+    finally:
+        await engine.dispose()
+
+
+def _delete_search_file(folder: Path) -> None:
+    lost = list(folder.glob("chat-search.db*"))  # with its WAL
+    assert lost
+    for path in lost:
+        path.unlink()
+
+
+def _downgrade_to(connection: Connection, revision: str) -> None:
+    config = Config()
+    config.set_main_option("script_location", str(MIGRATIONS))
+    config.attributes["connection"] = connection
+    command.downgrade(config, revision)
 
 
 async def test_messages_stored_before_the_migration_are_found(tmp_path: Path) -> None:

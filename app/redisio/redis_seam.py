@@ -31,7 +31,6 @@ worker logs and exports (``hubbub_fast_path_live``) at start.
 from __future__ import annotations
 
 import asyncio
-import functools
 from collections.abc import Iterable
 from typing import Any, Final, TypeVar, cast
 
@@ -128,15 +127,20 @@ class _LossesAsConnectionError(AbstractConnection):
             ) from exc
 
 
-@functools.cache
+# Each connection class adapted once (a Cluster's nodes then share one class).
+_ADAPTED: Final[dict[type, type]] = {}
+
+
 def _adapted(base: type[C]) -> type[C]:
     """``base`` with the mixins above (hiredis packing only where hiredis is installed)."""
     if issubclass(base, _LossesAsConnectionError):
         return base
-    mixins: tuple[type, ...] = (_LossesAsConnectionError,)
-    if HIREDIS_AVAILABLE:
-        mixins = (_HiredisPacking, *mixins)
-    return cast("type[C]", type(f"Adapted{base.__name__}", (*mixins, base), {}))
+    if base not in _ADAPTED:
+        mixins: tuple[type, ...] = (_LossesAsConnectionError,)
+        if HIREDIS_AVAILABLE:
+            mixins = (_HiredisPacking, *mixins)
+        _ADAPTED[base] = type(f"Adapted{base.__name__}", (*mixins, base), {})
+    return cast("type[C]", _ADAPTED[base])
 
 
 def adapt_connections(client: Redis) -> Redis:

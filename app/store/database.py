@@ -2,7 +2,8 @@
 that read as what to fix, not as stack traces.
 
 URLs: ``postgresql://user:password@host:port/db`` (run by asyncpg) or ``sqlite:///path``
-(a file, run by aiosqlite; its directory is created). Migrations (Alembic, in
+(a file, run by aiosqlite; its directory is created; the search index is a second file
+beside it: :mod:`app.store.search_file`). Migrations (Alembic, in
 ``app/store/migrations``) run once per process that calls :func:`migrate`: ``python -m app``
 before it serves, gunicorn's master before it forks workers. On PostgreSQL an advisory lock
 lets several pods start at once; the second waits, then finds the schema current.
@@ -25,6 +26,8 @@ from sqlalchemy.engine.interfaces import DBAPIConnection
 from sqlalchemy.exc import ArgumentError, DBAPIError, SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from sqlalchemy.pool import ConnectionPoolEntry
+
+from app.store.search_file import attach, ensure_search_tables
 
 logger = logging.getLogger(__name__)
 
@@ -57,7 +60,13 @@ def engine_for(url: str, timeout_s: float = 10.0) -> AsyncEngine:
             raise StoreError("CHAT_DATABASE_URL: SQLite needs a file (sqlite:///path/to/chat.db)")
         Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
         engine = create_async_engine(parsed, connect_args={"timeout": timeout_s})
-        event.listen(engine.sync_engine, "connect", _sqlite_pragmas)
+        store_file = Path(parsed.database)
+
+        def on_connect(dbapi_connection: DBAPIConnection, _: ConnectionPoolEntry) -> None:
+            _sqlite_pragmas(dbapi_connection)
+            attach(dbapi_connection, store_file)
+
+        event.listen(engine.sync_engine, "connect", on_connect)
         return engine
     return create_async_engine(
         parsed,
@@ -66,7 +75,7 @@ def engine_for(url: str, timeout_s: float = 10.0) -> AsyncEngine:
     )
 
 
-def _sqlite_pragmas(dbapi_connection: DBAPIConnection, _: ConnectionPoolEntry) -> None:
+def _sqlite_pragmas(dbapi_connection: DBAPIConnection) -> None:
     # WAL: readers do not wait for the archiver's writes. NORMAL sync is durable across a crash
     # of the process (not of the host) in WAL mode, which is what an embedded store needs.
     cursor = dbapi_connection.cursor()
@@ -84,6 +93,8 @@ async def migrate(engine: AsyncEngine) -> str:
                 await connection.execute(text("SELECT pg_advisory_lock(:k)"), {"k": MIGRATION_LOCK})
             try:
                 revision = await connection.run_sync(_upgrade)
+                if engine.dialect.name == "sqlite":
+                    await connection.run_sync(ensure_search_tables)
             finally:
                 if engine.dialect.name == "postgresql":
                     await connection.execute(

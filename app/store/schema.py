@@ -121,8 +121,9 @@ Index("ix_members_user", members.c.user)
 # or late never undoes a newer one), gone when the message is deleted or expires. Written by
 # the search indexer from ``search_backlog``, off the delivery path and the archiver's
 # transaction. On PostgreSQL ``document`` is the text's
-# tsvector in CHAT_SEARCH_LANGUAGE (written with it), under a GIN index; SQLite keeps an FTS5
-# index, ``search_fts``, in step by triggers (migration 0005), and leaves ``document`` empty.
+# tsvector in CHAT_SEARCH_LANGUAGE (written with it), under a GIN index. On SQLite it lives in
+# a file of its own, with an FTS5 index, ``search_fts``, kept in step by triggers
+# (app.store.search_file), and ``document`` stays empty.
 search_documents: Final = Table(
     "search_documents",
     metadata,

@@ -48,7 +48,7 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import REGCONFIG
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
-from sqlalchemy.sql.elements import ColumnClause, UnaryExpression
+from sqlalchemy.sql.elements import ColumnClause, ColumnElement, UnaryExpression
 
 from app.conversations.lifecycle import Kind
 from app.store.database import StoreError
@@ -129,80 +129,102 @@ class SearchIndexer:
 
     async def index(self, limit: int) -> int:
         """Apply up to ``limit`` queued rows; returns how many were applied (0: none left).
-        Raises :class:`~app.store.database.StoreError`."""
+        Raises :class:`~app.store.database.StoreError`.
+
+        On PostgreSQL in one transaction. On SQLite the index is a file of its own
+        (:mod:`app.store.search_file`): the batch is applied in one transaction, which writes
+        only that file, and forgotten from the queue in a second, which writes only the
+        store's (a crash between the two applies it again, which changes nothing)."""
         postgres = self._engine.dialect.name == "postgresql"
         try:
-            async with self._engine.connect() as connection, connection.begin():
-                if postgres:
-                    # One snapshot for the whole batch: the range deleted at the end is the one
-                    # read, never a row an archiver committed meanwhile (SQLite's single writer
-                    # gives the same).
-                    await connection.exec_driver_sql(
-                        "SET TRANSACTION ISOLATION LEVEL REPEATABLE READ"
-                    )
-                if postgres:  # one indexer at a time, whichever worker runs it
-                    locked = await connection.scalar(
-                        text("SELECT pg_try_advisory_xact_lock(:key)"), {"key": _INDEXER_LOCK}
-                    )
-                    if not locked:
+            async with self._engine.connect() as connection:
+                async with connection.begin():
+                    if postgres:
+                        # One snapshot for the whole batch: the range deleted at the end is
+                        # the one read, never a row an archiver committed meanwhile (SQLite's
+                        # single writer gives the same).
+                        await connection.exec_driver_sql(
+                            "SET TRANSACTION ISOLATION LEVEL REPEATABLE READ"
+                        )
+                        # One indexer at a time, whichever worker runs it.
+                        locked = await connection.scalar(
+                            text("SELECT pg_try_advisory_xact_lock(:key)"),
+                            {"key": _INDEXER_LOCK},
+                        )
+                        if not locked:
+                            return 0
+                    batch = await self._apply_batch(connection, limit, postgres)
+                    if batch is None:
+                        self.backlog = 0
                         return 0
-                # The batch: the oldest ``limit`` queued rows, as a range (one row back).
-                oldest = (
-                    select(search_backlog.c.seq)
-                    .order_by(search_backlog.c.seq)
-                    .limit(limit)
-                    .subquery()
-                )
-                count, low, high = (
-                    await connection.execute(
-                        select(func.count(), func.min(oldest.c.seq), func.max(oldest.c.seq))
-                    )
-                ).one()
-                if not count:
-                    self.backlog = 0
-                    return 0
-                queued = search_backlog.c.seq.between(low, high)
-                # New messages, in one statement, the text never leaving the database.
-                language = {"language": self._language} if postgres else {}
-                await connection.execute(
-                    text(_INDEX_NEW_POSTGRES if postgres else _INDEX_NEW_SQLITE),
-                    {"low": low, "high": high, **language},
-                )
-                # Edits and deletions (few, found by their queued kind), one by one in the
-                # order they were stored.
-                changes = (
-                    await connection.execute(
-                        select(
-                            messages.c.conversation,
-                            messages.c.id,
-                            messages.c.kind,
-                            messages.c.target,
-                            messages.c.text,
-                        )
-                        .join_from(
-                            search_backlog,
-                            messages,
-                            and_(
-                                messages.c.conversation == search_backlog.c.conversation,
-                                messages.c.id == search_backlog.c.id,
-                            ),
-                        )
-                        .where(queued, search_backlog.c.kind.in_([Kind.EDITED, Kind.DELETED]))
-                        .order_by(search_backlog.c.seq)
-                    )
-                ).all()
-                await self._apply(connection, changes, postgres)
-                await connection.execute(delete(search_backlog).where(queued))
-                if count == limit:
-                    self.backlog = int(
-                        await connection.scalar(select(func.count()).select_from(search_backlog))
-                        or 0
-                    )
-                else:
-                    self.backlog = 0
-                return int(count)
+                    count, queued = batch
+                    if postgres:
+                        await self._forget(connection, queued, count == limit)
+                if not postgres:
+                    async with connection.begin():
+                        await self._forget(connection, queued, count == limit)
+                return count
         except _DATABASE_ERRORS as exc:
             raise StoreError(f"indexing for search failed: {exc!r}") from exc
+
+    async def _apply_batch(
+        self, connection: AsyncConnection, limit: int, postgres: bool
+    ) -> tuple[int, ColumnElement[bool]] | None:
+        """Apply the oldest ``limit`` queued rows to the index; returns how many, and the
+        condition that selects them in the queue (None: the queue is empty)."""
+        # The batch: the oldest ``limit`` queued rows, as a range (one row back).
+        oldest = select(search_backlog.c.seq).order_by(search_backlog.c.seq).limit(limit).subquery()
+        count, low, high = (
+            await connection.execute(
+                select(func.count(), func.min(oldest.c.seq), func.max(oldest.c.seq))
+            )
+        ).one()
+        if not count:
+            return None
+        queued = search_backlog.c.seq.between(low, high)
+        # New messages, in one statement, the text never leaving the database.
+        language = {"language": self._language} if postgres else {}
+        await connection.execute(
+            text(_INDEX_NEW_POSTGRES if postgres else _INDEX_NEW_SQLITE),
+            {"low": low, "high": high, **language},
+        )
+        # Edits and deletions (few, found by their queued kind), one by one in the order they
+        # were stored.
+        changes = (
+            await connection.execute(
+                select(
+                    messages.c.conversation,
+                    messages.c.id,
+                    messages.c.kind,
+                    messages.c.target,
+                    messages.c.text,
+                )
+                .join_from(
+                    search_backlog,
+                    messages,
+                    and_(
+                        messages.c.conversation == search_backlog.c.conversation,
+                        messages.c.id == search_backlog.c.id,
+                    ),
+                )
+                .where(queued, search_backlog.c.kind.in_([Kind.EDITED, Kind.DELETED]))
+                .order_by(search_backlog.c.seq)
+            )
+        ).all()
+        await self._apply(connection, changes, postgres)
+        return int(count), queued
+
+    async def _forget(
+        self, connection: AsyncConnection, queued: ColumnElement[bool], full: bool
+    ) -> None:
+        """Delete the applied rows from the queue, and count what waits after a full batch."""
+        await connection.execute(delete(search_backlog).where(queued))
+        if full:
+            self.backlog = int(
+                await connection.scalar(select(func.count()).select_from(search_backlog)) or 0
+            )
+        else:
+            self.backlog = 0
 
     async def _apply(
         self, connection: AsyncConnection, rows: Sequence[Any], postgres: bool
