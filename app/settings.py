@@ -303,7 +303,8 @@ class Settings(BaseSettings):
     database_url: str | None = Field(
         None,
         description="The durable store: `postgresql://user:password@host:port/db` or "
-        "`sqlite:///path/to/chat.db`. Every message (rooms and DMs) is archived there, off the "
+        "`sqlite:///path/to/chat.db` (its search index is a second file beside it, "
+        "`chat-search.db`). Every message (rooms and DMs) is archived there, off the "
         "messages' latency path; it serves history past Redis' tail, inboxes and read state. "
         "Its schema is migrated at startup (once, before the workers start); a database that "
         "cannot be opened stops the server with a message saying why. Unset: no store "
