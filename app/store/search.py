@@ -141,8 +141,9 @@ class SearchIndexer:
                 async with connection.begin():
                     if postgres:
                         # One snapshot for the whole batch: the range deleted at the end is
-                        # the one read, never a row an archiver committed meanwhile (SQLite's
-                        # single writer gives the same).
+                        # the one read, never a row an archiver committed meanwhile. (On
+                        # SQLite no row joins the range later: a new row's seq is above every
+                        # row queued, and the range's rows stay queued until deleted.)
                         await connection.exec_driver_sql(
                             "SET TRANSACTION ISOLATION LEVEL REPEATABLE READ"
                         )
