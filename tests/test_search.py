@@ -191,6 +191,34 @@ async def test_on_sqlite_the_index_is_a_file_of_its_own_made_again_when_lost(
         await engine.dispose()
 
 
+async def test_a_new_sqlite_store_beside_an_old_stores_index_finds_nothing_of_it(
+    tmp_path: Path,
+) -> None:
+    """The store's file deleted (a reset) and its search file left behind: the new store does
+    not take that index as its own (it would find the old store's messages), it makes its
+    own."""
+    store_file = tmp_path / "chat.db"
+    engine = engine_for(f"sqlite:///{store_file}")
+    try:
+        await migrate(engine)
+        await _stored_with_edits_and_a_deletion(engine)
+        assert len(await _found(engine)) == 2
+    finally:
+        await engine.dispose()
+    for path in _files(tmp_path, "chat.db*"):
+        path.unlink()
+    engine = engine_for(f"sqlite:///{store_file}")
+    try:
+        await migrate(engine)
+        assert await _found(engine) == []
+        await IndexedStore(engine).add([row("lobby", 1, "bob", "fresh words")])
+        assert await _found(engine) == [(1, "fresh words")]
+        await migrate(engine)  # opened again: its own index, kept
+        assert await _found(engine) == [(1, "fresh words")]
+    finally:
+        await engine.dispose()
+
+
 async def test_a_sqlite_store_from_before_the_search_file_moves_its_index_there(
     tmp_path: Path,
 ) -> None:
@@ -220,10 +248,14 @@ async def test_a_sqlite_store_from_before_the_search_file_moves_its_index_there(
         await engine.dispose()
 
 
+def _files(folder: Path, pattern: str) -> list[Path]:
+    found = list(folder.glob(pattern))
+    assert found
+    return found
+
+
 def _delete_search_file(folder: Path) -> None:
-    lost = list(folder.glob("chat-search.db*"))  # with its WAL
-    assert lost
-    for path in lost:
+    for path in _files(folder, "chat-search.db*"):  # with its WAL
         path.unlink()
 
 

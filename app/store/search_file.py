@@ -18,6 +18,9 @@ Contract:
   store from before 0012, or a search file lost or deleted (it holds nothing but what can be
   made again) — and indexes every stored message as it is now (its newest edit; deleted ones
   left out). Messages queued for the indexer meanwhile are applied again, which is harmless.
+  The two files carry one random number (SQLite's ``user_version``, set here): an index
+  whose number is not its store's (a store file deleted and made anew, its old index left
+  beside it) is dropped and made anew, so no message of another store is ever found.
 - No transaction writes both files: the indexer writes the index, then forgets what it
   applied from the store's queue (``search_backlog``) in a transaction of its own
   (:class:`~app.store.search.SearchIndexer`), so two writers never wait on each other in
@@ -29,6 +32,7 @@ Contract:
 from __future__ import annotations
 
 import logging
+import secrets
 import time
 from pathlib import Path
 from typing import Final
@@ -92,10 +96,21 @@ def attach(dbapi_connection: DBAPIConnection, store_file: Path) -> None:
 
 def ensure_search_tables(connection: Connection) -> None:
     """Make the search tables in the attached file and index what is stored, where the file
-    lacks them (see the module's contract); else nothing. Runs in ``connection``'s
-    transaction; the caller commits."""
-    if inspect(connection).has_table(search_documents.name, schema=SCHEMA):
+    lacks them or is another store's (see the module's contract); else nothing. Runs in
+    ``connection``'s transaction; the caller commits."""
+    store = connection.exec_driver_sql("PRAGMA main.user_version").scalar_one()
+    index = connection.exec_driver_sql(f"PRAGMA {SCHEMA}.user_version").scalar_one()
+    made = inspect(connection).has_table(search_documents.name, schema=SCHEMA)
+    if made and store != 0 and index == store:
         return
+    if made:  # another store's index (its store file deleted, this one's left): not ours
+        logger.warning("the search index belongs to another store: made anew")
+        connection.exec_driver_sql(f"DROP TABLE {SCHEMA}.search_fts")
+        connection.exec_driver_sql(f"DROP TABLE {SCHEMA}.{search_documents.name}")
+    if store == 0:
+        store = secrets.randbelow(2**31 - 1) + 1
+        connection.exec_driver_sql(f"PRAGMA main.user_version = {store}")
+    connection.exec_driver_sql(f"PRAGMA {SCHEMA}.user_version = {store}")
     started = time.monotonic()
     in_search_file = connection.execution_options(schema_translate_map={None: SCHEMA})
     search_documents.create(in_search_file)
