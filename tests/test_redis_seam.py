@@ -23,7 +23,7 @@ from redis.exceptions import DataError
 from app.errors import BrokerUnavailable
 from app.redisio.clients import call_redis, cluster_client
 from app.redisio.redis_seam import adapt_connections
-from app.settings import Settings
+from tests.helpers import make_settings
 from tests.processes import RedisServer
 
 
@@ -124,8 +124,7 @@ async def test_a_write_on_a_connection_closed_under_redis_py_is_a_lost_connectio
 def test_a_clusters_nodes_get_the_adapted_connections() -> None:
     """The seeds a Cluster client starts from and the nodes it learns later (made with its
     connection options) use the adapted connection class."""
-    settings = Settings(auth_mode="guest", redis_cluster_nodes=["127.0.0.1:1", "127.0.0.1:2"])
-    cluster = cluster_client(settings)
+    cluster = cluster_client(make_settings(redis_cluster_nodes=["127.0.0.1:1", "127.0.0.1:2"]))
     learned = cluster.connection_kwargs["connection_class"]
     assert issubclass(learned, Connection) and learned is not Connection
     assert learned.send_packed_command is not Connection.send_packed_command
