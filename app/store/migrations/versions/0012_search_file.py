@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import sqlalchemy as sa
 from alembic import op
-from sqlalchemy.dialects.postgresql import TSVECTOR
 
+from app.store.schema import search_documents
 from app.store.search_file import FTS_STATEMENTS, INDEX_STORED
 
 revision = "0012"
@@ -38,26 +38,8 @@ def downgrade() -> None:
     file is left as it is (a version before 0012 does not open it)."""
     if op.get_bind().dialect.name == "postgresql":
         return
-    op.create_table(
-        "search_documents",
-        sa.Column("conversation", sa.String(200), nullable=False),
-        sa.Column("id", sa.BigInteger(), autoincrement=False, nullable=False),
-        sa.Column("user", sa.String(100), nullable=False),
-        sa.Column("ts_ms", sa.BigInteger(), nullable=False),
-        sa.Column("text", sa.Text(), nullable=False),
-        sa.Column("version", sa.BigInteger(), nullable=False),
-        sa.Column("document", TSVECTOR().with_variant(sa.Text(), "sqlite"), nullable=True),
-        sa.PrimaryKeyConstraint("conversation", "id", name="pk_search_documents"),
-        schema="main",
-    )
-    op.create_index("ix_search_documents_ts_ms", "search_documents", ["ts_ms"], schema="main")
-    op.create_index(
-        "ix_search_documents_document",
-        "search_documents",
-        ["document"],
-        schema="main",
-        sqlite_where=sa.text("document IS NOT NULL"),
-    )
+    # As 0005 made it (schema.py describes it still), with its indexes.
+    search_documents.to_metadata(sa.MetaData(), schema="main").create(op.get_bind())
     for statement in FTS_STATEMENTS:
         op.execute(statement.format(schema="main"))
     op.execute(INDEX_STORED.format(schema="main"))
