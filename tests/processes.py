@@ -727,7 +727,8 @@ class NginxServer:
 
 def upstream_client_ports(port: int) -> set[int]:
     """Client-side ports of the loopback TCP connections to ``port`` that exist now or closed
-    recently (TIME_WAIT lasts a minute): one per TCP connection ever opened to it lately."""
+    recently (TIME_WAIT lasts a minute): one per TCP connection opened to it lately, but for
+    a new connection given a port still in TIME_WAIT (Linux reuses those on loopback)."""
     ports: set[int] = set()
     for table in ("/proc/net/tcp", "/proc/net/tcp6"):
         with contextlib.suppress(FileNotFoundError), open(table) as rows:

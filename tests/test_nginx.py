@@ -131,7 +131,9 @@ async def test_nginx_reuses_upstream_connections(redis_server: RedisServer) -> N
         without = NginxServer(f"127.0.0.1:{s.app.port}", {"keepalive 64;": ""})
         await without.start()
         try:
-            assert await _upstream_connections_for(without, s.app.port, 50) == 50
+            # One per request, less the few whose port was one still in TIME_WAIT (Linux
+            # reuses those on loopback: tcp_tw_reuse=2), which the table already held.
+            assert 40 <= await _upstream_connections_for(without, s.app.port, 50) <= 50
         finally:
             await without.stop()
 
