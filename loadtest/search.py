@@ -10,8 +10,8 @@ a temporary directory. For each database:
    call), once with search indexing (the archiver queues, and
    :class:`app.store.search.SearchIndexer` runs beside it, in the same process and database,
    as a worker runs them) and once without (``CHAT_SEARCH_INDEX=false``), each into a fresh
-   database, timed; ``--repeats`` rounds, each running both back to back (this machine is
-   shared and noisy), reported as the median messages a second of each, the ratio as
+   database, timed; ``--repeats`` rounds, each running both back to back, in turn first
+   (this machine is shared and noisy), reported as the median messages a second of each, the ratio as
    ``make bench`` takes it (the median of the rounds' ratios, with their range: a slow
    spell hits both runs of a round), every run, and how long the indexer took after the
    last batch to catch up (``index_catch_up_s``, median).
@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import itertools
 import json
 import random
 import statistics
@@ -66,8 +67,9 @@ def _words() -> list[str]:
 
 
 WORDS = _words()
-# Zipf-like: the word of rank r drawn with weight 1/(r+1).
-WEIGHTS = [1 / (rank + 1) for rank in range(VOCABULARY)]
+# Zipf-like: the word of rank r drawn with weight 1/(r+1) (accumulated once: ``choices``
+# would add the 5,000 weights up again on every call).
+CUMULATIVE_WEIGHTS = list(itertools.accumulate(1 / (rank + 1) for rank in range(VOCABULARY)))
 
 
 def _messages(count: int, start_id: int) -> list[StoredMessage]:
@@ -79,7 +81,7 @@ def _messages(count: int, start_id: int) -> list[StoredMessage]:
             conversation = direct(f"user{rng.randrange(USERS)}", f"user{rng.randrange(USERS)}")
         else:
             conversation = f"room-{rng.randrange(ROOMS)}"
-        text = " ".join(rng.choices(WORDS, WEIGHTS, k=rng.randint(4, 16)))
+        text = " ".join(rng.choices(WORDS, cum_weights=CUMULATIVE_WEIGHTS, k=rng.randint(4, 16)))
         out.append(StoredMessage(conversation, start_id + n, f"user{n % USERS}", text, base + n))
     return out
 
@@ -188,8 +190,11 @@ async def run(
         try:
             runs: dict[str, list[float]] = {"without_index": [], "with_index": []}
             catch_ups = []
-            for attempt in range(repeats):  # alternating, so the machine's noise hits both
-                for label, index in (("without_index", False), ("with_index", True)):
+            for attempt in range(repeats):
+                # Both in every round, in turn first (a slow spell, or a drift over the run,
+                # hits both).
+                order = [("without_index", False), ("with_index", True)]
+                for label, index in order if attempt % 2 == 0 else order[::-1]:
                     engine = await _database(kind, Path(folder), f"{label}_{attempt}", server)
                     try:
                         rate, catch_up = await _store(engine, compare, batch, index)
@@ -228,11 +233,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--db", choices=["sqlite", "postgresql", "both"], default="both")
     parser.add_argument("--messages", type=int, default=1_000_000)
-    parser.add_argument("--compare", type=int, default=100_000)
+    parser.add_argument("--compare", type=int, default=200_000)
     parser.add_argument("--batch", type=int, default=1_000)
     parser.add_argument("--queries", type=int, default=400)
     parser.add_argument(
-        "--repeats", type=int, default=5, help="archiving rounds (medians reported)"
+        "--repeats", type=int, default=9, help="archiving rounds (medians reported)"
     )
     parser.add_argument("--json", type=Path, help="also write the results here")
     args = parser.parse_args(argv)
