@@ -11,8 +11,8 @@ a temporary directory. For each database:
    :class:`app.store.search.SearchIndexer` runs beside it, in the same process and database,
    as a worker runs them) and once without (``CHAT_SEARCH_INDEX=false``), each into a fresh
    database, timed; ``--repeats`` rounds, each running both back to back, in turn first
-   (this machine is shared and noisy), reported as the median messages a second of each, the ratio as
-   ``make bench`` takes it (the median of the rounds' ratios, with their range: a slow
+   (this machine is shared and noisy), reported as the median messages a second of each,
+   the ratio as ``make bench`` takes it (the median of the rounds' ratios, with their range: a slow
    spell hits both runs of a round), every run, and how long the indexer took after the
    last batch to catch up (``index_catch_up_s``, median).
 2. **Search latency**: ``--messages`` messages (words drawn from a vocabulary of 5,000 with

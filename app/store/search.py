@@ -8,8 +8,9 @@ Contract:
   not: its text is empty), an edit replaces its message's text unless a newer edit already
   did (``version``), a deletion removes it. Idempotent; on PostgreSQL one indexer works at a
   time (an advisory lock), whichever worker runs it, and its commits do not wait for the disk
-  (a crash may undo its last batches, which are then applied again). A message is found once the indexer
-  has reached it, a fraction of a second after it is stored (``hubbub_search_backlog``).
+  (a crash may undo its last batches, which are then applied again). A message is found once
+  the indexer has reached it, a fraction of a second after it is stored
+  (``hubbub_search_backlog``).
 - :meth:`SearchStore.search` finds the messages whose text matches ``query`` among the
   conversations a user may read, as the SQL below narrows them: public rooms, private rooms the
   user is a member of, and the user's direct conversations. The caller still asks the one
