@@ -2,8 +2,8 @@
 that can be known once (the server's run_id is learnt per connection, not asked with
 ``INFO`` on every publish), keys' expiry pushed back when due rather than on every message
 (and still at least ``CHAT_HISTORY_TTL_S`` after the last one), the message quota as GCRA
-(one string key, two calls) with the token bucket's decisions, and ``make bench``'s
-``loadtest.redis_cost`` in a smoke run."""
+(one string key, one call while the bucket is full) with the token bucket's decisions, and
+``make bench``'s ``loadtest.redis_cost`` in a smoke run."""
 
 from __future__ import annotations
 
@@ -36,23 +36,32 @@ async def command_calls(admin: Redis) -> dict[str, int]:
 
 
 async def test_a_publish_asks_redis_only_what_it_cannot_know(redis_server: RedisServer) -> None:
-    """40 messages with client ids in one room: no INFO (the run_id came with the
+    """40 messages with client ids in one room, from 40 senders: no INFO (the run_id came with the
     connection), one PEXPIRE push for the room's two keys at most, one SET NX for each dedup
-    marker, and the quota in two calls a message."""
-    broker = await started(redis_server, history_ttl_s=3600)
+    marker, and the quota in one call a message while the sender's bucket is full (the
+    sender sends less often than the rate), two while it is not."""
+    broker = await started(redis_server, history_ttl_s=3600)  # 100,000 messages a second
+    slow_rate = await started(redis_server, user_messages_per_s=1, user_message_burst=100)
     admin = Redis.from_url(redis_server.url)
     try:
-        await broker.publish("r", "u", "warm-up", "c0")  # the connection is open
+        await broker.publish("r", "u", "warm-up", "c0")  # the connections are open
+        await slow_rate.publish("r", "v", "warm-up", None)
         await admin.config_resetstat()
-        for n in range(1, 41):
-            await broker.publish("r", "u", str(n), f"c{n}")
+        for n in range(1, 41):  # each sender's bucket full (its first message)
+            await broker.publish("r", f"u{n}", str(n), f"c{n}")
         calls = await command_calls(admin)
         assert calls.get("info", 0) == 0, calls
         assert calls.get("pexpire", 0) <= 2, calls
         assert calls["evalsha"] == 40 and calls["xadd"] == 40 and calls["publish"] == 40, calls
-        assert calls["get"] == 40 and calls["set"] == 80, calls  # quota: GET+SET; marker: SET NX
+        assert calls.get("get", 0) == 0 and calls["set"] == 80, calls  # quota; marker: SET NX
+        await admin.config_resetstat()
+        for n in range(10):  # the bucket (full again in 1 s) is not full: SET … GET, then SET
+            await slow_rate.publish("r", "v", str(n), None)
+        calls = await command_calls(admin)
+        assert calls["evalsha"] == 10 and calls["set"] == 20 and calls.get("get", 0) == 0, calls
     finally:
         await admin.aclose()
+        await slow_rate.stop()
         await broker.stop()
 
 

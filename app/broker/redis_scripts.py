@@ -65,15 +65,28 @@ local now_text = string.format('%d', now)
 # A token bucket per key: `rate` tokens a second, at most `burst`, one taken per call. Kept
 # as GCRA (the generic cell rate algorithm, the same decisions): the key is a string, the
 # time in ms at which the bucket is full again (a time past is a full bucket, as no key is).
-# Two calls. The key expires once the bucket is full again, but not within 10 s: a user who
-# keeps sending keeps one key rather than one made and expired again and again.
+# Most takes find the bucket full (a chat user sends less often than the rate), so the first
+# call sets it as a full bucket less one token and reads the time it held (`SET … GET`): one
+# call. A bucket that was not full is set again from the time it held (a second call), or,
+# when it has no token left, set back to that time. The key expires once the bucket is full
+# again, but not within 10 s: a user who keeps sending keeps one key rather than one made
+# and expired again and again.
 TOKEN_BUCKET: Final = """
+local function bucket_ttl(full_at, now)
+  return string.format('%d', math.max(math.ceil(full_at - now), 10000))
+end
 local function take(key, rate, burst, now)
   local interval = 1000 / rate
-  local full_at = math.max(tonumber(redis.call('GET', key)) or now, now) + interval
-  if full_at - now > burst * interval then return 0 end
-  local ttl = math.max(math.ceil(full_at - now), 10000)
-  redis.call('SET', key, string.format('%.3f', full_at), 'PX', string.format('%d', ttl))
+  local held = redis.call('SET', key, string.format('%.3f', now + interval), 'PX',
+                          bucket_ttl(now + interval, now), 'GET')
+  local full_at = tonumber(held) or now
+  if full_at <= now then return 1 end
+  if full_at + interval - now > burst * interval then
+    redis.call('SET', key, held, 'PX', bucket_ttl(full_at, now))
+    return 0
+  end
+  full_at = full_at + interval
+  redis.call('SET', key, string.format('%.3f', full_at), 'PX', bucket_ttl(full_at, now))
   return 1
 end
 """
