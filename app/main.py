@@ -61,6 +61,28 @@ from app.webhooks.wiring import connect_webhooks
 
 logger = logging.getLogger(__name__)
 
+# A shutdown step that runs longer than this is named in the log (it still runs to its end).
+_SLOW_STEP_S = 5.0
+
+
+async def _stop_tasks(tasks: list[asyncio.Task[Any]], within_s: float) -> None:
+    """Cancel ``tasks`` and wait up to ``within_s`` for them to end; one that has not (it
+    swallowed its cancellation) is logged by name and left behind, as is one that had
+    failed. Never raises."""
+    for task in tasks:
+        task.cancel()
+    if not tasks:
+        return
+    done, pending = await asyncio.wait(tasks, timeout=within_s)
+    for task in done:
+        if not task.cancelled() and task.exception() is not None:
+            logger.error("shutdown: task %s had failed", task.get_name(), exc_info=task.exception())
+    for task in pending:
+        logger.error(
+            "shutdown: task %s did not stop within %.0f s of its cancellation; left behind",
+            task.get_name(), within_s,
+        )  # fmt: skip
+
 
 def _unchecked_versions(checked: dict[str, str]) -> dict[str, str]:
     """The installed version of each distribution in ``checked`` (name -> the version prefix
@@ -244,11 +266,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             yield
         finally:
             hub.draining = True
-            for task in background:
-                task.cancel()
-            for task in background:
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
+            await _stop_tasks(background, settings.shutdown_tasks_timeout_s)
             # Each step runs whatever the one before raised (Redis may be down by now).
             steps = [hub.close, state.hidden.close, presence.stop, broker.stop, quotas.close]
             if state.moderation is not None:
@@ -264,10 +282,17 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             if tracing is not None:  # last: the spans of all the above, exported
                 steps.append(tracing.stop)
             for step in steps:
+                # Said in the log if it runs long, so that a stuck step is named.
+                slow = asyncio.get_running_loop().call_later(
+                    _SLOW_STEP_S, logger.warning, "shutdown: %s still running after %.0f s",
+                    step.__qualname__, _SLOW_STEP_S,
+                )  # fmt: skip
                 try:
                     await step()
                 except Exception:
                     logger.exception("shutdown: %s failed", step.__qualname__)
+                finally:
+                    slow.cancel()
             gc_tuning.stop()
             # The last counts, before the worker's files go quiet.
             metrics.sync(hub.snapshot(), broker, store.archive_stats() if store else None)

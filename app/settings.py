@@ -651,6 +651,13 @@ class Settings(BaseSettings):
         description="On SIGTERM a worker closes its connections with 1012 in paced batches "
         "spread over this many seconds.",
     )
+    shutdown_tasks_timeout_s: float = Field(
+        5.0,
+        gt=0,
+        description="At shutdown, how long a worker waits for its background tasks (heartbeat, "
+        "upkeep, rebalancing…) to stop once cancelled; one that has not is logged and left, "
+        "so the rest of the shutdown (closing the broker and the store) still runs.",
+    )
 
     rebalance: bool = Field(
         True,
