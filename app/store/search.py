@@ -151,8 +151,9 @@ class SearchIndexer:
                         )
                         # The commit need not wait for the disk: a crash loses the batch's
                         # index rows and its removal from the queue together (one
-                        # transaction), so it is applied again. The archiver's commits,
-                        # which do wait, then share fewer flushes with the indexer's.
+                        # transaction), so it is applied again; the indexer no longer waits
+                        # on a flush of the log per batch. (Its effect on archiving beside
+                        # it was within this machine's noise: docs/benchmarks.md.)
                         await connection.exec_driver_sql("SET LOCAL synchronous_commit = off")
                         # One indexer at a time, whichever worker runs it.
                         locked = await connection.scalar(
