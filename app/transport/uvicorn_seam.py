@@ -27,6 +27,13 @@ What it relies on, and why:
   failures against that proxy too, so :class:`HubbubHttpProtocol` leaves the connection's
   peer address in each request's scope (under :data:`PEER_KEY`, read by
   :func:`transport_peer`) before any middleware runs.
+- **The upgrade request parsed once.** uvicorn's ``httptools`` protocol parses the upgrade
+  request, writes it back out as bytes, and hands those to the WebSocket protocol, whose
+  Python parser (websockets') reads it all again: about a twentieth of a connection's CPU.
+  :class:`HubbubHttpProtocol` builds websockets' ``Request`` from what ``httptools`` parsed
+  (:func:`parsed_request`, which checks what websockets' parser checks) and
+  :meth:`HubbubWebSocketProtocol.open_with` starts the WebSocket protocol on it; a request
+  that check refuses takes uvicorn's path, so websockets answers it as before.
 - **Abort.** A peer that stopped reading never takes our close frame, and a plain transport
   close waits for the write buffer to drain: :func:`abort` drops the TCP connection
   (``transport.abort()``), which ASGI has no message for.
@@ -44,9 +51,10 @@ never silently: tests/test_direct_writes.py fails if one does.
 from __future__ import annotations
 
 import logging
+import re
 import sys
 import weakref
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any, Final
 
 import uvicorn
@@ -54,7 +62,9 @@ from starlette.websockets import WebSocket
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
 from uvicorn_worker import UvicornWorker
-from websockets.protocol import State
+from websockets.datastructures import Headers
+from websockets.http11 import MAX_LINE_LENGTH, MAX_NUM_HEADERS, Request
+from websockets.protocol import Protocol, State
 
 logger = logging.getLogger(__name__)
 
@@ -75,6 +85,33 @@ FALLBACK_UNSUPPORTED: Final = "unsupported_version"  # the internals are not the
 FALLBACK_REASONS: Final = (FALLBACK_DEFLATE, FALLBACK_NO_PROTOCOL, FALLBACK_UNSUPPORTED)
 
 _OPEN: Final = State.OPEN
+# What websockets' request parser accepts in a header's name and value (websockets.http11).
+_TOKEN: Final = re.compile(rb"[-!#$%&\'*+.^_`|~0-9a-zA-Z]+")
+_VALUE: Final = re.compile(rb"[\x09\x20-\x7e\x80-\xff]*")
+
+
+def parsed_request(
+    method: str, target: bytes, headers: Iterable[tuple[bytes, bytes]]
+) -> Request | None:
+    """websockets' ``Request`` for ``method`` on ``target`` with ``headers`` (as ``httptools``
+    parsed them), or None where websockets' own parser would not return the same request:
+    a line or header count over its limits, a name or value it refuses, a non-ASCII target,
+    a body. None means: let websockets parse the request (and answer it) itself."""
+    if len(target) > MAX_LINE_LENGTH or not target.isascii():
+        return None
+    parsed = Headers()
+    for count, (name, value) in enumerate(headers, 1):
+        if (
+            count > MAX_NUM_HEADERS
+            or len(name) + len(value) + 2 > MAX_LINE_LENGTH
+            or not _TOKEN.fullmatch(name)
+            or not _VALUE.fullmatch(value)
+            or value != value.strip(b" \t")
+            or name in (b"transfer-encoding", b"content-length")
+        ):
+            return None
+        parsed.set_insecure(name.decode("ascii"), value.decode("iso-8859-1"))
+    return Request(target.decode("ascii"), parsed, method)
 
 
 class HubbubWebSocketProtocol(WebSocketsSansIOProtocol):
@@ -87,6 +124,16 @@ class HubbubWebSocketProtocol(WebSocketsSansIOProtocol):
         # connection a reference cycle, left for the garbage collector to find.
         scope[PROTOCOL_KEY] = weakref.ref(self)
         await super().run_asgi()
+
+    def open_with(self, request: Request) -> None:
+        """Start on an upgrade ``request`` already parsed, as :meth:`data_received` does once
+        websockets has parsed it from the connection's bytes: from now on the connection's
+        bytes are frames."""
+        conn = self.conn
+        # What websockets' server parser goes on with once it has read the request.
+        conn.parser = Protocol.parse(conn)
+        next(conn.parser)
+        self.handle_connect(request)
 
 
 class HubbubHttpProtocol(HttpToolsProtocol):
@@ -107,9 +154,41 @@ class HubbubHttpProtocol(HttpToolsProtocol):
             scope[PEER_KEY] = client[0] if client else None
 
     def handle_websocket_upgrade(self) -> None:
-        super().handle_websocket_upgrade()
+        ws_class = self.ws_protocol_class
+        ours = (
+            ws_class
+            if isinstance(ws_class, type) and issubclass(ws_class, HubbubWebSocketProtocol)
+            else None
+        )
+        request = None
+        if ours is not None and _LIVE["parsed_upgrade"]:
+            request = parsed_request(self.scope["method"], self.url, self.scope["headers"])
+        if ours is None or request is None:
+            super().handle_websocket_upgrade()
+            self._answer_unparsed_upgrade()
+        else:
+            # As uvicorn's, without writing the request out for websockets to parse again.
+            self.connections.discard(self)
+            protocol = ours(
+                config=self.config, server_state=self.server_state, app_state=self.app_state
+            )
+            protocol.connection_made(self.transport)
+            protocol.open_with(request)
+            self.transport.set_protocol(protocol)
         # Nothing reads it after the upgrade: the transport has another protocol now.
         self.__dict__.pop("parser", None)
+
+    def _answer_unparsed_upgrade(self) -> None:
+        """After uvicorn's upgrade: when websockets' parser refused the request (431 for too
+        many or too long headers, or it just ends the connection), its answer waits in the
+        protocol's output, which uvicorn never writes: the connection would hang open. Write
+        it and close."""
+        protocol = self.transport.get_protocol()
+        if isinstance(protocol, WebSocketsSansIOProtocol) and not getattr(
+            protocol, "handshake_initiated", True
+        ):
+            self.transport.write(b"".join(protocol.conn.data_to_send()))
+            self.transport.close()
 
 
 def transport_peer(scope: Mapping[str, Any]) -> str | None:
@@ -219,6 +298,10 @@ def fast_paths() -> dict[str, bool]:
         and "client" in http.connection_made.__code__.co_names,
         "direct_writes": writes and "transport" in protocol.connection_made.__code__.co_names,
         "abort": "transport" in protocol.connection_made.__code__.co_names,
+        "parsed_upgrade": {"connections", "ws_protocol_class", "transport"}
+        <= set(http.handle_websocket_upgrade.__code__.co_names)
+        and {"accept", "send_response", "queue"} <= set(protocol.handle_connect.__code__.co_names)
+        and callable(getattr(Protocol, "parse", None)),
         "drain_signal": "_captured_signals" in uvicorn.Server.__init__.__code__.co_names,
         "worker_server": serve is not None
         and "_install_sigquit_handler" in serve.__code__.co_names
