@@ -242,7 +242,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                 )
             )
         # What is built by now lives as long as the worker: see app.ops.gc_tuning.
-        gc_tuning = GcTuning(metrics.gc_pauses_since_sync)
+        gc_tuning = GcTuning(metrics.gc_pauses_since_sync, settings.gc_freeze_interval_s > 0)
         gc_tuning.start()
         if settings.gc_freeze_interval_s > 0:
             background.append(

@@ -17,7 +17,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from app.main import create_app
-from app.ops.gc_tuning import GC_THRESHOLDS
+from app.ops.gc_tuning import GC_THRESHOLDS, GC_THRESHOLDS_FREEZING
 from tests.helpers import ChatClient, free_port, make_settings
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -125,17 +125,24 @@ async def test_make_run_serves_the_chat_page(served: str) -> None:
     assert script.text.startswith("// hubbub-client ") and "as HubbubClient" in script.text
 
 
-def test_collector_is_tuned_and_watched_while_serving() -> None:
+@pytest.mark.parametrize(
+    ("freeze_interval_s", "thresholds"), [(1.0, GC_THRESHOLDS_FREEZING), (0.0, GC_THRESHOLDS)]
+)
+def test_collector_is_tuned_and_watched_while_serving(
+    freeze_interval_s: float, thresholds: tuple[int, int, int]
+) -> None:
     """Startup objects are out of the cyclic collector's sight while the app serves (shorter
-    full pauses), young collections are rarer (fewer full ones), and every pause is observed
-    by generation; all undone once the app has stopped."""
+    full pauses), young collections are rarer (fewer full ones), middle ones all but never
+    while survivors are frozen every interval, and every pause is observed by generation; all
+    undone once the app has stopped."""
     gc.unfreeze()
     before = gc.get_threshold()
-    app = create_app(make_settings())
+    app = create_app(make_settings(gc_freeze_interval_s=freeze_interval_s))
     with TestClient(app) as client:
         assert client.get("/healthz").status_code == 200
         assert gc.get_freeze_count() > 10_000  # the imported framework and the app's state
-        assert gc.get_threshold() == GC_THRESHOLDS  # rarer young collections
+        assert gc.get_threshold() == thresholds
+        assert thresholds[0] > 700 and (thresholds[1] > 100) == (freeze_interval_s > 0)
         metrics = app.state.chat.metrics
         count = {"generation": "2"}
 

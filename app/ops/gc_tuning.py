@@ -23,6 +23,11 @@ worker serves nobody. So, while the app serves, :class:`GcTuning`:
   pass 1-2 us (its references reach into the frozen sockets' memory): with 19,000 sockets
   under traffic, passes of 5,000 took up to 10 ms, of 10,000 up to 25 ms, of 50,000 50-100 ms
   (docs/benchmarks.md);
+- while it freezes every interval, leaves middle-generation collections to every 1,000th young
+  one instead of every 20th (:data:`GC_THRESHOLDS_FREEZING`): such a pass walks what survived
+  young passes since the last freeze, which then freezes it anyway, so it found nothing and
+  cost a connect storm 25-30 us of a worker's CPU per client (2-4 passes of 30-60 ms per 4,000
+  clients). Without periodic freezing they stay frequent, so each stays short;
 - records every collection's pause for ``hubbub_gc_pause_seconds`` (by generation), so that a
   burst of late messages can be matched with a pause. The pause goes into a plain list that
   :meth:`app.ops.metrics.Metrics.sync` publishes: prometheus_client guards its values with a lock
@@ -41,14 +46,18 @@ from typing import Any, Final
 
 # Python's defaults are (700, 10, 10).
 GC_THRESHOLDS: Final = (5_000, 20, 10)
+# While survivors are frozen every interval (keep_freezing): middle passes all but never.
+GC_THRESHOLDS_FREEZING: Final = (5_000, 1_000, 10)
 
 
 class GcTuning:
     """Started once the app's long-lived state is built; stopped when the app stops."""
 
-    def __init__(self, pauses: list[tuple[int, float, int]]) -> None:
-        # (generation, seconds, objects collected), appended after each collection
+    def __init__(self, pauses: list[tuple[int, float, int]], freezing: bool) -> None:
+        """``pauses`` gets (generation, seconds, objects collected) after each collection;
+        ``freezing``: :func:`keep_freezing` will run (the thresholds depend on it)."""
         self._pauses = pauses
+        self._tuned = GC_THRESHOLDS_FREEZING if freezing else GC_THRESHOLDS
         self._thresholds = gc.get_threshold()
         self._started_at = 0.0
 
@@ -56,7 +65,7 @@ class GcTuning:
         gc.collect()
         gc.freeze()
         self._thresholds = gc.get_threshold()
-        gc.set_threshold(*GC_THRESHOLDS)
+        gc.set_threshold(*self._tuned)
         gc.callbacks.append(self._observe)
 
     def stop(self) -> None:
