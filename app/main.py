@@ -297,7 +297,17 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             # The last counts, before the worker's files go quiet.
             metrics.sync(hub.snapshot(), broker, store.archive_stats() if store else None)
 
-    app = FastAPI(title="Hubbub", version=__version__, lifespan=lifespan, docs_url=None)
+    app = FastAPI(
+        title="Hubbub",
+        version=__version__,
+        lifespan=lifespan,
+        docs_url=None,
+        # Tracing is app.ops.tracing's (CHAT_TRACING_ENDPOINT), per message. FastAPI's own
+        # would make a span of each socket's whole life once anything in the process sets a
+        # global OpenTelemetry provider, and asks whether one is set on every request and
+        # upgrade (3 us each).
+        telemetry={"tracing": False, "metrics": False, "logs": False},
+    )
     app.add_exception_handler(RequestValidationError, _invalid_request)
     app.include_router(router)
     app.include_router(admin_router)
