@@ -83,3 +83,28 @@ async def test_a_replica_is_refused(redis_server: RedisServer, redis: Redis) -> 
     finally:
         await client.aclose()
         await replica.stop()
+
+
+async def test_one_iterations_commands_leave_as_few_in_order(redis: Redis) -> None:
+    """What one loop iteration asks leaves together: consecutive subscriptions as one
+    ``SUBSCRIBE`` (a connect storm's users), confirmed channel by channel, in order; an
+    ``UNSUBSCRIBE`` between them keeps its place."""
+    pushes: list[list[Any]] = []
+    subscription = await Subscription.open(redis, pushes.append)
+    await redis.config_resetstat()
+    for n in range(200):
+        subscription.subscribe(f"c{n}")
+    subscription.unsubscribe("c0")
+    subscription.subscribe("c0")
+    await wait_until(lambda: len(pushes) == 202)
+    assert [p[:2] for p in pushes] == [
+        *([b"subscribe", f"c{n}".encode()] for n in range(200)),
+        [b"unsubscribe", b"c0"],
+        [b"subscribe", b"c0"],
+    ]
+    stats = await redis.info("commandstats")
+    assert stats["cmdstat_subscribe"]["calls"] == 2
+    assert stats["cmdstat_unsubscribe"]["calls"] == 1
+    await redis.publish("c0", "heard")
+    await wait_until(lambda: pushes[-1][-1] == b"heard")
+    subscription.close()
