@@ -177,21 +177,20 @@ class RedisPresence:
         return score is not None and float(score) >= time.time() * 1000
 
     async def of(self, room: str) -> RoomPresence:
-        """The count and, up to ``presence_max_members``, the users: asked together (one
-        round trip), the list no longer than one past the most it may show."""
+        """The count and, up to ``presence_max_members``, the users: the list is asked for up
+        to one past the most it may show, and only a list that long needs the count asked
+        for too (a second round trip, for big rooms only)."""
         key, now = self._room_key(room, "present"), int(time.time() * 1000)
         most = self._settings.presence_max_members
-        count, users = await call_redis(
-            lambda: asyncio.gather(
-                self._pipeline.command(key, "ZCOUNT", key, now, "+inf"),
-                self._pipeline.command(
-                    key, "ZRANGEBYSCORE", key, now, "+inf", "LIMIT", 0, most + 1
-                ),
+        users = await call_redis(
+            lambda: self._pipeline.command(
+                key, "ZRANGEBYSCORE", key, now, "+inf", "LIMIT", 0, most + 1
             )
         )
-        if count > most or len(users) > most:
-            return RoomPresence(max(count, len(users)), None)
-        return RoomPresence(len(users), sorted(cast(bytes, u).decode() for u in users))
+        if len(users) <= most:
+            return RoomPresence(len(users), sorted(cast(bytes, u).decode() for u in users))
+        count = await call_redis(lambda: self._pipeline.command(key, "ZCOUNT", key, now, "+inf"))
+        return RoomPresence(max(int(count), len(users)), None)
 
     async def _keep_up(self) -> None:
         """Refresh this worker's entries and sweep out users of dead workers, every ttl/3."""
