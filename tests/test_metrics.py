@@ -106,7 +106,8 @@ async def test_http_requests_are_instrumented(server: LiveServer) -> None:
 
 async def test_metrics_port_serves_only_metrics_and_logs_are_json() -> None:
     """With CHAT_METRICS_PORT the scrape is on that port only; the main port has no
-    /metrics. Each connection logs one JSON line when it opens and one when it closes."""
+    /metrics. Each connection logs one JSON line when it opens and one when it closes, and
+    no more: uvicorn's and websockets' own lines for it are dropped."""
     metrics_port = free_port()
     app = AppProcess({"CHAT_METRICS_PORT": str(metrics_port), "CHAT_LOG_FORMAT": "json"})
     await app.start()
@@ -142,6 +143,16 @@ async def test_metrics_port_serves_only_metrics_and_logs_are_json() -> None:
             "by": "client", "duration_s": 0,
         }  # fmt: skip
         assert not any("lobby" in str(line) and "text" in line for line in lines)
+        echoes = [
+            line["msg"]
+            for line in lines
+            if line.get("logger") == "uvicorn.error"
+            and (
+                "name=logged" in line["msg"]
+                or line["msg"] in ("connection open", "connection closed")
+            )
+        ]
+        assert echoes == []
     finally:
         await app.stop()
 
