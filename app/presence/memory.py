@@ -33,9 +33,10 @@ class MemoryPresence:
     async def stop(self) -> None:
         await self._announcer.close()
 
-    async def join(self, room: str, user: str) -> None:
+    async def join(self, room: str, user: str) -> RoomPresence:
         self._present.setdefault(room, set()).add(user)
         await self._announcer.announce(room, "join", user)
+        return await self.of(room)
 
     async def leave(self, room: str, user: str) -> None:
         users = self._present.get(room, set())

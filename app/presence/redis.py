@@ -14,7 +14,7 @@ import logging
 import secrets
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any, Final, cast
+from typing import Any, Final
 
 from redis.asyncio import Redis
 from redis.commands.core import AsyncScript
@@ -45,15 +45,17 @@ _UPKEEP_IN_FLIGHT: Final = 256
 # entry; ``tabs:<user>`` a sorted set worker -> expiry. A user is present while its ``present``
 # score is in the future. Every operation is O(log n). JOIN/LEAVE return {changed, count}:
 # changed is 1 when the call changed the user's presence (first entry in, last entry out) and
-# 0 otherwise; count, the room's present users then (what an announcement says).
+# 0 otherwise; count, the room's present users then (what an announcement says). JOIN also
+# returns the present users, up to `limit` of them (what `of` reads).
 JOIN: Final = """
--- KEYS: present, tabs   ARGV: user, worker, now_ms, expires_ms, ttl_ms
+-- KEYS: present, tabs   ARGV: user, worker, now_ms, expires_ms, ttl_ms, limit
 local live = redis.call('ZCOUNT', KEYS[2], ARGV[3], '+inf')
 redis.call('ZADD', KEYS[2], ARGV[4], ARGV[2])
 redis.call('ZADD', KEYS[1], 'GT', ARGV[4], ARGV[1])
 redis.call('PEXPIRE', KEYS[1], ARGV[5])
 redis.call('PEXPIRE', KEYS[2], ARGV[5])
-return {live == 0 and 1 or 0, redis.call('ZCOUNT', KEYS[1], ARGV[3], '+inf')}
+return {live == 0 and 1 or 0, redis.call('ZCOUNT', KEYS[1], ARGV[3], '+inf'),
+        redis.call('ZRANGEBYSCORE', KEYS[1], ARGV[3], '+inf', 'LIMIT', 0, ARGV[6])}
 """
 
 LEAVE: Final = """
@@ -142,15 +144,26 @@ class RedisPresence:
             self._room_key(room, f"tabs:{user}"),
         ]
 
-    async def join(self, room: str, user: str) -> None:
+    async def join(self, room: str, user: str) -> RoomPresence:
         self._present.setdefault(room, set()).add(user)
         now = int(time.time() * 1000)
         ttl = int(self._settings.presence_ttl_s * 1000)
         keys = self._keys(room, user)
-        args: list[str | int] = [user, self.worker_id, now, now + ttl, ttl]
-        changed, count = await call_redis(lambda: self._pipeline.call(self._join, keys, args))
+        most = self._settings.presence_max_members
+        args: list[str | int] = [user, self.worker_id, now, now + ttl, ttl, most + 1]
+        changed, count, users = await call_redis(
+            lambda: self._pipeline.call(self._join, keys, args)
+        )
         if changed:
             await self._announcer.announce(room, "join", user, count)
+        return self._presence(int(count), users)
+
+    def _presence(self, count: int, users: list[bytes]) -> RoomPresence:
+        """A room's presence from its count and its users read up to one past the most
+        shown (the count is only needed when they are that many)."""
+        if len(users) <= self._settings.presence_max_members:
+            return RoomPresence(len(users), sorted(u.decode() for u in users))
+        return RoomPresence(max(count, len(users)), None)
 
     async def leave(self, room: str, user: str) -> None:
         users = self._present.get(room)
@@ -188,9 +201,9 @@ class RedisPresence:
             )
         )
         if len(users) <= most:
-            return RoomPresence(len(users), sorted(cast(bytes, u).decode() for u in users))
+            return self._presence(len(users), users)
         count = await call_redis(lambda: self._pipeline.command(key, "ZCOUNT", key, now, "+inf"))
-        return RoomPresence(max(int(count), len(users)), None)
+        return self._presence(int(count), users)
 
     async def _keep_up(self) -> None:
         """Refresh this worker's entries and sweep out users of dead workers, every ttl/3."""

@@ -514,12 +514,14 @@ class Hub:
             else:
                 page = await self.pages.fetch(room, since)
                 replay.cursor = since
+            presence = None
             if not replay.joined:
                 self._present[key] += 1
                 counted = True
                 if self._present[key] == 1:
-                    await self._presence.join(room, conn.user)
-            presence = await self._presence.of(room)
+                    presence = await self._presence.join(room, conn.user)
+            if presence is None:
+                presence = await self._presence.of(room)
         except BaseException:
             if previous is not None:
                 # Still a member: catch up from where it was, by itself.
