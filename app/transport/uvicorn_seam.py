@@ -51,7 +51,6 @@ never silently: tests/test_direct_writes.py fails if one does.
 from __future__ import annotations
 
 import logging
-import re
 import sys
 import weakref
 from collections.abc import Iterable, Mapping
@@ -62,6 +61,7 @@ from starlette.websockets import WebSocket
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
 from uvicorn_worker import UvicornWorker
+from websockets import http11
 from websockets.datastructures import Headers
 from websockets.http11 import MAX_LINE_LENGTH, MAX_NUM_HEADERS, Request
 from websockets.protocol import Protocol, State
@@ -85,9 +85,6 @@ FALLBACK_UNSUPPORTED: Final = "unsupported_version"  # the internals are not the
 FALLBACK_REASONS: Final = (FALLBACK_DEFLATE, FALLBACK_NO_PROTOCOL, FALLBACK_UNSUPPORTED)
 
 _OPEN: Final = State.OPEN
-# What websockets' request parser accepts in a header's name and value (websockets.http11).
-_TOKEN: Final = re.compile(rb"[-!#$%&\'*+.^_`|~0-9a-zA-Z]+")
-_VALUE: Final = re.compile(rb"[\x09\x20-\x7e\x80-\xff]*")
 
 
 def parsed_request(
@@ -104,8 +101,8 @@ def parsed_request(
         if (
             count > MAX_NUM_HEADERS
             or len(name) + len(value) + 2 > MAX_LINE_LENGTH
-            or not _TOKEN.fullmatch(name)
-            or not _VALUE.fullmatch(value)
+            or not http11._token_re.fullmatch(name)  # what websockets' parser accepts
+            or not http11._value_re.fullmatch(value)
             or value != value.strip(b" \t")
             or name in (b"transfer-encoding", b"content-length")
         ):
@@ -301,7 +298,8 @@ def fast_paths() -> dict[str, bool]:
         "parsed_upgrade": {"connections", "ws_protocol_class", "transport"}
         <= set(http.handle_websocket_upgrade.__code__.co_names)
         and {"accept", "send_response", "queue"} <= set(protocol.handle_connect.__code__.co_names)
-        and callable(getattr(Protocol, "parse", None)),
+        and callable(getattr(Protocol, "parse", None))
+        and all(hasattr(http11, name) for name in ("_token_re", "_value_re")),
         "drain_signal": "_captured_signals" in uvicorn.Server.__init__.__code__.co_names,
         "worker_server": serve is not None
         and "_install_sigquit_handler" in serve.__code__.co_names
