@@ -193,6 +193,10 @@ class Rebalancer:
                         quota = math.ceil(settings.rebalance_shed_per_s * interval)
                         await self._shed(min(excess, quota), average, interval)
                         settling = True
+            if this is not None and this.cancelling():
+                # A cancellation something below swallowed (redis-py retrying a call it cut
+                # short): the sleep would not see it, and the task would never stop.
+                raise asyncio.CancelledError
             await asyncio.sleep(max(0.0, interval - (time.monotonic() - started)))
 
     async def _shed(self, count: int, average: float, within_s: float) -> None:
