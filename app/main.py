@@ -152,6 +152,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             Pacing.of(settings),
             settings.worker_outbox_max_bytes,
             history,
+            # A room's keys live CHAT_HISTORY_TTL_S after its last message at least.
+            newest_known_for_s=settings.history_ttl_s / 2,
         )
         hub.tracing = tracing
         quotas = create_quotas(settings)

@@ -40,6 +40,15 @@ class GatedBroker(MemoryBroker):
         self.gate = asyncio.Event()
         self.gate.set()
         self.reads = 0
+        self.last_ids = 0  # last_id calls
+        self.last_gate = asyncio.Event()  # last_id answers wait for it (read when called)
+        self.last_gate.set()
+
+    async def last_id(self, room: str) -> int:
+        self.last_ids += 1
+        newest = await super().last_id(room)
+        await self.last_gate.wait()
+        return newest
 
     async def history_since(self, room: str, since: int, limit: int) -> History:
         # Read now, answer later: like a Redis reply still on its way (the script ran when
@@ -102,13 +111,14 @@ class World:
 async def world(request: pytest.FixtureRequest) -> AsyncIterator[World]:
     overrides = dict(getattr(request, "param", {}))
     buffer = overrides.pop("buffer", None)
+    newest_known_for_s = overrides.pop("newest_known_for_s", 3600.0)  # as main.py sets it
     settings = make_settings(**overrides)
     broker = GatedBroker(settings)
     presence = MemoryPresence(settings, broker)
     pacing = Pacing.of(settings)
     if buffer is not None:
         pacing = Pacing(pacing.budget, pacing.page, buffer)
-    hub = Hub(broker, presence, 1000, Metrics(), pacing)
+    hub = Hub(broker, presence, 1000, Metrics(), pacing, newest_known_for_s=newest_known_for_s)
     await broker.start(hub)
     world = World(hub, broker, settings)
     try:
@@ -153,6 +163,117 @@ async def test_a_join_without_since_gets_everything_after_its_last(world: World)
     new = [await world.say(f"n{n}") for n in range(3)]
     await wait_until(lambda: len(socket.ids()) == 3)
     assert socket.ids() == new and all(i > last for i in new)
+
+
+@pytest.mark.parametrize("world", [{"buffer": 2}], indirect=True)
+async def test_a_room_live_here_answers_later_joins_without_the_broker(world: World) -> None:
+    """Once a join asked the broker for the room's newest id while subscribed, later joins of
+    the room here are answered from it and the messages heard since: no broker call (a
+    reconnect storm asks once per room and worker), the same `last`, nothing missed after
+    it; a join whose `since` is that id reads no history."""
+    conn, socket = world.connect("ada")
+    await world.hub.join(conn, "r", None)
+    assert world.broker.last_ids == 1
+    heard = await world.say("m0")
+    await wait_until(lambda: socket.ids() == [heard])
+    late, late_socket = world.connect("bob")
+    await world.hub.join(late, "r", None)
+    await wait_until(lambda: bool(late_socket.of_type("joined")))
+    assert late_socket.of_type("joined")[0]["last"] == heard
+    again, again_socket = world.connect("cy")
+    await world.hub.join(again, "r", heard)
+    await wait_until(lambda: bool(again_socket.of_type("joined")))
+    assert again_socket.of_type("joined")[0]["recovered"] is True
+    assert (world.broker.last_ids, world.broker.reads) == (1, 0)
+    after = await world.say("m1")
+    for sock in (socket, late_socket, again_socket):
+        await wait_until(lambda sock=sock: sock.ids()[-1:] == [after])  # type: ignore[misc]
+    assert late_socket.ids() == again_socket.ids() == [after]
+
+
+async def test_joins_while_the_broker_is_asked_share_its_answer_without_a_gap(
+    world: World,
+) -> None:
+    """Joins of a room that come while a join's `last_id` is on its way share it (one call
+    for a room's members reconnecting together). A message the worker heard after the broker
+    answered but before a join came is not that join's: its `last` is raised to it, so no
+    message is missing after anyone's `last`."""
+    first = await world.say("m0")
+    world.broker.last_gate.clear()
+    ada, ada_socket = world.connect("ada")
+    joining_ada = asyncio.create_task(world.hub.join(ada, "r", None))
+    await wait_until(lambda: world.broker.last_ids == 1)
+    heard = await world.say("m1")  # after the answer was read, before bob joins
+    bob, bob_socket = world.connect("bob")
+    joining_bob = asyncio.create_task(world.hub.join(bob, "r", None))
+    await asyncio.sleep(0)
+    world.broker.last_gate.set()
+    await asyncio.gather(joining_ada, joining_bob)
+    assert world.broker.last_ids == 1
+    await wait_until(lambda: bool(ada_socket.of_type("joined") and bob_socket.of_type("joined")))
+    assert ada_socket.of_type("joined")[0]["last"] == first
+    assert bob_socket.of_type("joined")[0]["last"] == heard
+    after = await world.say("m2")
+    await wait_until(lambda: ada_socket.ids()[-1:] == [after] and bob_socket.ids()[-1:] == [after])
+    assert ada_socket.ids() == [heard, after] and bob_socket.ids() == [after]
+
+
+async def test_a_join_after_the_subscription_was_lost_does_not_share_an_older_question(
+    world: World,
+) -> None:
+    await world.say("m0")
+    world.broker.last_gate.clear()
+    ada, _ = world.connect("ada")
+    joining_ada = asyncio.create_task(world.hub.join(ada, "r", None))
+    await wait_until(lambda: world.broker.last_ids == 1)
+    world.hub.link_lost()
+    during = await world.say("during")
+    world.hub.resubscribed()
+    bob, bob_socket = world.connect("bob")
+    joining_bob = asyncio.create_task(world.hub.join(bob, "r", None))
+    await wait_until(lambda: world.broker.last_ids == 2)
+    world.broker.last_gate.set()
+    await asyncio.gather(joining_ada, joining_bob)
+    await wait_until(lambda: bool(bob_socket.of_type("joined")))
+    assert bob_socket.of_type("joined")[0]["last"] == during
+
+
+@pytest.mark.parametrize("lost", ["link", "room"])
+async def test_after_the_subscription_is_lost_a_join_asks_the_broker_again(
+    world: World, lost: str
+) -> None:
+    """What the worker knew of a room's newest id is void once its subscription was lost
+    (the whole link, or the room's shard on Redis Cluster): a message published meanwhile was
+    not heard here, and a join answered from the old id would silently miss it."""
+    conn, socket = world.connect("ada")
+    await world.hub.join(conn, "r", None)
+    before = await world.say("before")
+    if lost == "link":
+        world.hub.link_lost()
+    else:
+        world.hub.rooms_lost(["r"])
+    during = await world.say("during")
+    if lost == "link":
+        world.hub.resubscribed()
+    else:
+        world.hub.rooms_back(["r"])
+    late, late_socket = world.connect("bob")
+    await world.hub.join(late, "r", None)
+    assert world.broker.last_ids == 2
+    await wait_until(lambda: bool(late_socket.of_type("joined")))
+    assert late_socket.of_type("joined")[0]["last"] == during > before
+    await wait_until(lambda: socket.ids() == [before, during])  # ada caught up from history
+    await world.hub.join(world.connect("cy")[0], "r", None)
+    assert world.broker.last_ids == 2  # known again
+
+
+@pytest.mark.parametrize("world", [{"newest_known_for_s": 0.0}], indirect=True)
+async def test_without_newest_known_for_s_every_join_asks_the_broker(world: World) -> None:
+    for user in ("ada", "bob"):
+        await world.hub.join(world.connect(user)[0], "r", None)
+    await world.say("m0")
+    await world.hub.join(world.connect("cy")[0], "r", None)
+    assert world.broker.last_ids == 3
 
 
 @pytest.mark.parametrize("world", [{"buffer": 2}], indirect=True)

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import math
 import time
@@ -67,6 +68,15 @@ class _Room:
     hiding: bool = False
     # The first join's subscription, awaited by the joins that come while it is under way.
     subscribed: asyncio.Future[None] | None = None
+    # The room's newest id as the broker answered a join (``last_id``) while subscribed, and
+    # the subscription it was answered in: ``epoch`` counts the subscription's losses here
+    # (link_lost, rooms_lost). Every message after it comes live (see Hub._known_newest).
+    known: int = 0
+    known_epoch: int = -1
+    epoch: int = 0
+    # The ``last_id`` under way, shared by the joins of its epoch that come meanwhile.
+    asking: asyncio.Future[int] | None = None
+    asking_epoch: int = -1
 
     def __bool__(self) -> bool:
         return bool(self.members or self.behind)
@@ -84,8 +94,12 @@ class Hub:
         pacing: Pacing,
         outbox_budget_bytes: int = 2**62,
         history: HistorySource | None = None,
+        newest_known_for_s: float = 0.0,
     ) -> None:
-        """``history``: where replays read (the broker's own history without it)."""
+        """``history``: where replays read (the broker's own history without it).
+        ``newest_known_for_s``: how long after its time a room's newest id known here may
+        answer a join instead of the broker (0: never; see :meth:`_known_newest`)."""
+        self._newest_known_for_ms = newest_known_for_s * 1000
         self._broker = broker
         self._presence = presence
         self._metrics = metrics
@@ -193,6 +207,7 @@ class Hub:
         self._linked.clear()
         behind = 0
         for room, state in self._rooms.items():
+            state.epoch += 1
             for replay in state.behind.values():
                 replay.link_lost()
             for conn in state.members:
@@ -219,6 +234,7 @@ class Hub:
             state = self._rooms.get(room)
             if state is None:
                 continue
+            state.epoch += 1
             for replay in state.behind.values():
                 replay.link_lost()
             for conn in state.members:
@@ -509,10 +525,13 @@ class Hub:
             subscribed.result()
             last: int | None = None
             if since is None:
-                last = replay.cursor = await self._broker.last_id(room)
+                last = replay.cursor = await self._newest(room, state)
                 page = History(True, [])
             else:
-                page = await self.pages.fetch(room, since)
+                if since == self._known_newest(room, state):
+                    page = History(True, [])  # nothing after it yet: the rest comes live
+                else:
+                    page = await self.pages.fetch(room, since)
                 replay.cursor = since
             presence = None
             if not replay.joined:
@@ -544,6 +563,53 @@ class Hub:
         recovered = None if since is None else page.recovered
         conn.offer(joined_frame(room, recovered, presence.count, presence.users, last))
         replay.start(page)
+
+    def _known_newest(self, room: str, state: _Room) -> int | None:
+        """``room``'s newest id, as this worker knows it without asking the broker, or None.
+
+        Known when a join asked the broker (``last_id``) after the room's subscription here
+        was confirmed, and that subscription has not been lost since: a message after that
+        answer was published after it, so it comes to this worker live, in order; the newest
+        id is then the larger of that answer and the last message heard live. Not while the
+        room's subscription is down, nor once the id is older than ``newest_known_for_s``
+        (the room's keys may have expired: the broker would start a new incarnation)."""
+        if state.known_epoch != state.epoch or not self.linked or room in self._rooms_down:
+            return None
+        newest = max(state.known, state.heard)
+        if newest // 1000 < time.time() * 1000 - self._newest_known_for_ms:
+            return None
+        return newest
+
+    async def _newest(self, room: str, state: _Room) -> int:
+        """``room``'s newest id for a join without ``since`` (every message with a larger id
+        reaches the new member, who is already among the room's connections): known here
+        (:meth:`_known_newest`), or asked of the broker and then known. The joins of a room
+        that come while it is asked share the answer (a reconnect storm brings a room's
+        members together), raised to what the room had heard when each came: a message the
+        worker heard before that join, after the broker answered, is not the join's to get.
+        The room's subscription must be confirmed."""
+        floor = state.heard
+        known = self._known_newest(room, state)
+        if known is not None:
+            return known
+        asking = state.asking
+        if asking is None or state.asking_epoch != state.epoch:
+            asking = state.asking = asyncio.ensure_future(self._broker.last_id(room))
+            state.asking_epoch = state.epoch
+            asking.add_done_callback(retrieve_exception)
+            asking.add_done_callback(functools.partial(self._asked, room, state, state.epoch))
+        return max(await asyncio.shield(asking), floor)
+
+    def _asked(self, room: str, state: _Room, epoch: int, asked: asyncio.Future[int]) -> None:
+        """The broker answered a join's ``last_id``: known, if the subscription it was asked in
+        is still the room's."""
+        if state.asking is asked:
+            state.asking = None
+        if asked.cancelled() or asked.exception() is not None:
+            return
+        live = self.linked and room not in self._rooms_down and self._rooms.get(room) is state
+        if live and state.epoch == epoch:
+            state.known, state.known_epoch = max(state.known, asked.result()), epoch
 
     def _take_out(self, state: _Room, conn: Connection) -> int | None:
         """Take a rejoining ``conn`` out of live delivery: where it was (its cursor), or None
