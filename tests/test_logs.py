@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import logging
+from collections.abc import Iterator
 
 import orjson
 import pytest
@@ -13,6 +14,17 @@ from app.ops.logs import LineFormatter, logging_config
 from tests.helpers import make_settings
 
 pytestmark = pytest.mark.timeout(30)
+
+
+@pytest.fixture(autouse=True)
+def _record_fields_restored() -> Iterator[None]:
+    """The service's logging config switches process-wide globals (caller, thread, process
+    fields): put them back for the tests that run after these in this process."""
+    saved = (logging._srcfile, logging.logThreads, logging.logProcesses)
+    multiprocessing = logging.logMultiprocessing
+    yield
+    logging._srcfile, logging.logThreads, logging.logProcesses = saved
+    logging.logMultiprocessing = multiprocessing
 
 
 def _captured(logger_name: str) -> tuple[logging.Logger, io.StringIO, list[logging.LogRecord]]:
