@@ -527,11 +527,10 @@ class Hub:
             if since is None:
                 last = replay.cursor = await self._newest(room, state)
                 page = History(True, [])
+            elif since == self._known_newest(state):
+                page, replay.cursor = History(True, []), since  # the rest comes live
             else:
-                if since == self._known_newest(room, state):
-                    page = History(True, [])  # nothing after it yet: the rest comes live
-                else:
-                    page = await self.pages.fetch(room, since)
+                page = await self.pages.fetch(room, since)
                 replay.cursor = since
             presence = None
             if not replay.joined:
@@ -564,16 +563,18 @@ class Hub:
         conn.offer(joined_frame(room, recovered, presence.count, presence.users, last))
         replay.start(page)
 
-    def _known_newest(self, room: str, state: _Room) -> int | None:
-        """``room``'s newest id, as this worker knows it without asking the broker, or None.
+    def _known_newest(self, state: _Room) -> int | None:
+        """The room's newest id, as this worker knows it without asking the broker, or None.
 
         Known when a join asked the broker (``last_id``) after the room's subscription here
         was confirmed, and that subscription has not been lost since: a message after that
         answer was published after it, so it comes to this worker live, in order; the newest
-        id is then the larger of that answer and the last message heard live. Not while the
-        room's subscription is down, nor once the id is older than ``newest_known_for_s``
-        (the room's keys may have expired: the broker would start a new incarnation)."""
-        if state.known_epoch != state.epoch or not self.linked or room in self._rooms_down:
+        id is then the larger of that answer and the last message heard live. A lost
+        subscription (link_lost, rooms_lost) moves the room to a new epoch, which voids it
+        (:meth:`_asked` records none while the room is down); so does an id older than
+        ``newest_known_for_s`` (the room's keys may have expired: the broker would start a
+        new incarnation)."""
+        if state.known_epoch != state.epoch:
             return None
         newest = max(state.known, state.heard)
         if newest // 1000 < time.time() * 1000 - self._newest_known_for_ms:
@@ -589,7 +590,7 @@ class Hub:
         worker heard before that join, after the broker answered, is not the join's to get.
         The room's subscription must be confirmed."""
         floor = state.heard
-        known = self._known_newest(room, state)
+        known = self._known_newest(state)
         if known is not None:
             return known
         asking = state.asking
