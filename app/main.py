@@ -52,6 +52,7 @@ from app.sockets.replay import Pacing
 from app.state import ChatState
 from app.store.running import RunningStore
 from app.transport import uvicorn_seam
+from app.transport.flusher import Flusher
 from app.web.admin import router as admin_router
 from app.web.api import ChatSocket, router
 from app.web.backend_api import router as backend_router
@@ -141,7 +142,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         if store is not None:
             store.tracing = tracing
         archiver = store.embedded_archiver() if store and not settings.uses_redis else None
-        broker = create_broker(settings, archiver)
+        # A publish's ack leaves with the messages pushed just before its reply (Flusher.hold).
+        flusher = Flusher()
+        broker = create_broker(settings, archiver, flusher.hold)
         presence = create_presence(settings, broker)
         history = ConversationHistory(broker, store.messages if store else None, settings)
         hub = Hub(
@@ -169,7 +172,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             dispatcher.tracing = tracing
         state = ChatState(
             settings, broker, hub, presence, metrics, quotas, origins, authenticator,
-            pending_auth, history, store, rooms,
+            pending_auth, history, store, rooms, flusher=flusher,
         )  # fmt: skip
         state.tracing = tracing
         app.state.chat = state

@@ -8,6 +8,7 @@ import contextlib
 import gc
 import signal
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from redis.asyncio import Redis
@@ -223,6 +224,29 @@ async def test_mergeable_calls_of_one_iteration_share_script_runs_in_order(
     ]
     assert replies[6] == 1
     assert await redis.lrange("log", 0, -1) == [f"{run_id}:{n}".encode() for n in range(9)]
+
+
+async def test_on_reply_is_told_once_replies_are_in_their_callers_hands(redis: Redis) -> None:
+    """``on_reply`` runs when replies have been handed to their calls (the calls' futures
+    are done by then): a plain call's as it is read, a merged run's once it is split."""
+    calls: list[asyncio.Future[Any]] = []
+    told: list[list[bool]] = []
+    pipeline = AutoPipeline(redis, on_reply=lambda: told.append([c.done() for c in calls]))
+    merged = redis.register_script(MERGEABLE)
+    incr = redis.register_script(INCR_BY)
+    await redis.script_load(MERGEABLE)
+    await redis.script_load(INCR_BY)
+    calls.append(pipeline.submit(incr, ["n"], [1]))
+    await calls[0]
+    assert told and told[-1] == [True]
+    calls.clear()
+    told.clear()
+    calls.extend(
+        pipeline.submit(merged, ["log"], [SERVER_RUN_ID, n], merge=Merge(0, 2)) for n in range(3)
+    )
+    await asyncio.gather(*calls)
+    assert told[-1] == [True, True, True]
+    assert [False, False, False] in told  # the run's reply was read before it was split
 
 
 async def test_a_merged_runs_error_fails_each_of_its_calls(redis: Redis) -> None:

@@ -8,7 +8,7 @@ The interface is a :class:`typing.Protocol` so mypy checks each implementation s
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
@@ -320,13 +320,20 @@ class Broker(Protocol):
         ...
 
 
-def create_broker(settings: Settings, archiver: Archiver | None = None) -> Broker:
+def create_broker(
+    settings: Settings,
+    archiver: Archiver | None = None,
+    on_reply: Callable[[], None] = lambda: None,
+) -> Broker:
     """The broker the settings ask for; the memory broker hands every message to
-    ``archiver`` (the Redis broker's are archived from Redis: app.store.stream_archiver)."""
+    ``archiver`` (the Redis broker's are archived from Redis: app.store.stream_archiver).
+    ``on_reply``: called each time the Redis broker's replies have been handed to the calls
+    waiting for them (:class:`app.redisio.autopipeline.AutoPipeline`); the memory broker
+    answers at once and never calls it."""
     if settings.uses_redis:
         from app.broker.redis import RedisBroker
 
-        return RedisBroker(settings)
+        return RedisBroker(settings, on_reply)
     from app.broker.memory import MemoryBroker
 
     return MemoryBroker(settings, archiver=archiver)

@@ -30,6 +30,7 @@ import logging
 import random
 import secrets
 import time
+from collections.abc import Callable
 from typing import Any, cast
 
 import orjson
@@ -73,7 +74,9 @@ _FROM_THE_STORE = 2  # HISTORY_SINCE's first reply: the page is the store's
 class RedisBroker:
     """A :class:`~app.broker.Broker` backed by Redis (7.0 or later)."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, on_reply: Callable[[], None] = lambda: None) -> None:
+        """``on_reply``: called each time Redis' replies have been handed to the calls that
+        wait for them (see :class:`~app.redisio.autopipeline.AutoPipeline`)."""
         assert settings.uses_redis
         self._settings = settings
         self._prefix = settings.redis_prefix
@@ -94,6 +97,7 @@ class RedisBroker:
                 *wait,
                 max_merged=settings.redis_merge_max,
                 wait_required=settings.redis_wait_policy == "required",
+                on_reply=on_reply,
             )
         else:
             self._sub_redis = subscriber_client(settings)
@@ -103,6 +107,7 @@ class RedisBroker:
                 wait_timeout_s=wait[1],
                 max_merged=settings.redis_merge_max,
                 wait_required=settings.redis_wait_policy == "required",
+                on_reply=on_reply,
             )
         self._scripts = {
             name: self._redis.register_script(

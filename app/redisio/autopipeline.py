@@ -104,9 +104,11 @@ class _Replies(asyncio.Protocol):
         timeout_s: float | None,
         rerun: Callable[[_Call], None],
         short: Callable[[int], bool] = lambda held: False,
+        replied: Callable[[], None] = lambda: None,
     ) -> None:
         self._timeout_s = timeout_s
         self._rerun = rerun
+        self._replied = replied  # told once replies have been handed to their callers
         self._short = short  # told how many replies a short WAIT holds; True: release them
         self._reader = hiredis.Reader(replyError=_reply_error)
         self._waiting: deque[tuple[_Call, float]] = deque()
@@ -171,6 +173,13 @@ class _Replies(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         self._reader.feed(data)
         waiting = self._waiting
+        calls_waiting = len(waiting)
+        self._answer(waiting)
+        if len(waiting) != calls_waiting:
+            self._replied()
+
+    def _answer(self, waiting: deque[tuple[_Call, float]]) -> None:
+        """Hand each complete reply read so far to the call it answers, in order."""
         while (reply := self._reader.gets()) is not False:
             if not waiting:  # a reply nobody asked for: the stream is out of step
                 self._fail(RedisConnectionError("unexpected reply from Redis"))
@@ -257,6 +266,9 @@ class AutoPipeline:
       is attached) until a ``ROLE``, asked every ``PROBE_S`` meanwhile, lists enough replicas
       again; the durable calls of that time are counted too.
     * Not transactional: the scripts of a batch are atomic one by one, not together.
+    * **Replied:** ``on_reply`` is called (synchronously) each time replies, or errors, have
+      been handed to their callers, whose tasks then wake in the loop's next pass (the
+      replies of merged calls one pass later): see :meth:`app.transport.flusher.Flusher.hold`.
     * The owner calls :meth:`close`, which fails the calls still waiting.
     """
 
@@ -268,8 +280,10 @@ class AutoPipeline:
         wait_timeout_s: float = 0.5,
         max_merged: int = 32,
         wait_required: bool = True,
+        on_reply: Callable[[], None] = lambda: None,
     ) -> None:
         self._redis = redis
+        self._on_reply = on_reply
         self._wait_required = wait_required
         self._alone_until: float | None = None  # not waiting for replicas; next ROLE then
         self.acked_without_replicas = 0  # durable calls answered unconfirmed (see the class)
@@ -337,7 +351,7 @@ class AutoPipeline:
             return
         if self._mergeable:
             self._mergeable = 0
-            batch = _merged(batch, self._max_merged)
+            batch = _merged(batch, self._max_merged, self._on_reply)
         if self._wait_replicas and self._alone_until is not None:
             batch = self._alone(batch)
         if self._wait_replicas and any(call[3] for call in batch):
@@ -405,7 +419,9 @@ class AutoPipeline:
     async def _connect(self) -> None:
         """Open a connection; then send the batches that waited for it, in order."""
         try:
-            replies = _Replies(self._timeout_s, self._rerun_loading, self._short_wait)
+            replies = _Replies(
+                self._timeout_s, self._rerun_loading, self._short_wait, self._on_reply
+            )
             asked = ("INFO", "server", "replication")
             replies.writer, info = await hand_over(self._redis, replies, asked)
             text = info if isinstance(info, bytes) else str(info).encode()
@@ -474,9 +490,10 @@ def _fail(batches: list[list[_Call]], exc: Exception) -> None:
                 future.set_exception(exc)
 
 
-def _merged(batch: list[_Call], most: int) -> list[_Call]:
+def _merged(batch: list[_Call], most: int, replied: Callable[[], None]) -> list[_Call]:
     """``batch`` with each run of neighbouring calls that may merge (see :class:`Merge`) as
-    one call, of at most ``most`` calls; every call still in its place in the order."""
+    one call, of at most ``most`` calls; every call still in its place in the order.
+    ``replied`` is called once a merged call's reply is split among its callers."""
     out: list[_Call] = []
     run: list[_Call] = []
     for call in batch:
@@ -485,12 +502,12 @@ def _merged(batch: list[_Call], most: int) -> list[_Call]:
             run.append(call)
             continue
         if run:
-            out.append(_one_call(run))
+            out.append(_one_call(run, replied))
         run = [call] if isinstance(command[0], Merge) else []
         if not run:
             out.append(call)
     if run:
-        out.append(_one_call(run))
+        out.append(_one_call(run, replied))
     return out
 
 
@@ -504,7 +521,7 @@ def _merge_with(first: _Call, call: _Call) -> bool:
     )
 
 
-def _one_call(run: list[_Call]) -> _Call:
+def _one_call(run: list[_Call], replied: Callable[[], None]) -> _Call:
     """The calls of ``run`` as one EVALSHA whose reply is split among their futures."""
     first_command, _, script, durable = run[0]
     if len(run) == 1:
@@ -520,11 +537,16 @@ def _one_call(run: list[_Call]) -> _Call:
     future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
     width = first_command[0].reply_width
     futures = [call[1] for call in run]
-    future.add_done_callback(lambda done: _split(done, futures, width))
+    future.add_done_callback(lambda done: _split(done, futures, width, replied))
     return (merged, future, script, durable)
 
 
-def _split(done: asyncio.Future[Any], futures: list[asyncio.Future[Any]], width: int) -> None:
+def _split(
+    done: asyncio.Future[Any],
+    futures: list[asyncio.Future[Any]],
+    width: int,
+    replied: Callable[[], None],
+) -> None:
     """A merged call's reply (or error) to the calls merged into it."""
     error = RedisConnectionError("merged call cancelled") if done.cancelled() else done.exception()
     reply: list[Any] = []
@@ -541,6 +563,7 @@ def _split(done: asyncio.Future[Any], futures: list[asyncio.Future[Any]], width:
             future.set_exception(error)
         else:
             future.set_result(reply[index * width : (index + 1) * width])
+    replied()
 
 
 def _log_failed_load(loaded: asyncio.Future[Any]) -> None:

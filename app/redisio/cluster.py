@@ -58,8 +58,10 @@ class ClusterPipelines:
         wait_timeout_s: float = 0.5,
         max_merged: int = 32,
         wait_required: bool = True,
+        on_reply: Callable[[], None] = lambda: None,
     ) -> None:
         self._cluster = cluster
+        self._on_reply = on_reply  # each master's pipeline's (see AutoPipeline)
         self._client_for = client_for
         self._wait = (wait_replicas, wait_timeout_s)
         self._wait_required = wait_required
@@ -81,6 +83,7 @@ class ClusterPipelines:
                 wait_timeout_s=timeout_s,
                 max_merged=self._max_merged,
                 wait_required=self._wait_required,
+                on_reply=self._on_reply,
             )
             entry = (client, pipeline)
             self._pipelines[node.name] = entry
