@@ -34,6 +34,13 @@ What it relies on, and why:
   (:func:`parsed_request`, which checks what websockets' parser checks) and
   :meth:`HubbubWebSocketProtocol.open_with` starts the WebSocket protocol on it; a request
   that check refuses takes uvicorn's path, so websockets answers it as before.
+- **The plain handshake answered directly.** Even parsed once, websockets' ``accept`` runs
+  every header through its generic RFC 7230 parsers and builds two ``Headers``: about a tenth
+  of a connect. A plain upgrade (:func:`~app.transport.handshake.plain_upgrade`: nothing to
+  negotiate, nothing websockets would refuse) skips it: :meth:`HubbubWebSocketProtocol.open_plain`
+  does what uvicorn's ``handle_connect`` does after ``accept``, leaving the 101 response
+  uvicorn sends when the app accepts. Others (a subprotocol asked for, compression on, any
+  irregularity) take the path above.
 - **Abort.** A peer that stopped reading never takes our close frame, and a plain transport
   close waits for the write buffer to drain: :func:`abort` drops the TCP connection
   (``transport.abort()``), which ASGI has no message for.
@@ -54,7 +61,8 @@ import logging
 import sys
 import weakref
 from collections.abc import Iterable, Mapping
-from typing import Any, Final
+from typing import Any, Final, cast
+from urllib.parse import unquote
 
 import uvicorn
 from starlette.websockets import WebSocket
@@ -63,8 +71,12 @@ from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIO
 from uvicorn_worker import UvicornWorker
 from websockets import http11
 from websockets.datastructures import Headers
-from websockets.http11 import MAX_LINE_LENGTH, MAX_NUM_HEADERS, Request
+from websockets.http11 import MAX_LINE_LENGTH, MAX_NUM_HEADERS, Request, Response
 from websockets.protocol import Protocol, State
+from websockets.server import ServerProtocol
+from websockets.typing import Origin
+
+from app.transport.handshake import PlainUpgrade, plain_upgrade
 
 logger = logging.getLogger(__name__)
 
@@ -126,11 +138,64 @@ class HubbubWebSocketProtocol(WebSocketsSansIOProtocol):
         """Start on an upgrade ``request`` already parsed, as :meth:`data_received` does once
         websockets has parsed it from the connection's bytes: from now on the connection's
         bytes are frames."""
+        self._read_frames()
+        self.handle_connect(request)
+
+    def open_plain(
+        self, target: bytes, headers: list[tuple[bytes, bytes]], upgrade: PlainUpgrade
+    ) -> None:
+        """Start on a plain upgrade (:func:`~app.transport.handshake.plain_upgrade` checked it:
+        websockets would accept it with nothing to negotiate), as uvicorn's ``handle_connect``
+        does after websockets' ``accept``, with the same scope and the same 101 answer (sent
+        when the app accepts), built without websockets' parsers. Only for a protocol that
+        offers no extension."""
+        self._read_frames()
         conn = self.conn
-        # What websockets' server parser goes on with once it has read the request.
+        # What ServerProtocol.accept records of a request it accepts with no negotiation.
+        conn.accept_called = True
+        conn.origin = cast(Origin | None, upgrade.origin)
+        self.response = Response(
+            101,
+            "Switching Protocols",
+            # uvicorn replaces the Date with its own when the app accepts: none is made here.
+            Headers(
+                [("Date", ""), ("Upgrade", "websocket"), ("Connection", "Upgrade"),
+                 ("Sec-WebSocket-Accept", upgrade.accept)]
+            ),
+        )  # fmt: skip
+        self.handshake_initiated = True
+        path = target.decode("ascii")
+        raw_path, _, query_string = path.partition("?")
+        root_path = self.root_path
+        # As uvicorn's handle_connect builds it (0.54); the headers are httptools' as they are:
+        # lower-case names, and values that iso-8859-1 round-trips.
+        self.scope = {
+            "type": "websocket",
+            "asgi": {"version": self.asgi_version, "spec_version": "2.4"},
+            "http_version": "1.1",
+            "scheme": self.scheme,
+            "server": self.server,
+            "client": self.client,
+            "root_path": root_path,
+            "path": root_path + unquote(raw_path),
+            "raw_path": root_path.encode("ascii") + raw_path.encode("ascii"),
+            "query_string": query_string.encode("ascii"),
+            "headers": headers,
+            "subprotocols": [],
+            "state": self.app_state.copy(),
+            "extensions": {"websocket.http.response": {}},
+        }
+        self.queue.put_nowait({"type": "websocket.connect"})
+        task = self.loop.create_task(self.run_asgi())
+        task.add_done_callback(self.on_task_complete)
+        self.tasks.add(task)
+
+    def _read_frames(self) -> None:
+        """From now on the connection's bytes are frames: what websockets' server parser goes
+        on with once it has read the request."""
+        conn = self.conn
         conn.parser = Protocol.parse(conn)
         next(conn.parser)
-        self.handle_connect(request)
 
 
 class HubbubHttpProtocol(HttpToolsProtocol):
@@ -157,10 +222,17 @@ class HubbubHttpProtocol(HttpToolsProtocol):
             if isinstance(ws_class, type) and issubclass(ws_class, HubbubWebSocketProtocol)
             else None
         )
-        request = None
-        if ours is not None and _LIVE["parsed_upgrade"]:
-            request = parsed_request(self.scope["method"], self.url, self.scope["headers"])
-        if ours is None or request is None:
+        scope, target = self.scope, self.url
+        headers = list(scope["headers"])
+        plain = request = None
+        if ours is not None and _LIVE["plain_upgrade"] and not self.config.ws_per_message_deflate:
+            plain = plain_upgrade(
+                scope["method"], scope["http_version"], target, headers,
+                max_line=MAX_LINE_LENGTH, max_headers=MAX_NUM_HEADERS,
+            )  # fmt: skip
+        if ours is not None and plain is None and _LIVE["parsed_upgrade"]:
+            request = parsed_request(scope["method"], target, headers)
+        if ours is None or (plain is None and request is None):
             super().handle_websocket_upgrade()
             self._answer_unparsed_upgrade()
         else:
@@ -170,7 +242,11 @@ class HubbubHttpProtocol(HttpToolsProtocol):
                 config=self.config, server_state=self.server_state, app_state=self.app_state
             )
             protocol.connection_made(self.transport)
-            protocol.open_with(request)
+            if plain is not None:
+                protocol.open_plain(target, headers, plain)
+            else:
+                assert request is not None
+                protocol.open_with(request)
             self.transport.set_protocol(protocol)
         # Nothing reads it after the upgrade: the transport has another protocol now.
         self.__dict__.pop("parser", None)
@@ -300,6 +376,15 @@ def fast_paths() -> dict[str, bool]:
         and {"accept", "send_response", "queue"} <= set(protocol.handle_connect.__code__.co_names)
         and callable(getattr(Protocol, "parse", None))
         and all(hasattr(http11, name) for name in ("_token_re", "_value_re")),
+        # open_plain does what handle_connect does after websockets' accept, and the 101
+        # leaves when the app accepts, from the response it left.
+        "plain_upgrade": {"queue", "run_asgi", "on_task_complete", "tasks", "scope", "response"}
+        <= set(protocol.handle_connect.__code__.co_names)
+        and {"response", "send_response"} <= set(protocol.send.__code__.co_names)
+        and {"accept_called", "origin"}
+        <= set(ServerProtocol.accept.__code__.co_names)
+        | set(ServerProtocol.process_request.__code__.co_names)
+        and callable(getattr(Protocol, "parse", None)),
         "drain_signal": "_captured_signals" in uvicorn.Server.__init__.__code__.co_names,
         "worker_server": serve is not None
         and "_install_sigquit_handler" in serve.__code__.co_names
