@@ -40,7 +40,9 @@ What it relies on, and why:
   negotiate, nothing websockets would refuse) skips it: :meth:`HubbubWebSocketProtocol.open_plain`
   does what uvicorn's ``handle_connect`` does after ``accept``, leaving the 101 response
   uvicorn sends when the app accepts. Others (a subprotocol asked for, compression on, any
-  irregularity) take the path above.
+  irregularity) take the path above. The WebSocket protocol takes the connection's addresses
+  from the HTTP protocol (:meth:`HubbubWebSocketProtocol.connection_taken_over`) rather than
+  asking the socket for them again.
 - **Abort.** A peer that stopped reading never takes our close frame, and a plain transport
   close waits for the write buffer to drain: :func:`abort` drops the TCP connection
   (``transport.abort()``), which ASGI has no message for.
@@ -133,6 +135,16 @@ class HubbubWebSocketProtocol(WebSocketsSansIOProtocol):
         # connection a reference cycle, left for the garbage collector to find.
         scope[PROTOCOL_KEY] = weakref.ref(self)
         await super().run_asgi()
+
+    def connection_taken_over(self, http: HttpToolsProtocol) -> None:
+        """What uvicorn's ``connection_made`` does, on the transport of ``http`` (the HTTP
+        protocol the upgrade came to), with the addresses it read from the socket already:
+        three lookups on the socket fewer (two of them system calls)."""
+        self.connections.add(self)
+        self.transport = http.transport
+        self.server = http.server
+        self.client = http.client
+        self.scheme = "wss" if http.scheme == "https" else "ws"
 
     def open_with(self, request: Request) -> None:
         """Start on an upgrade ``request`` already parsed, as :meth:`data_received` does once
@@ -241,7 +253,10 @@ class HubbubHttpProtocol(HttpToolsProtocol):
             protocol = ours(
                 config=self.config, server_state=self.server_state, app_state=self.app_state
             )
-            protocol.connection_made(self.transport)
+            if _LIVE["upgrade_addresses"]:
+                protocol.connection_taken_over(self)
+            else:
+                protocol.connection_made(self.transport)
             if plain is not None:
                 protocol.open_plain(target, headers, plain)
             else:
@@ -385,6 +400,28 @@ def fast_paths() -> dict[str, bool]:
         <= set(ServerProtocol.accept.__code__.co_names)
         | set(ServerProtocol.process_request.__code__.co_names)
         and callable(getattr(Protocol, "parse", None)),
+        # connection_taken_over does all connection_made does (its trace log line aside),
+        # from what the HTTP protocol's connection_made read.
+        "upgrade_addresses": set(protocol.connection_made.__code__.co_names)
+        <= {
+            "cast",
+            "Transport",
+            "connections",
+            "add",
+            "transport",
+            "server",
+            "get_local_addr",
+            "client",
+            "get_remote_addr",
+            "scheme",
+            "is_ssl",
+            "logger",
+            "level",
+            "TRACE_LOG_LEVEL",
+            "log",
+        }
+        and {"server", "client", "scheme", "transport"}
+        <= set(http.connection_made.__code__.co_names),
         "drain_signal": "_captured_signals" in uvicorn.Server.__init__.__code__.co_names,
         "worker_server": serve is not None
         and "_install_sigquit_handler" in serve.__code__.co_names
