@@ -77,6 +77,14 @@ def test_the_field_bytes_are_websockets_parsers() -> None:
         assert (byte in handshake._VALUE_BYTES) == bool(http11._value_re.fullmatch(one)), byte
 
 
+def test_long_headers_each_within_a_line_are_plain() -> None:
+    """Headers over a line in all, each within one, are read as they are by websockets too."""
+    headers = [*BROWSER, *[(b"x-big-%d" % n, b"v" * 1000) for n in range(10)]]
+    plain = plain_upgrade("GET", "1.1", b"/ws", headers)
+    assert plain is not None
+    assert websockets_answer("GET", b"/ws", headers) == (101, plain.accept)
+
+
 def _replace(name: bytes, value: bytes | None) -> list[tuple[bytes, bytes]]:
     kept = [h for h in BROWSER if h[0] != name]
     return kept if value is None else [*kept, (name, value)]

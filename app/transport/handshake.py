@@ -52,11 +52,15 @@ def _is_token(data: bytes) -> bool:
     return bool(data) and not data.translate(None, _TOKEN_BYTES)
 
 
-def _fields_as_websockets_reads_them(headers: Sequence[tuple[bytes, bytes]], max_line: int) -> bool:
-    """Whether websockets' parser would read each of ``headers`` as it is: every name a
-    token, every value free of control characters (tab aside) and of surrounding space or
-    tab, every line within its length. Checked on all of them at once (one pass of C each):
-    the headers joined total under the line limit, so no single line can be over it."""
+def fields_as_websockets_reads_them(
+    headers: Sequence[tuple[bytes, bytes]], max_line: int, max_headers: int
+) -> bool:
+    """Whether websockets' parser would read ``headers`` (``httptools``' parse) as they are:
+    at most ``max_headers`` of them, every name a token, every value free of control
+    characters (tab aside) and of surrounding space or tab, every line (``name: value``)
+    within ``max_line`` bytes. Checked on all of them at once, a pass of C each."""
+    if len(headers) > max_headers:
+        return False
     names = [name for name, _ in headers]
     values = [value for _, value in headers]
     if not all(names) or b"".join(names).translate(None, _TOKEN_BYTES):
@@ -64,11 +68,14 @@ def _fields_as_websockets_reads_them(headers: Sequence[tuple[bytes, bytes]], max
     # The values between NULs: a value starts or ends with space or tab where one follows or
     # precedes a NUL; nothing but those NULs is left once every allowed byte is taken out.
     joined = b"\0" + b"\0".join(values) + b"\0"
-    if len(joined) + sum(map(len, names)) + 2 * len(headers) > max_line:
-        return False
     if len(joined.translate(None, _VALUE_BYTES)) != len(values) + 1:
         return False
-    return not any(edge in joined for edge in (b"\0 ", b"\0\t", b" \0", b"\t\0"))
+    if any(edge in joined for edge in (b"\0 ", b"\0\t", b" \0", b"\t\0")):
+        return False
+    # Every line is within the limit when all of them together are (the usual case).
+    if len(joined) + sum(map(len, names)) + 2 * len(headers) <= max_line:
+        return True
+    return all(len(name) + len(value) + 2 <= max_line for name, value in headers)
 
 
 def plain_upgrade(
@@ -87,17 +94,16 @@ def plain_upgrade(
     (``MAX_LINE_LENGTH``, ``MAX_NUM_HEADERS``: the seam passes them).
 
     Checks what websockets' parser and ``process_request`` check: the request line within its
-    limit, the headers as :func:`_fields_as_websockets_reads_them` says and no body headers;
+    limit, the headers as :func:`fields_as_websockets_reads_them` says and no body headers;
     ``GET`` over HTTP/1.1; ``Connection`` listing ``upgrade`` (every element a token); exactly
     one ``Upgrade``, ``websocket``; exactly one ``Sec-WebSocket-Key``, the base64 of 16 bytes;
     exactly one ``Sec-WebSocket-Version``, 13; at most one ``Origin``. A
-    ``Sec-WebSocket-Protocol`` header takes websockets' path. Headers longer than one line in
-    all take it too."""
-    if method != "GET" or http_version != "1.1" or len(headers) > max_headers:
+    ``Sec-WebSocket-Protocol`` header takes websockets' path."""
+    if method != "GET" or http_version != "1.1":
         return None
     if len(target) > max_line or not target.isascii():
         return None
-    if not _fields_as_websockets_reads_them(headers, max_line):
+    if not fields_as_websockets_reads_them(headers, max_line, max_headers):
         return None
     upgrade_asked = False
     found: dict[bytes, bytes] = {}

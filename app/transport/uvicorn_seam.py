@@ -62,7 +62,7 @@ from __future__ import annotations
 import logging
 import sys
 import weakref
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, Final, cast
 from urllib.parse import unquote
 
@@ -71,14 +71,13 @@ from starlette.websockets import WebSocket
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
 from uvicorn_worker import UvicornWorker
-from websockets import http11
 from websockets.datastructures import Headers
 from websockets.http11 import MAX_LINE_LENGTH, MAX_NUM_HEADERS, Request, Response
 from websockets.protocol import Protocol, State
 from websockets.server import ServerProtocol
 from websockets.typing import Origin
 
-from app.transport.handshake import PlainUpgrade, plain_upgrade
+from app.transport.handshake import PlainUpgrade, fields_as_websockets_reads_them, plain_upgrade
 
 logger = logging.getLogger(__name__)
 
@@ -102,7 +101,7 @@ _OPEN: Final = State.OPEN
 
 
 def parsed_request(
-    method: str, target: bytes, headers: Iterable[tuple[bytes, bytes]]
+    method: str, target: bytes, headers: Sequence[tuple[bytes, bytes]]
 ) -> Request | None:
     """websockets' ``Request`` for ``method`` on ``target`` with ``headers`` (as ``httptools``
     parsed them), or None where websockets' own parser would not return the same request:
@@ -110,16 +109,11 @@ def parsed_request(
     a body. None means: let websockets parse the request (and answer it) itself."""
     if len(target) > MAX_LINE_LENGTH or not target.isascii():
         return None
+    if not fields_as_websockets_reads_them(headers, MAX_LINE_LENGTH, MAX_NUM_HEADERS):
+        return None
     parsed = Headers()
-    for count, (name, value) in enumerate(headers, 1):
-        if (
-            count > MAX_NUM_HEADERS
-            or len(name) + len(value) + 2 > MAX_LINE_LENGTH
-            or not http11._token_re.fullmatch(name)  # what websockets' parser accepts
-            or not http11._value_re.fullmatch(value)
-            or value != value.strip(b" \t")
-            or name in (b"transfer-encoding", b"content-length")
-        ):
+    for name, value in headers:
+        if name in (b"transfer-encoding", b"content-length"):
             return None
         parsed.set_insecure(name.decode("ascii"), value.decode("iso-8859-1"))
     return Request(target.decode("ascii"), parsed, method)
@@ -390,8 +384,7 @@ def fast_paths() -> dict[str, bool]:
         "parsed_upgrade": {"connections", "ws_protocol_class", "transport"}
         <= set(http.handle_websocket_upgrade.__code__.co_names)
         and {"accept", "send_response", "queue"} <= set(protocol.handle_connect.__code__.co_names)
-        and callable(getattr(Protocol, "parse", None))
-        and all(hasattr(http11, name) for name in ("_token_re", "_value_re")),
+        and callable(getattr(Protocol, "parse", None)),
         # open_plain does what handle_connect does after websockets' accept, and the 101
         # leaves when the app accepts, from the response it left.
         "plain_upgrade": {"queue", "run_asgi", "on_task_complete", "tasks", "scope", "response"}
