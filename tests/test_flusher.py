@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from pathlib import Path
+import os
 
 import pytest
 
 from app.transport.flusher import MAX_HOLDS, Flusher
 from tests.helpers import ChatClient
 from tests.processes import AppProcess, RedisServer
+from tests.prom import scrape_until
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -102,15 +103,6 @@ async def test_a_hold_with_nothing_pending_holds_nothing_back() -> None:
     assert conn.writes == [["message"]]
 
 
-def write_calls(pid: int) -> int:
-    """The write system calls process ``pid`` has made so far (Linux' /proc/PID/io)."""
-    for line in Path(f"/proc/{pid}/io").read_text().splitlines():
-        name, _, value = line.partition(":")
-        if name == "syscw":
-            return int(value)
-    raise AssertionError("no syscw in /proc/PID/io")
-
-
 async def test_acks_leave_with_the_senders_own_messages_through_redis(
     redis_server: RedisServer,
 ) -> None:
@@ -122,12 +114,23 @@ async def test_acks_leave_with_the_senders_own_messages_through_redis(
     app = AppProcess(
         {
             "CHAT_REDIS_URL": redis_server.url,
-            "CHAT_HEARTBEAT_INTERVAL_S": "60",  # no pings among the writes counted
+            # No pings among the writes counted: the first slice is pinged after 72 s (the
+            # interval over heartbeat.SLICES), past this test's timeout.
+            "CHAT_HEARTBEAT_INTERVAL_S": "3600",
             "CHAT_RATE_LIMIT_FRAMES_PER_S": "10000",
             "CHAT_RATE_LIMIT_BURST": "10000",
         }
     )
     await app.start()
+    # Redis on a core of its own: sharing the worker's, it is preempted by the worker it wakes
+    # between writing a publish's reply and its pushes, and the worker writes the ack before
+    # the message has arrived, held or not (a scheduling artefact of a small machine, where
+    # every send of this test may go either way).
+    cpus = sorted(os.sched_getaffinity(0))
+    assert len(cpus) >= 2, "this test needs two CPUs"
+    assert app.proc is not None and redis_server.proc is not None
+    os.sched_setaffinity(redis_server.proc.pid, {cpus[1]})
+    os.sched_setaffinity(app.proc.pid, {cpus[0]})
     try:
         async with contextlib.AsyncExitStack() as stack:
             clients = [
@@ -146,13 +149,25 @@ async def test_acks_leave_with_the_senders_own_messages_through_redis(
             for i, client in enumerate(clients):
                 await client.join(f"r{i}")
             await all_send(-1)  # the rooms' subscriptions and the scripts are in place
-            assert app.proc is not None
-            before = write_calls(app.proc.pid)
+            before = await socket_writes(app, delivered=senders)
             for n in range(rounds):
                 await all_send(n)
-            writes = write_calls(app.proc.pid) - before
-        # One to each socket a send, and the script runs' writes to Redis: 1.56 to 1.59 a
-        # send here; without holding the flush back, 2.16 to 2.17.
-        assert writes / (senders * rounds) < 1.85, writes / (senders * rounds)
+            writes = await socket_writes(app, delivered=senders * (rounds + 1)) - before
+        # The server's own count of its socket writes (one a send, and the join announcements,
+        # at most one a socket): 1.00 to 1.20 a send here, also with both cores busy; not
+        # holding the flush back, 1.27 to 1.79, mostly above 1.58. (Counting the process's
+        # write system calls instead included its writes to Redis, and how many sends share
+        # one of those varies with the machine's load.)
+        assert writes / (senders * rounds) < 1.35, writes / (senders * rounds)
     finally:
         await app.stop()
+
+
+async def socket_writes(app: AppProcess, delivered: int) -> float:
+    """``hubbub_frames_sent_total`` (one a socket write) once the worker's counters include
+    the ``delivered`` deliveries made so far (it publishes them once a second)."""
+    metrics = await scrape_until(
+        f"{app.http_url}/metrics",
+        lambda s: s.value("hubbub_messages_delivered_total") >= delivered,
+    )
+    return metrics.value("hubbub_frames_sent_total")
