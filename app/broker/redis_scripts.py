@@ -64,29 +64,53 @@ local now_text = string.format('%d', now)
 
 # A token bucket per key: `rate` tokens a second, at most `burst`, one taken per call. Kept
 # as GCRA (the generic cell rate algorithm, the same decisions): the key is a string, the
-# time in ms at which the bucket is full again (a time past is a full bucket, as no key is).
+# time at which the bucket is full again (a time past is a full bucket, as no key is), in µs
+# as 'x' and hex digits (text made and read cheaply: decimal fractions cost a publish a tenth
+# of its time; a time in ms with a fraction, as written before, is still read, and a worker of
+# that release reads the new form as no time, a full bucket, for the length of a deploy).
 # Most takes find the bucket full (a chat user sends less often than the rate), so the first
 # call sets it as a full bucket less one token and reads the time it held (`SET … GET`): one
 # call. A bucket that was not full is set again from the time it held (a second call), or,
 # when it has no token left, set back to that time. The key expires once the bucket is full
 # again, but not within 10 s: a user who keeps sending keeps one key rather than one made
-# and expired again and again.
+# and expired again and again. The texts of one script run are made once (`now` is fixed).
 TOKEN_BUCKET: Final = """
+local bucket_texts = {}
+local function bucket_text(at)
+  local text = bucket_texts[at]
+  if not text then
+    text = 'x' .. string.format('%x', math.floor(at * 1000 + 0.5))
+    bucket_texts[at] = text
+  end
+  return text
+end
+local function bucket_time(held)
+  if not held then return nil end
+  if string.byte(held, 1) == 120 then return tonumber(string.sub(held, 2), 16) / 1000 end
+  return tonumber(held)
+end
+local bucket_ttls = {}
 local function bucket_ttl(full_at, now)
-  return string.format('%d', math.max(math.ceil(full_at - now), 10000))
+  local wait = full_at - now
+  local text = bucket_ttls[wait]
+  if not text then
+    text = string.format('%d', math.max(math.ceil(wait), 10000))
+    bucket_ttls[wait] = text
+  end
+  return text
 end
 local function take(key, rate, burst, now)
   local interval = 1000 / rate
-  local held = redis.call('SET', key, string.format('%.3f', now + interval), 'PX',
+  local held = redis.call('SET', key, bucket_text(now + interval), 'PX',
                           bucket_ttl(now + interval, now), 'GET')
-  local full_at = tonumber(held) or now
+  local full_at = bucket_time(held) or now
   if full_at <= now then return 1 end
   if full_at + interval - now > burst * interval then
     redis.call('SET', key, held, 'PX', bucket_ttl(full_at, now))
     return 0
   end
   full_at = full_at + interval
-  redis.call('SET', key, string.format('%.3f', full_at), 'PX', bucket_ttl(full_at, now))
+  redis.call('SET', key, bucket_text(full_at), 'PX', bucket_ttl(full_at, now))
   return 1
 end
 """
@@ -101,10 +125,15 @@ end
 # the log's length among the `added - base` added since.
 # The run_id is the caller's `run` when it knows it (the server at the other end of its
 # connection: app.redisio.autopipeline learns it once per connection), else asked with
-# `INFO server` (which costs a publish a fifth of its time). `incarnation` also returns when
-# the keys' expiry was last pushed back (`tl` with a log, `tm` without; nil in a new
+# `INFO server` (which costs a publish a fifth of its time). `incarnation` returns `last`,
+# `origin` and `base` as Redis holds them, as text (a publish compares ids as text, with
+# `above`: reading a 16-digit number costs more than the comparison); `publishing`, `last`
+# and when the keys' expiry is next due instead (`dl` with a log, `dm` without; nil in a new
 # incarnation): see EXPIRY.
 INCARNATION: Final = """
+local function above(a, b)  -- whether decimal integer text a is above b (no sign, no 0s before)
+  return #a > #b or (#a == #b and a > b)
+end
 local function entries_added(log)
   if log == '' or redis.call('EXISTS', log) == 0 then return 0 end
   local info = redis.call('XINFO', 'STREAM', log)
@@ -113,37 +142,42 @@ local function entries_added(log)
   end
   return nil  -- Redis < 7.0 does not say
 end
-local function incarnation(meta, log, ttl_ms, run)
+local function incarnation(meta, log, ttl_ms, run, publishing)
   if run == nil or run == '' then
     run = string.match(redis.call('INFO', 'server'), 'run_id:(%x+)')
   end
-  local m = redis.call('HMGET', meta, 'last', 'origin', 'run', 'base', 'tl', 'tm')
-  if m[3] == run then
-    return tonumber(m[1]), tonumber(m[2]), tonumber(m[4]), tonumber(log == '' and m[6] or m[5])
+  local m
+  if publishing then  -- what a publish reads: no origin nor base
+    m = redis.call('HMGET', meta, 'last', 'run', log == '' and 'dm' or 'dl')
+    if m[2] == run then return m[1], nil, nil, m[3] or nil end
+  else
+    m = redis.call('HMGET', meta, 'last', 'origin', 'run', 'base')
+    if m[3] == run then return m[1], m[2], m[4], nil end
   end
   local origin = string.format('%d', math.max(tonumber(m[1] or '0'), now * 1000))
-  local base = entries_added(log) or -1
+  local base = string.format('%d', entries_added(log) or -1)
   redis.call('HSET', meta, 'last', origin, 'origin', origin, 'run', run, 'base', base)
-  redis.call('HDEL', meta, 'tl', 'tm')
+  redis.call('HDEL', meta, 'dl', 'dm', 'tl', 'tm')
   redis.call('PEXPIRE', meta, ttl_ms)
-  return tonumber(origin), tonumber(origin), base, nil
+  return origin, origin, base, nil
 end
 """
 
 # A room's keys live `ttl` after its last message. Pushing their expiry back on every message
 # cost two calls each; instead it is pushed back to 9/8 of the ttl once an eighth of it has
-# passed since the last push (`tl`/`tm` in meta), so the keys still live at least `ttl` after
-# the last message and at most an eighth more. A new incarnation (a new log, perhaps) pushes
-# at once.
+# passed since the last push: meta's `dl` (`dm` without a log) is when, in ms, as text
+# (workers of the release before kept when it was last pushed in `tl`/`tm`, and push by
+# those). So the keys still live at least `ttl` after the last message and at most an eighth
+# more. A new incarnation (a new log, perhaps) pushes at once.
 EXPIRY: Final = """
-local function expiry_due(pushed, ttl_ms)
-  return pushed == nil or now - pushed >= tonumber(ttl_ms) / 8
+local function expiry_due(due)
+  return due == nil or not above(due, now_text)
 end
 local function push_expiry(meta, log, ttl_ms)
-  local ttl = math.ceil(tonumber(ttl_ms) * 9 / 8)
-  redis.call('PEXPIRE', meta, ttl)
-  if log ~= '' then redis.call('PEXPIRE', log, ttl) end
-  return log == '' and 'tm' or 'tl'
+  local ttl = tonumber(ttl_ms)
+  redis.call('PEXPIRE', meta, math.ceil(ttl * 9 / 8))
+  if log ~= '' then redis.call('PEXPIRE', log, math.ceil(ttl * 9 / 8)) end
+  return log == '' and 'dm' or 'dl', string.format('%d', now + math.ceil(ttl / 8))
 end
 """
 
@@ -166,11 +200,18 @@ TAKE: Final = NOW + TOKEN_BUCKET + "return take(KEYS[1], tonumber(ARGV[1]), tonu
 # The log is trimmed exactly to its length: a room's log is short (a history), and trimming
 # whole stream nodes instead (`MAXLEN ~`) would keep up to 100 entries more per room.
 PUBLISH_FRAME: Final = """
+local numbers = {}
+local function number(text)  -- tonumber(text), read once per script run (the messages of one
+  local n = numbers[text]    -- run share their limits)
+  if n == nil then n = tonumber(text); numbers[text] = n end
+  return n
+end
 local function publish_frame(k, a, head, body, claim)
   local meta, log, dedup, archive = KEYS[k + 1], KEYS[k + 2], KEYS[k + 3], KEYS[k + 5]
   local channel, ttl, copy = ARGV[a + 2], ARGV[a + 6], ARGV[a + 8]
-  local last, _, _, pushed = incarnation(meta, log, ttl, ARGV[1])
-  local id = string.format('%d', math.max(last + 1, now * 1000))
+  local last, _, _, due = incarnation(meta, log, ttl, ARGV[1], true)
+  local id = now_text .. '000'
+  if not above(id, last) then id = string.format('%d', tonumber(last) + 1) end
   if claim and dedup ~= '' then
     local first = redis.call('SET', dedup, id, 'NX', 'GET', 'PX', ARGV[a + 7])
     if first then return {first, 1, 0} end
@@ -180,13 +221,14 @@ local function publish_frame(k, a, head, body, claim)
   if log ~= '' then
     redis.call('XADD', log, 'MAXLEN', ARGV[a + 5], id .. '-0', 'f', payload)
   end
-  if expiry_due(pushed, ttl) then
-    redis.call('HSET', meta, 'last', id, push_expiry(meta, log, ttl), now_text)
+  if expiry_due(due) then
+    local field, next_due = push_expiry(meta, log, ttl)
+    redis.call('HSET', meta, 'last', id, field, next_due)
   else
     redis.call('HSET', meta, 'last', id)
   end
   if archive ~= '' then
-    if redis.call('XLEN', archive) < tonumber(ARGV[a + 12]) then
+    if redis.call('XLEN', archive) < number(ARGV[a + 12]) then
       redis.call('XADD', archive, '*', 'c', ARGV[a + 11], 'f', payload)
     else  -- the backlog is full (the store has been down for long): counted, not archived,
       -- and the room's store history has a hole here that recovery must not read across
@@ -204,7 +246,7 @@ local function publish_frame(k, a, head, body, claim)
 end
 local function quota_refused(k, a)
   local bucket = KEYS[k + 4]
-  return bucket ~= '' and take(bucket, tonumber(ARGV[a + 9]), tonumber(ARGV[a + 10]), now) == 0
+  return bucket ~= '' and take(bucket, number(ARGV[a + 9]), number(ARGV[a + 10]), now) == 0
 end
 """
 
@@ -225,7 +267,7 @@ local function publish_message(k, a)
   if quota_refused(k, a) then return {0, 2, 0} end
   local reply, payload = publish_frame(k, a, ARGV[a + 3], ARGV[a + 4], true)
   if payload and KEYS[k + 7] ~= '' then
-    if redis.call('XLEN', KEYS[k + 7]) < tonumber(ARGV[a + 13]) then
+    if redis.call('XLEN', KEYS[k + 7]) < number(ARGV[a + 13]) then
       redis.call('XADD', KEYS[k + 7], '*', 'e', 'message.created', 'c', ARGV[a + 11], 'f', payload)
     else
       redis.call('INCR', KEYS[k + 8])
@@ -325,6 +367,7 @@ HISTORY_SINCE: Final = (
 -- KEYS: meta, log, state   ARGV: run_id (see INCARNATION), since, page, cap, ttl_ms
 local since = tonumber(ARGV[2])
 local last, origin, base = incarnation(KEYS[1], KEYS[2], ARGV[5], ARGV[1])
+last, origin, base = tonumber(last), tonumber(origin), tonumber(base)
 if since > last or since < origin then return {0, 0} end
 if since == last then return {1, 0} end
 local oldest = redis.call('XRANGE', KEYS[2], '-', '+', 'COUNT', 1)[1]
@@ -363,7 +406,7 @@ LAST_ID: Final = (
     + INCARNATION
     + """
 -- KEYS: meta, log   ARGV: run_id (see INCARNATION), ttl_ms
-return string.format('%d', (incarnation(KEYS[1], KEYS[2], ARGV[2], ARGV[1])))
+return (incarnation(KEYS[1], KEYS[2], ARGV[2], ARGV[1]))
 """
 )
 
