@@ -226,6 +226,50 @@ async def test_mergeable_calls_of_one_iteration_share_script_runs_in_order(
     assert await redis.lrange("log", 0, -1) == [f"{run_id}:{n}".encode() for n in range(9)]
 
 
+# Each call: its own key (a list), then a shared key (a counter); a header of two arguments
+# (the run_id, a step), then its own value. -> {value, the run's size} per call.
+MERGEABLE_WITH_SHARED_PARTS = """
+local calls = #KEYS - 1
+local replies = {}
+for i = 1, calls do
+  redis.call('RPUSH', KEYS[i], ARGV[1] .. ':' .. ARGV[2 + i])
+  redis.call('INCRBY', KEYS[#KEYS], ARGV[2])
+  replies[2 * i - 1], replies[2 * i] = ARGV[2 + i], calls
+end
+return replies
+"""
+
+
+async def test_calls_merge_only_with_the_same_header_and_shared_keys(redis: Redis) -> None:
+    """A Merge's shared arguments (the very same objects) and shared keys (equal) are passed
+    once for the run; a call whose header is another object, or whose shared key differs,
+    starts a run of its own."""
+    pipeline = AutoPipeline(redis)
+    script = redis.register_script(MERGEABLE_WITH_SHARED_PARTS)
+    await redis.script_load(MERGEABLE_WITH_SHARED_PARTS)
+    run_id = (await redis.info("server"))["run_id"]
+    merge = Merge(0, 2, shared_args=2, shared_keys=1)
+    header = (SERVER_RUN_ID, 10)
+    other_header = (SERVER_RUN_ID, 1000)
+
+    def call(key: str, shared: str, head: tuple[Any, ...], value: int) -> Any:
+        return pipeline.submit(script, [key, shared], [*head, value], merge=merge)
+
+    replies = await asyncio.gather(
+        call("a", "total", header, 1),
+        call("b", "total", header, 2),
+        call("a", "total", header, 3),
+        call("b", "total", other_header, 4),  # another header: a run of its own
+        call("a", "other", other_header, 5),  # another shared key: one more
+    )
+    assert pipeline.batches == 1
+    assert [reply[1] for reply in replies] == [3, 3, 3, 1, 1]
+    assert [int(reply[0]) for reply in replies] == [1, 2, 3, 4, 5]
+    assert await redis.lrange("a", 0, -1) == [f"{run_id}:{n}".encode() for n in (1, 3, 5)]
+    assert await redis.lrange("b", 0, -1) == [f"{run_id}:{n}".encode() for n in (2, 4)]
+    assert (await redis.get("total"), await redis.get("other")) == (b"1030", b"1000")
+
+
 async def test_on_reply_is_told_once_replies_are_in_their_callers_hands(redis: Redis) -> None:
     """``on_reply`` runs when replies have been handed to their calls (the calls' futures
     are done by then): a plain call's as it is read, a merged run's once it is split."""

@@ -121,8 +121,12 @@ class RedisBroker:
         # (never on Redis Cluster: the settings refuse it).
         queue, not_queued, _ = webhook_keys(self._prefix)
         wanted = settings.webhook_url is not None and "message.created" in settings.webhook_events
-        self._webhook_keys = [queue, not_queued] if wanted else ["", ""]
-        self._webhook_args: list[Any] = [settings.webhook_backlog_max]
+        self._webhook_keys = (queue, not_queued) if wanted else ("", "")
+        # The publishing scripts' header (see redis_scripts.HEADER_ARGS): the same objects for
+        # every publish with the user quota, so that their calls can merge.
+        self._header = self._publish_header(
+            (settings.user_messages_per_s, settings.user_message_burst)
+        )
         self._handler: BrokerHandler | None = None
         self._rooms: set[str] = set()
         self._users: set[str] = set()
@@ -732,11 +736,10 @@ class RedisBroker:
         head, body = message_frame_parts(
             "room", room, user, text, reply_to, attachments, mentions, traceparent
         )
-        keys = [*self._publish_keys(room, user, cid), *self._webhook_keys]
+        keys = self._publish_keys(room, user, cid)
         return await self._publish(
-            keys, room, self._room_channel(room), head, body, "", extra=self._webhook_args,
-            quota=quota, user=user,
-        )  # fmt: skip
+            keys, room, self._room_channel(room), head, body, "", quota=quota, user=user
+        )
 
     async def publish_direct(
         self,
@@ -754,12 +757,11 @@ class RedisBroker:
             "to", to, sender, text, reply_to, attachments, mentions, traceparent
         )
         conversation = direct(sender, to)
-        keys = [*self._publish_keys(conversation, sender, cid), *self._webhook_keys]
+        keys = self._publish_keys(conversation, sender, cid)
         channel, copy = self._user_channel(to), self._user_channel(sender)
         return await self._publish(
-            keys, conversation, channel, head, body, copy, extra=self._webhook_args,
-            quota=quota, user=sender,
-        )  # fmt: skip
+            keys, conversation, channel, head, body, copy, quota=quota, user=sender
+        )
 
     def _channels(self, conversation: str, user: str) -> tuple[str, str, str, str]:
         """How frames of ``user`` in ``conversation`` are addressed: (target field, name,
@@ -793,14 +795,29 @@ class RedisBroker:
         )
 
     def _publish_keys(self, conversation: str, user: str, cid: str | int | None) -> list[str]:
-        """The PUBLISH script's keys (see redis_scripts)."""
+        """A message's own keys in the publishing scripts (see redis_scripts.PUBLISH)."""
         dedup = "" if cid is None else self._room_key(conversation, f"cid:{user}:{cid!r}")
         log = "" if self._settings.history_size == 0 else self._room_key(conversation, "log")
         meta = self._room_key(conversation, "meta")
         # On Redis Cluster the quota is taken before the script, in the user's slot (_publish).
         quota = "" if self._cluster is not None else self._quota_key(user)
-        archive = self._keys.archive(conversation) if self._archiving else ("", "")
-        return [meta, log, dedup, quota, *archive]
+        return [meta, log, dedup, quota]
+
+    def _publish_header(self, quota: tuple[float, int]) -> tuple[Any, ...]:
+        """The publishing scripts' first arguments (redis_scripts.HEADER_ARGS) for a sender
+        with ``quota`` (rate per s, burst)."""
+        settings = self._settings
+        header = (
+            SERVER_RUN_ID,  # the pipeline writes in the run_id of the server it talks to
+            settings.history_size + 1,  # the log's length, see redis_scripts
+            int(settings.history_ttl_s * 1000),
+            int(settings.dedup_ttl_s * 1000),
+            *quota,
+            settings.archive_backlog_max,
+            settings.webhook_backlog_max,
+        )
+        assert len(header) == scripts.HEADER_ARGS
+        return header
 
     async def _publish(
         self,
@@ -815,23 +832,10 @@ class RedisBroker:
         quota: tuple[float, int] | None = None,
         user: str = "",
     ) -> Published:
-        settings = self._settings
-        rate, burst = quota or (settings.user_messages_per_s, settings.user_message_burst)
-        args: list[Any] = [
-            SERVER_RUN_ID,  # the pipeline writes in the run_id of the server it talks to
-            channel,
-            head,
-            body,
-            settings.history_size + 1,  # the log's length, see redis_scripts
-            int(settings.history_ttl_s * 1000),
-            int(settings.dedup_ttl_s * 1000),
-            copy_channel,
-            rate,
-            burst,
-            conversation,
-            settings.archive_backlog_max,
-            *(extra or ()),
-        ]
+        header = self._header if quota is None else self._publish_header(quota)
+        archive = self._keys.archive(conversation) if self._archiving else ("", "")
+        keys = [*keys, *archive, *self._webhook_keys]  # the shared keys last, see redis_scripts
+        args: list[Any] = [*header, channel, head, body, copy_channel, conversation, *(extra or ())]
         if self._cluster is not None:  # every key in the conversation's slot, see sharded()
             absent = f"{self._prefix}:{self._keys.tag(conversation)}{scripts.ABSENT}"
             keys = [key or absent for key in keys]
@@ -844,11 +848,14 @@ class RedisBroker:
                 # rooms on healthy masters must not wait on the master of the user's slot.
                 user_key = self._quota_key(user)
                 with contextlib.suppress(*REDIS_ERRORS):
-                    if not await self._pipeline.submit(self._take, [user_key], [rate, burst]):
+                    if not await self._pipeline.submit(self._take, [user_key], header[4:6]):
                         raise QuotaExceeded(user_key)
             # Messages of one loop iteration share a script run (redis_scripts.PUBLISH), on
             # Redis Cluster those of one slot.
-            merge = Merge(self._keys.tag(conversation) if self._cluster else 0, 3)
+            merge = Merge(
+                self._keys.tag(conversation) if self._cluster else 0, 3,
+                scripts.HEADER_ARGS, scripts.SHARED_KEYS,
+            )  # fmt: skip
             reply = await self._pipeline.submit(
                 self._scripts[script], keys, args, durable=True,
                 merge=merge if script == "PUBLISH" else None,

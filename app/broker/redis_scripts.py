@@ -188,51 +188,58 @@ TAKE: Final = NOW + TOKEN_BUCKET + "return take(KEYS[1], tonumber(ARGV[1]), tonu
 # loss of the room's keys (as long as Redis' clock does not go back), and stay below 2^53 so
 # Lua's doubles and JavaScript clients hold them exactly. Messages and events (edits, deletes,
 # reactions: app.conversations.lifecycle) are numbered in the same sequence.
-# publish_frame(k, a, head, body, claim) numbers, logs, archives and delivers one frame whose
-# keys are KEYS[k + 1..k + 6] and whose arguments are ARGV[a + 2..a + 12] (ARGV[1] is the
-# run_id); -> {id, 0, ts_ms}. With `claim`, the dedup marker is set to the id first, unless
-# it exists: then nothing is published and the reply is {first id, 1, 0} (a duplicate).
-# KEYS: meta, log (or '' for no history), dedup (or ''), the sender's message quota bucket,
-#       the archive stream (or '' without a store), its count of messages not archived
-# ARGV: the run_id of the Redis server (see INCARNATION; '' to ask), then channel, (head),
-#       (body), log length (history size + 1), ttl_ms, dedup_ttl_ms, second channel (or ''),
-#       quota rate per s, quota burst, conversation, archive length
+# The publishing scripts (PUBLISH, EVENT) start their arguments with a header that is the same
+# for every message of a run, and end their keys with keys that are too, so that the messages
+# of one loop iteration pass them once (app.redisio.autopipeline.Merge: each argument and key
+# costs Redis a Lua string, a tenth of a publish's work for a message's twenty):
+# ARGV header: the run_id of the Redis server (see INCARNATION; '' to ask), log length
+#   (history size + 1), ttl_ms, dedup_ttl_ms, quota rate per s, quota burst, archive length,
+#   webhook queue length
+# KEYS at the end: the archive stream (or '' without a store), its count of messages not
+#   archived, the webhook queue (or ''), its count of events not queued
+# publish_frame(meta, log, dedup, channel, copy, conversation, head, body, claim) numbers,
+# logs, archives and delivers one frame: meta, log (or '' for no history), dedup marker (or
+# ''), channel, second channel (or ''), the conversation's name, the frame's head and body;
+# -> id, 0, frame. With `claim`, the dedup marker is set to the id first, unless it exists:
+# then nothing is published and it returns the first id, 1 (a duplicate).
 # The log is trimmed exactly to its length: a room's log is short (a history), and trimming
 # whole stream nodes instead (`MAXLEN ~`) would keep up to 100 entries more per room.
+HEADER_ARGS: Final = 8
+SHARED_KEYS: Final = 4
 PUBLISH_FRAME: Final = """
+local RUN, LOG_LENGTH, TTL, DEDUP_TTL = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
+local ARCHIVE, NOT_ARCHIVED = KEYS[#KEYS - 3], KEYS[#KEYS - 2]
 local numbers = {}
 local function number(text)  -- tonumber(text), read once per script run (the messages of one
   local n = numbers[text]    -- run share their limits)
   if n == nil then n = tonumber(text); numbers[text] = n end
   return n
 end
-local function publish_frame(k, a, head, body, claim)
-  local meta, log, dedup, archive = KEYS[k + 1], KEYS[k + 2], KEYS[k + 3], KEYS[k + 5]
-  local channel, ttl, copy = ARGV[a + 2], ARGV[a + 6], ARGV[a + 8]
-  local last, _, _, due = incarnation(meta, log, ttl, ARGV[1], true)
+local function publish_frame(meta, log, dedup, channel, copy, conversation, head, body, claim)
+  local last, _, _, due = incarnation(meta, log, TTL, RUN, true)
   local id = now_text .. '000'
   if not above(id, last) then id = string.format('%d', tonumber(last) + 1) end
   if claim and dedup ~= '' then
-    local first = redis.call('SET', dedup, id, 'NX', 'GET', 'PX', ARGV[a + 7])
-    if first then return {first, 1, 0} end
+    local first = redis.call('SET', dedup, id, 'NX', 'GET', 'PX', DEDUP_TTL)
+    if first then return first, 1 end
   end
   -- The frame, as app.protocol.message_frame builds it from the same head and body.
   local payload = head .. id .. body .. now_text .. '}'
   if log ~= '' then
-    redis.call('XADD', log, 'MAXLEN', ARGV[a + 5], id .. '-0', 'f', payload)
+    redis.call('XADD', log, 'MAXLEN', LOG_LENGTH, id .. '-0', 'f', payload)
   end
   if expiry_due(due) then
-    local field, next_due = push_expiry(meta, log, ttl)
+    local field, next_due = push_expiry(meta, log, TTL)
     redis.call('HSET', meta, 'last', id, field, next_due)
   else
     redis.call('HSET', meta, 'last', id)
   end
-  if archive ~= '' then
-    if redis.call('XLEN', archive) < number(ARGV[a + 12]) then
-      redis.call('XADD', archive, '*', 'c', ARGV[a + 11], 'f', payload)
+  if ARCHIVE ~= '' then
+    if redis.call('XLEN', ARCHIVE) < number(ARGV[7]) then
+      redis.call('XADD', ARCHIVE, '*', 'c', conversation, 'f', payload)
     else  -- the backlog is full (the store has been down for long): counted, not archived,
       -- and the room's store history has a hole here that recovery must not read across
-      redis.call('INCR', KEYS[k + 6])
+      redis.call('INCR', NOT_ARCHIVED)
       redis.call('HSET', meta, 'unarchived', id)
     end
   end
@@ -241,47 +248,52 @@ local function publish_frame(k, a, head, body, claim)
   -- A room's channel (no second channel) is a shard channel on Redis Cluster (see sharded).
   redis.call(copy == '' and ROOM_PUBLISH or 'PUBLISH', channel, payload)
   if copy ~= '' and copy ~= channel then redis.call('PUBLISH', copy, payload) end
-  if not claim and dedup ~= '' then redis.call('SET', dedup, id, 'PX', ARGV[a + 7]) end
-  return {id, 0, now}, payload
+  if not claim and dedup ~= '' then redis.call('SET', dedup, id, 'PX', DEDUP_TTL) end
+  return id, 0, payload
 end
-local function quota_refused(k, a)
-  local bucket = KEYS[k + 4]
-  return bucket ~= '' and take(bucket, number(ARGV[a + 9]), number(ARGV[a + 10]), now) == 0
+local function quota_refused(bucket)
+  return bucket ~= '' and take(bucket, number(ARGV[5]), number(ARGV[6]), now) == 0
 end
 """
 
 # Messages, one or many: the messages a worker publishes in one loop iteration go in one call
-# (one script run instead of one each: app.redisio.autopipeline merges them), each with its
-# 8 keys and 12 arguments after the run_id (ARGV[1]), in the order given, each as if alone.
-# Per message: KEYS as publish_frame's, then the webhook queue (or '') and its count of events
-# not queued; ARGV as publish_frame's, then the queue's length limit. With webhooks, the
-# message is queued as `message.created` in the same step, unless the queue is full: then the
-# count says so. One message's error (a key of the wrong type, Redis out of memory) is its
-# own: the others go on.
+# (one script run instead of one each: app.redisio.autopipeline merges them), in the order
+# given, each as if alone.
+# KEYS: per message: meta, log (or ''), dedup marker (or ''), the sender's message quota
+#       bucket (or ''); then the shared keys (see above)
+# ARGV: the header (see above), then per message: channel, head, body, second channel (or
+#       ''), conversation
+# With webhooks, the message is queued as `message.created` in the same step, unless the queue
+# is full: then the count says so. One message's error (a key of the wrong type, Redis out of
+# memory) is its own: the others go on.
 # -> {id, outcome, ts_ms} for each message, in one flat array: outcome 0 published,
 # 1 duplicate (id: the first's), 2 refused by the quota, 4 failed (id: Redis' error).
+MESSAGE_KEYS: Final = 4
+MESSAGE_ARGS: Final = 5
 PUBLISH: Final = (
     NOW + TOKEN_BUCKET + INCARNATION + EXPIRY + PUBLISH_FRAME
     + """
+local WEBHOOKS, NOT_QUEUED = KEYS[#KEYS - 1], KEYS[#KEYS]
 local function publish_message(k, a)
-  if quota_refused(k, a) then return {0, 2, 0} end
-  local reply, payload = publish_frame(k, a, ARGV[a + 3], ARGV[a + 4], true)
-  if payload and KEYS[k + 7] ~= '' then
-    if redis.call('XLEN', KEYS[k + 7]) < number(ARGV[a + 13]) then
-      redis.call('XADD', KEYS[k + 7], '*', 'e', 'message.created', 'c', ARGV[a + 11], 'f', payload)
+  if quota_refused(KEYS[k + 4]) then return 0, 2, 0 end
+  local conversation = ARGV[a + 5]
+  local id, outcome, payload = publish_frame(KEYS[k + 1], KEYS[k + 2], KEYS[k + 3], ARGV[a + 1],
+    ARGV[a + 4], conversation, ARGV[a + 2], ARGV[a + 3], true)
+  if outcome == 1 then return id, 1, 0 end
+  if WEBHOOKS ~= '' then
+    if redis.call('XLEN', WEBHOOKS) < number(ARGV[8]) then
+      redis.call('XADD', WEBHOOKS, '*', 'e', 'message.created', 'c', conversation, 'f', payload)
     else
-      redis.call('INCR', KEYS[k + 8])
+      redis.call('INCR', NOT_QUEUED)
     end
   end
-  return reply
+  return id, 0, now
 end
 local replies = {}
-for m = 0, #KEYS / 8 - 1 do
-  local ok, reply = pcall(publish_message, 8 * m, 12 * m)
-  if not ok then
-    reply = {type(reply) == 'table' and reply.err or tostring(reply), 4, 0}
-  end
-  replies[3 * m + 1], replies[3 * m + 2], replies[3 * m + 3] = reply[1], reply[2], reply[3]
+for m = 0, (#KEYS - 4) / 4 - 1 do
+  local ok, id, outcome, ts = pcall(publish_message, 4 * m, 8 + 5 * m)
+  if not ok then id, outcome, ts = type(id) == 'table' and id.err or tostring(id), 4, 0 end
+  replies[3 * m + 1], replies[3 * m + 2], replies[3 * m + 3] = id, outcome, ts
 end
 return replies
 """
@@ -291,15 +303,15 @@ return replies
 # applied to the message's current state, a JSON object in the room's hash `state` (field: the
 # message id). A duplicate (its dedup marker exists) answers {first id, 1, 0} before anything
 # else, so a retried delete is a duplicate, not a refusal. Refused ({0, 3, 0}) when the
-# message is deleted. A reaction toggles: its frame says `on` (ARGV[4]) when the user had not
-# reacted with that emoji, else `off` (ARGV[17]). The state of a message the log no longer
-# holds is ARGV[18], read from the store by the worker; kept in the hash from then on. The
-# hash expires with the room and is pruned of the messages the log no longer holds when it
-# grows past twice the log's length.
-# KEYS: as PUBLISH, then the state hash
-# ARGV: as PUBLISH, then target id, kind (app.conversations.lifecycle.Kind: 1 edited, 2 deleted,
-#       3 reaction), user, text (the new text, or the emoji), body of a reaction taken back,
-#       the state known from the store (or '')
+# message is deleted. A reaction toggles: its frame's body says `on` (ARGV[11]) when the user
+# had not reacted with that emoji, else `off` (ARGV[18]). The state of a message the log no
+# longer holds is ARGV[19], read from the store by the worker; kept in the hash from then on.
+# The hash expires with the room and is pruned of the messages the log no longer holds when
+# it grows past twice the log's length.
+# KEYS: as one message of PUBLISH, then the state hash, then the shared keys (see above)
+# ARGV: as one message of PUBLISH, then target id, kind (app.conversations.lifecycle.Kind: 1
+#       edited, 2 deleted, 3 reaction), user, text (the new text, or the emoji), body of a
+#       reaction taken back, the state known from the store (or '')
 EVENT: Final = (
     NOW
     + TOKEN_BUCKET
@@ -307,17 +319,17 @@ EVENT: Final = (
     + EXPIRY
     + PUBLISH_FRAME
     + """
-if quota_refused(0, 0) then return {0, 2, 0} end
+if quota_refused(KEYS[4]) then return {0, 2, 0} end
 if KEYS[3] ~= '' then
   local first = redis.call('GET', KEYS[3])
   if first then return {first, 1, 0} end
 end
-local target, kind, user, text = ARGV[13], tonumber(ARGV[14]), ARGV[15], ARGV[16]
-local raw = redis.call('HGET', KEYS[7], target)
+local target, kind, user, text = ARGV[14], tonumber(ARGV[15]), ARGV[16], ARGV[17]
+local raw = redis.call('HGET', KEYS[5], target)
 local state = {}
-if raw then state = cjson.decode(raw) elseif ARGV[18] ~= '' then state = cjson.decode(ARGV[18]) end
+if raw then state = cjson.decode(raw) elseif ARGV[19] ~= '' then state = cjson.decode(ARGV[19]) end
 if state.deleted then return {0, 3, 0} end
-local body = ARGV[4]
+local body = ARGV[11]
 if kind == 1 then
   state.text = text
   state.edited = now
@@ -329,23 +341,24 @@ else
   for _, u in ipairs(reactions[text] or {}) do
     if u == user then had = true else kept[#kept + 1] = u end
   end
-  if had then body = ARGV[17] else kept[#kept + 1] = user end
+  if had then body = ARGV[18] else kept[#kept + 1] = user end
   if #kept > 0 then reactions[text] = kept else reactions[text] = nil end
   if next(reactions) then state.reactions = reactions else state.reactions = nil end
 end
-local reply = publish_frame(0, 0, ARGV[3], body, false)
-redis.call('HSET', KEYS[7], target, cjson.encode(state))
-redis.call('PEXPIRE', KEYS[7], math.ceil(tonumber(ARGV[6]) * 9 / 8))
-if KEYS[2] ~= '' and redis.call('HLEN', KEYS[7]) > 2 * tonumber(ARGV[5]) then
+local id = publish_frame(KEYS[1], KEYS[2], KEYS[3], ARGV[9], ARGV[12], ARGV[13], ARGV[10], body,
+                         false)
+redis.call('HSET', KEYS[5], target, cjson.encode(state))
+redis.call('PEXPIRE', KEYS[5], math.ceil(tonumber(TTL) * 9 / 8))
+if KEYS[2] ~= '' and redis.call('HLEN', KEYS[5]) > 2 * tonumber(LOG_LENGTH) then
   local oldest = redis.call('XRANGE', KEYS[2], '-', '+', 'COUNT', 1)[1]
   if oldest then
     local floor = tonumber(string.sub(oldest[1], 1, -3))
-    for _, field in ipairs(redis.call('HKEYS', KEYS[7])) do
-      if tonumber(field) < floor then redis.call('HDEL', KEYS[7], field) end
+    for _, field in ipairs(redis.call('HKEYS', KEYS[5])) do
+      if tonumber(field) < floor then redis.call('HDEL', KEYS[5], field) end
     end
   end
 end
-return reply
+return {id, 0, now}
 """
 )
 

@@ -62,15 +62,19 @@ _RUN_ID = re.compile(rb"run_id:([0-9a-f]+)")
 class Merge:
     """A call that may be merged with the calls next to it in the same write: of the same
     script, ``durable`` alike, with an equal ``group`` (on Redis Cluster: the slot's hash tag,
-    since one script call touches one slot). The script must take its calls' keys one call
-    after the other, then its first argument once (the same for all: e.g.
-    :data:`SERVER_RUN_ID`), then each call's other arguments one call after the other, and
-    answer a flat array of ``reply_width`` entries per call, in order; each caller gets its
-    own ``reply_width`` entries as a list (a call merged with none gets the script's reply
-    as it is). A merged call's error fails all the calls merged into it."""
+    since one script call touches one slot) and the same shared part: its first
+    ``shared_args`` arguments (the very same objects: e.g. :data:`SERVER_RUN_ID` and settings)
+    and its last ``shared_keys`` keys (equal). The merged call has each call's own keys one
+    call after the other, then the shared keys once, then the shared arguments once, then
+    each call's own arguments one call after the other; the script answers a flat array of
+    ``reply_width`` entries per call, in order, and each caller gets its own ``reply_width``
+    entries as a list (a call merged with none gets the script's reply as it is). A merged
+    call's error fails all the calls merged into it."""
 
     group: Hashable
     reply_width: int
+    shared_args: int = 1
+    shared_keys: int = 0
 
 
 class NotReplicated(RedisError):
@@ -513,12 +517,19 @@ def _merged(batch: list[_Call], most: int, replied: Callable[[], None]) -> list[
 
 def _merge_with(first: _Call, call: _Call) -> bool:
     (command, _, _, durable), (other, _, _, other_durable) = first, call
-    return (
-        other[0] == command[0]  # a Merge of the same group and width
-        and other[1] == command[1]  # the same script
-        and other_durable == durable
-        and other[3 + other[2]] is command[3 + command[2]]  # the same first argument
+    if other[0] != command[0] or other[1] != command[1] or other_durable != durable:
+        return False  # not a Merge of the same group and shape, or not the same script
+    merge: Merge = command[0]
+    own, other_own = 3 + command[2], 3 + other[2]  # where each one's arguments start
+    headers = zip(
+        command[own : own + merge.shared_args],
+        other[other_own : other_own + merge.shared_args],
+        strict=False,  # every call of a Merge carries its whole header
     )
+    if any(mine is not theirs for mine, theirs in headers):
+        return False
+    shared = merge.shared_keys
+    return shared == 0 or command[own - shared : own] == other[other_own - shared : other_own]
 
 
 def _one_call(run: list[_Call], replied: Callable[[], None]) -> _Call:
@@ -526,16 +537,19 @@ def _one_call(run: list[_Call], replied: Callable[[], None]) -> _Call:
     first_command, _, script, durable = run[0]
     if len(run) == 1:
         return (("EVALSHA", *first_command[1:]), run[0][1], script, durable)
+    merge: Merge = first_command[0]
     keys: list[Any] = []
     rest: list[Any] = []
     for command, _, _, _ in run:
         count = command[2]
-        keys.extend(command[3 : 3 + count])
-        rest.extend(command[4 + count :])
-    shared = first_command[3 + first_command[2]]
-    merged = ("EVALSHA", first_command[1], len(keys), *keys, shared, *rest)
+        keys.extend(command[3 : 3 + count - merge.shared_keys])
+        rest.extend(command[3 + count + merge.shared_args :])
+    count = first_command[2]
+    keys.extend(first_command[3 + count - merge.shared_keys : 3 + count])
+    shared = first_command[3 + count : 3 + count + merge.shared_args]
+    merged = ("EVALSHA", first_command[1], len(keys), *keys, *shared, *rest)
     future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-    width = first_command[0].reply_width
+    width = merge.reply_width
     futures = [call[1] for call in run]
     future.add_done_callback(lambda done: _split(done, futures, width, replied))
     return (merged, future, script, durable)
