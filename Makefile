@@ -15,7 +15,7 @@ export UV_PROJECT_ENVIRONMENT := $(VENV)
 export UV_SYSTEM_CERTS := 1
 # Debian packages the test suite drives for real (binary or file:package); the emoji font
 # lets Chromium draw the page's reactions in its screenshots.
-DEB_TEST_DEPS := etcd:etcd-server openssl:openssl curl:curl node:nodejs npm:npm redis-server:redis-server promtool:prometheus nginx:nginx kubectl:kubernetes-client chromium:chromium pg_ctlcluster:postgresql /usr/share/fonts/truetype/noto/NotoColorEmoji.ttf:fonts-noto-color-emoji
+DEB_TEST_DEPS := etcd:etcd-server openssl:openssl curl:curl node:nodejs npm:npm redis-server:redis-server promtool:prometheus nginx:nginx kubectl:kubernetes-client chromium:chromium pg_ctlcluster:postgresql valgrind:valgrind /usr/share/fonts/truetype/noto/NotoColorEmoji.ttf:fonts-noto-color-emoji
 
 .PHONY: help install run test bench bench-core bench-redis bench-scale bench-search bench-sse bench-tracing bench-moderation bench-100k chaos attack k8s-deps k8s-check lint typecheck check deb-deps node-deps s3-deps otel-deps docs-config dashboard chart-files clean
 

@@ -54,10 +54,13 @@ class RedisServer:
     """A throwaway redis-server that a test can kill and restart: no persistence, or with
     ``appendonly`` an append-only file synced on every write (a restart keeps everything)."""
 
-    def __init__(self, appendonly: bool = False, extra: tuple[str, ...] = ()) -> None:
+    def __init__(
+        self, appendonly: bool = False, extra: tuple[str, ...] = (), under: tuple[str, ...] = ()
+    ) -> None:
         binary = shutil.which("redis-server")
         assert binary, "redis-server is missing: `make test` installs it"
         self.binary = binary
+        self.under = under  # a command that runs the server, e.g. valgrind (loadtest.redis_cost)
         self.port = free_port()
         self.dir = tempfile.mkdtemp(prefix="hubbub-redis-")
         self.appendonly = appendonly
@@ -74,7 +77,7 @@ class RedisServer:
 
     async def start(self) -> None:
         self.proc = await asyncio.create_subprocess_exec(
-            self.binary,
+            *self.under, self.binary,
             "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
             "--appendonly", "yes" if self.appendonly else "no", "--appendfsync", "always",
             "--dir", self.dir, "--logfile", "", *self.extra,

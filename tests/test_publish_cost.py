@@ -161,6 +161,23 @@ async def test_redis_cost_smoke() -> None:
     assert "evalsha" in result["commands_per_message"], result
 
 
+@pytest.mark.timeout(180)
+async def test_redis_cost_counts_instructions_under_callgrind() -> None:
+    """``python -m loadtest.redis_cost --callgrind`` (Redis under valgrind) reports Redis'
+    instructions per message, counted over the measured seconds only: at one message a
+    script run, about 190,000 on Redis 7.0.15 (docs/benchmarks.md)."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "loadtest.redis_cost", "--rooms", "20", "--rate", "60",
+        "--seconds", "2", "--workers", "1", "--callgrind", cwd=ROOT,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    stdout, stderr = await proc.communicate()
+    assert proc.returncode == 0, stderr.decode()
+    result = json.loads(stdout)
+    assert result["failed"] == 0 and result["published_per_s"] > 40, result
+    assert 50_000 < result["redis_instructions_per_message"] < 400_000, result
+
+
 async def test_messages_of_one_iteration_share_a_run_and_fail_alone(
     redis_server: RedisServer,
 ) -> None:

@@ -65,52 +65,43 @@ local now_text = string.format('%d', now)
 # A token bucket per key: `rate` tokens a second, at most `burst`, one taken per call. Kept
 # as GCRA (the generic cell rate algorithm, the same decisions): the key is a string, the
 # time at which the bucket is full again (a time past is a full bucket, as no key is), in µs
-# as 'x' and hex digits (text made and read cheaply: decimal fractions cost a publish a tenth
-# of its time; a time in ms with a fraction, as written before, is still read, and a worker of
-# that release reads the new form as no time, a full bucket, for the length of a deploy).
+# as 'x' and hex digits (text made and read cheaply, where a decimal fraction takes glibc's
+# slow paths both ways; a time in ms with a fraction, as written before, is still read, and a
+# worker of that release reads the new form as no time, a full bucket, for a deploy's length).
 # Most takes find the bucket full (a chat user sends less often than the rate), so the first
 # call sets it as a full bucket less one token and reads the time it held (`SET … GET`): one
 # call. A bucket that was not full is set again from the time it held (a second call), or,
 # when it has no token left, set back to that time. The key expires once the bucket is full
 # again, but not within 10 s: a user who keeps sending keeps one key rather than one made
-# and expired again and again. The texts of one script run are made once (`now` is fixed).
+# and expired again and again. The texts of a full bucket are made once a script run (`now`
+# is fixed), and the helpers are inlined: each function a script defines is made anew on every
+# run (closures and their upvalues, then collected).
 TOKEN_BUCKET: Final = """
-local bucket_texts = {}
-local function bucket_text(at)
-  local text = bucket_texts[at]
-  if not text then
-    text = 'x' .. string.format('%x', math.floor(at * 1000 + 0.5))
-    bucket_texts[at] = text
-  end
-  return text
-end
-local function bucket_time(held)
-  if not held then return nil end
-  if string.byte(held, 1) == 120 then return tonumber(string.sub(held, 2), 16) / 1000 end
-  return tonumber(held)
-end
-local bucket_ttls = {}
-local function bucket_ttl(full_at, now)
-  local wait = full_at - now
-  local text = bucket_ttls[wait]
-  if not text then
-    text = string.format('%d', math.max(math.ceil(wait), 10000))
-    bucket_ttls[wait] = text
-  end
-  return text
-end
+local full_buckets = {}  -- per interval: the key's text and ttl as a full bucket less one token
 local function take(key, rate, burst, now)
   local interval = 1000 / rate
-  local held = redis.call('SET', key, bucket_text(now + interval), 'PX',
-                          bucket_ttl(now + interval, now), 'GET')
-  local full_at = bucket_time(held) or now
+  local full = full_buckets[interval]
+  if not full then
+    full = {'x' .. string.format('%x', math.floor((now + interval) * 1000 + 0.5)),
+            string.format('%d', math.max(math.ceil(interval), 10000))}
+    full_buckets[interval] = full
+  end
+  local held = redis.call('SET', key, full[1], 'PX', full[2], 'GET')
+  local full_at = now
+  if held and string.byte(held, 1) == 120 then
+    full_at = tonumber(string.sub(held, 2), 16) / 1000
+  elseif held then
+    full_at = tonumber(held) or now
+  end
   if full_at <= now then return 1 end
   if full_at + interval - now > burst * interval then
-    redis.call('SET', key, held, 'PX', bucket_ttl(full_at, now))
+    redis.call('SET', key, held, 'PX',
+               string.format('%d', math.max(math.ceil(full_at - now), 10000)))
     return 0
   end
   full_at = full_at + interval
-  redis.call('SET', key, bucket_text(full_at), 'PX', bucket_ttl(full_at, now))
+  redis.call('SET', key, 'x' .. string.format('%x', math.floor(full_at * 1000 + 0.5)), 'PX',
+             string.format('%d', math.max(math.ceil(full_at - now), 10000)))
   return 1
 end
 """
@@ -126,14 +117,11 @@ end
 # The run_id is the caller's `run` when it knows it (the server at the other end of its
 # connection: app.redisio.autopipeline learns it once per connection), else asked with
 # `INFO server` (which costs a publish a fifth of its time). `incarnation` returns `last`,
-# `origin` and `base` as Redis holds them, as text (a publish compares ids as text, with
-# `above`: reading a 16-digit number costs more than the comparison); `publishing`, `last`
+# `origin` and `base` as Redis holds them, as text (a publish compares ids as text, by length
+# then characters: reading a 16-digit number costs more than the comparison); `publishing`, `last`
 # and when the keys' expiry is next due instead (`dl` with a log, `dm` without; nil in a new
 # incarnation): see EXPIRY.
 INCARNATION: Final = """
-local function above(a, b)  -- whether decimal integer text a is above b (no sign, no 0s before)
-  return #a > #b or (#a == #b and a > b)
-end
 local function entries_added(log)
   if log == '' or redis.call('EXISTS', log) == 0 then return 0 end
   local info = redis.call('XINFO', 'STREAM', log)
@@ -170,10 +158,7 @@ end
 # those). So the keys still live at least `ttl` after the last message and at most an eighth
 # more. A new incarnation (a new log, perhaps) pushes at once.
 EXPIRY: Final = """
-local function expiry_due(due)
-  return due == nil or not above(due, now_text)
-end
-local function push_expiry(meta, log, ttl_ms)
+local function push_expiry(meta, log, ttl_ms)  -- -> meta's field for the next due time, its value
   local ttl = tonumber(ttl_ms)
   redis.call('PEXPIRE', meta, math.ceil(ttl * 9 / 8))
   if log ~= '' then redis.call('PEXPIRE', log, math.ceil(ttl * 9 / 8)) end
@@ -217,8 +202,10 @@ local function number(text)  -- tonumber(text), read once per script run (the me
 end
 local function publish_frame(meta, log, dedup, channel, copy, conversation, head, body, claim)
   local last, _, _, due = incarnation(meta, log, TTL, RUN, true)
-  local id = now_text .. '000'
-  if not above(id, last) then id = string.format('%d', tonumber(last) + 1) end
+  local id = now_text .. '000'  -- unless last is not below it (decimal texts: length, then text)
+  if #last > #id or (#last == #id and last >= id) then
+    id = string.format('%d', tonumber(last) + 1)
+  end
   if claim and dedup ~= '' then
     local first = redis.call('SET', dedup, id, 'NX', 'GET', 'PX', DEDUP_TTL)
     if first then return first, 1 end
@@ -228,7 +215,7 @@ local function publish_frame(meta, log, dedup, channel, copy, conversation, head
   if log ~= '' then
     redis.call('XADD', log, 'MAXLEN', LOG_LENGTH, id .. '-0', 'f', payload)
   end
-  if expiry_due(due) then
+  if due == nil or #due < #now_text or (#due == #now_text and due <= now_text) then
     local field, next_due = push_expiry(meta, log, TTL)
     redis.call('HSET', meta, 'last', id, field, next_due)
   else
@@ -251,9 +238,6 @@ local function publish_frame(meta, log, dedup, channel, copy, conversation, head
   if not claim and dedup ~= '' then redis.call('SET', dedup, id, 'PX', DEDUP_TTL) end
   return id, 0, payload
 end
-local function quota_refused(bucket)
-  return bucket ~= '' and take(bucket, number(ARGV[5]), number(ARGV[6]), now) == 0
-end
 """
 
 # Messages, one or many: the messages a worker publishes in one loop iteration go in one call
@@ -275,7 +259,10 @@ PUBLISH: Final = (
     + """
 local WEBHOOKS, NOT_QUEUED = KEYS[#KEYS - 1], KEYS[#KEYS]
 local function publish_message(k, a)
-  if quota_refused(KEYS[k + 4]) then return 0, 2, 0 end
+  local bucket = KEYS[k + 4]
+  if bucket ~= '' and take(bucket, number(ARGV[5]), number(ARGV[6]), now) == 0 then
+    return 0, 2, 0
+  end
   local conversation = ARGV[a + 5]
   local id, outcome, payload = publish_frame(KEYS[k + 1], KEYS[k + 2], KEYS[k + 3], ARGV[a + 1],
     ARGV[a + 4], conversation, ARGV[a + 2], ARGV[a + 3], true)
@@ -319,7 +306,9 @@ EVENT: Final = (
     + EXPIRY
     + PUBLISH_FRAME
     + """
-if quota_refused(KEYS[4]) then return {0, 2, 0} end
+if KEYS[4] ~= '' and take(KEYS[4], number(ARGV[5]), number(ARGV[6]), now) == 0 then
+  return {0, 2, 0}
+end
 if KEYS[3] ~= '' then
   local first = redis.call('GET', KEYS[3])
   if first then return {first, 1, 0} end
