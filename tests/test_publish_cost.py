@@ -11,6 +11,7 @@ import asyncio
 import json
 import sys
 import time
+from typing import Any
 
 import pytest
 from redis.asyncio import Redis
@@ -143,18 +144,24 @@ async def test_a_restart_from_its_append_only_file_is_a_new_incarnation() -> Non
         await server.stop()
 
 
+async def redis_cost(*args: str) -> dict[str, Any]:
+    """``python -m loadtest.redis_cost`` with ``args`` for two seconds, over 20 rooms: its
+    report (it must exit 0)."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "loadtest.redis_cost", "--rooms", "20", "--seconds", "2", *args,
+        cwd=ROOT, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    stdout, stderr = await proc.communicate()
+    assert proc.returncode == 0, stderr.decode()
+    result: dict[str, Any] = json.loads(stdout)
+    return result
+
+
 @pytest.mark.timeout(120)
 async def test_redis_cost_smoke() -> None:
     """``python -m loadtest.redis_cost`` for two seconds: every message published, delivered
     to both subscribed brokers, and its cost reported per message, command by command."""
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "loadtest.redis_cost", "--rooms", "20", "--rate", "300",
-        "--seconds", "2", "--workers", "2", cwd=ROOT,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-    )  # fmt: skip
-    stdout, stderr = await proc.communicate()
-    assert proc.returncode == 0, stderr.decode()
-    result = json.loads(stdout)
+    result = await redis_cost("--rate", "300", "--workers", "2")
     assert result["failed"] == 0 and result["published_per_s"] > 200, result
     assert result["delivered_to_workers_per_s"] >= 2 * result["published_per_s"] * 0.9, result
     assert result["redis_us_per_message"] > 0, result
@@ -166,14 +173,7 @@ async def test_redis_cost_counts_instructions_under_callgrind() -> None:
     """``python -m loadtest.redis_cost --callgrind`` (Redis under valgrind) reports Redis'
     instructions per message, counted over the measured seconds only: at one message a
     script run, about 190,000 on Redis 7.0.15 (docs/benchmarks.md)."""
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "loadtest.redis_cost", "--rooms", "20", "--rate", "60",
-        "--seconds", "2", "--workers", "1", "--callgrind", cwd=ROOT,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-    )  # fmt: skip
-    stdout, stderr = await proc.communicate()
-    assert proc.returncode == 0, stderr.decode()
-    result = json.loads(stdout)
+    result = await redis_cost("--rate", "60", "--workers", "1", "--callgrind")
     assert result["failed"] == 0 and result["published_per_s"] > 40, result
     assert 50_000 < result["redis_instructions_per_message"] < 400_000, result
 
