@@ -267,12 +267,27 @@ class ClusterDeployment:
         error is raised."""
         try:
             for server in self.servers:
-                await server.start()
+                await self._start_node(server)
             await self._create()
             await self.wait_ok()
         except BaseException:
             await self.stop()
             raise
+
+    @staticmethod
+    async def _start_node(server: RedisServer) -> None:
+        """Start one node. Its ports are picked free, then bound by the node: a process that
+        takes one of the two (the node's, its cluster bus's) in between makes the node exit at
+        once; it starts again on other ports (3 tries in all)."""
+        for attempt in range(3):
+            try:
+                await server.start()
+                return
+            except AssertionError:  # it exited before it listened
+                if attempt == 2:
+                    raise
+                server.port = _cluster_port()
+                (Path(server.dir) / "nodes.conf").unlink(missing_ok=True)
 
     async def _create(self) -> None:
         if self.masters == 1 and self.replicas == 0:  # `--cluster create` needs three
