@@ -127,6 +127,7 @@ class RedisBroker:
         self._header = self._publish_header(
             (settings.user_messages_per_s, settings.user_message_burst)
         )
+        self._merge = Merge(0, 3, scripts.HEADER_ARGS, scripts.SHARED_KEYS)  # one Redis: one group
         self._handler: BrokerHandler | None = None
         self._rooms: set[str] = set()
         self._users: set[str] = set()
@@ -852,10 +853,11 @@ class RedisBroker:
                         raise QuotaExceeded(user_key)
             # Messages of one loop iteration share a script run (redis_scripts.PUBLISH), on
             # Redis Cluster those of one slot.
-            merge = Merge(
-                self._keys.tag(conversation) if self._cluster else 0, 3,
-                scripts.HEADER_ARGS, scripts.SHARED_KEYS,
-            )  # fmt: skip
+            merge = self._merge
+            if self._cluster is not None:  # one group per slot's hash tag
+                merge = Merge(
+                    self._keys.tag(conversation), 3, scripts.HEADER_ARGS, scripts.SHARED_KEYS
+                )
             reply = await self._pipeline.submit(
                 self._scripts[script], keys, args, durable=True,
                 merge=merge if script == "PUBLISH" else None,

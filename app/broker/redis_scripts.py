@@ -253,7 +253,6 @@ end
 # -> {id, outcome, ts_ms} for each message, in one flat array: outcome 0 published,
 # 1 duplicate (id: the first's), 2 refused by the quota, 4 failed (id: Redis' error).
 MESSAGE_KEYS: Final = 4
-MESSAGE_ARGS: Final = 5
 PUBLISH: Final = (
     NOW + TOKEN_BUCKET + INCARNATION + EXPIRY + PUBLISH_FRAME
     + """
