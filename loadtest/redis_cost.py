@@ -99,21 +99,23 @@ async def _until_ready(*brokers: RedisBroker) -> None:
 
 async def measure(args: argparse.Namespace) -> dict[str, Any]:
     """Start Redis, run ``args.target``'s load on it, and say what Redis spent."""
-    under: tuple[str, ...] = ()
-    if args.callgrind:
-        out = f"{tempfile.gettempdir()}/hubbub-callgrind.%p"
-        under = ("valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", "--dump-line=no")
-    redis = RedisServer(under=under)
-    await redis.start()
-    assert redis.proc is not None
-    os.sched_setaffinity(redis.proc.pid, {args.redis_core})
-    admin = Redis.from_url(redis.url)
-    try:
-        run = _hubbub if args.target == "hubbub" else _centrifugo
-        return await run(args, redis, admin)
-    finally:
-        await admin.aclose()
-        await redis.stop()
+    with tempfile.TemporaryDirectory(prefix="hubbub-callgrind-") as dumps:
+        under: tuple[str, ...] = ()
+        if args.callgrind:
+            args.callgrind_dumps = Path(dumps)
+            out = f"--callgrind-out-file={dumps}/callgrind.%p"
+            under = ("valgrind", "--tool=callgrind", out, "--dump-line=no")
+        redis = RedisServer(under=under)
+        await redis.start()
+        assert redis.proc is not None
+        os.sched_setaffinity(redis.proc.pid, {args.redis_core})
+        admin = Redis.from_url(redis.url)
+        try:
+            run = _hubbub if args.target == "hubbub" else _centrifugo
+            return await run(args, redis, admin)
+        finally:
+            await admin.aclose()
+            await redis.stop()
 
 
 class Load:
@@ -149,11 +151,15 @@ class Load:
         delivered_before = delivered()
         await self.admin.config_resetstat()
         if self.args.callgrind:
-            await _callgrind(self.pid, "-z")  # count from here
+            await _callgrind(self.pid, "-z", self.args.callgrind_dumps)  # count from here
         cpu_before = cpu_s(self.pid)
         took = await self.offer(publish, self.args.seconds)
         redis_cpu = cpu_s(self.pid) - cpu_before
-        instructions = await _callgrind(self.pid, "-d") if self.args.callgrind else None
+        instructions = (
+            await _callgrind(self.pid, "-d", self.args.callgrind_dumps)
+            if self.args.callgrind
+            else None
+        )
         commandstats = await self.admin.info("commandstats")
         published = max(1, self.published)
         extra = {}
@@ -174,22 +180,22 @@ class Load:
         }
 
 
-async def _callgrind(pid: int, command: str) -> int:
+async def _callgrind(pid: int, command: str, dumps: Path) -> int:
     """``callgrind_control`` on the Redis that ``--callgrind`` runs: ``-z`` zeroes its counts,
-    ``-d`` dumps them; -> the instructions Redis executed since the last ``-z`` (user space
-    only: the kernel's work for its sockets is not counted), from the dump."""
+    ``-d`` dumps them (into ``dumps``); -> the instructions Redis executed since the last
+    ``-z`` (user space only: the kernel's work for its sockets is not counted), from the dump."""
     done = await asyncio.create_subprocess_exec(
         "callgrind_control", command, str(pid), stdout=asyncio.subprocess.DEVNULL
     )
     if await done.wait() != 0:
         raise RuntimeError(f"callgrind_control {command} {pid} failed")
-    return _dumped_instructions(pid) if command == "-d" else 0
+    return _dumped_instructions(pid, dumps) if command == "-d" else 0
 
 
-def _dumped_instructions(pid: int) -> int:
+def _dumped_instructions(pid: int, folder: Path) -> int:
     """The instructions counted in Redis' newest callgrind dump (the dumps are removed)."""
     dumps = sorted(
-        Path(tempfile.gettempdir()).glob(f"hubbub-callgrind.{pid}.*"),
+        folder.glob(f"callgrind.{pid}.*"),
         key=lambda path: path.stat().st_mtime,
     )
     lines = dumps[-1].read_text().splitlines()
