@@ -17,6 +17,7 @@ from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from app.redisio.autopipeline import SERVER_RUN_ID, AutoPipeline, Merge, NotReplicated
+from app.redisio.functions import RedisFunction
 from tests.helpers import wait_until
 from tests.processes import RedisServer
 
@@ -398,3 +399,45 @@ async def test_a_master_without_replicas_refuses_durable_calls_unless_available_
     finally:
         await available.close()
         await replica.stop()
+
+
+LIBRARY = """#!lua name=hubbub_test_library
+local calls = 0  -- the library's upvalue: kept from call to call until it is loaded again
+local function appended(keys, args)
+  calls = calls + 1
+  local replies = {}
+  for i = 1, #keys do
+    redis.call('RPUSH', keys[i], args[1] .. ':' .. args[1 + i])
+    replies[2 * i - 1], replies[2 * i] = args[1 + i], calls
+  end
+  return replies
+end
+redis.register_function('hubbub_test_append', appended)
+"""
+
+
+async def test_a_function_is_loaded_before_its_first_call_and_again_after_a_flush(
+    redis: Redis,
+) -> None:
+    """A RedisFunction is called with FCALL: its library is loaded on the connection before
+    the first call (Redis has none), calls of one iteration merge into one run (the library's
+    top level ran once: its upvalue counts the runs), and after ``FUNCTION FLUSH`` the next call
+    loads it again and runs, in order, rather than failing."""
+    append = RedisFunction("hubbub_test_library", "hubbub_test_append", LIBRARY)
+    pipeline = AutoPipeline(redis)
+    run_id = (await redis.info("server"))["run_id"]
+    merge = Merge(0, 2)
+
+    def call(key: str, value: int) -> Any:
+        return pipeline.submit(append, [key], [SERVER_RUN_ID, value], merge=merge)
+
+    replies = await asyncio.gather(call("a", 1), call("b", 2), call("a", 3))
+    assert pipeline.batches == 1
+    assert [int(value) for value, _ in replies] == [1, 2, 3] and {n for _, n in replies} == {1}
+    assert await call("a", 4) == [b"4", 2]  # the library's second run
+    assert await call("b", 5) == [b"5", 3]
+    await redis.function_flush()
+    assert await call("a", 6) == [b"6", 1]  # loaded again: its upvalue starts anew
+    assert await redis.lrange("a", 0, -1) == [f"{run_id}:{n}".encode() for n in (1, 3, 4, 6)]
+    assert await redis.lrange("b", 0, -1) == [f"{run_id}:{n}".encode() for n in (2, 5)]
+    await pipeline.close()

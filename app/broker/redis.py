@@ -46,7 +46,7 @@ from app.conversations.lifecycle import Change, Kind, Target, with_state
 from app.conversations.names import addressed, direct, is_direct
 from app.errors import BrokerUnavailable, MessageGone, QuotaExceeded
 from app.protocol import event_frame_parts, is_message_frame, message_frame_parts, message_id_of
-from app.redisio.autopipeline import SERVER_RUN_ID, AutoPipeline, Merge, NotReplicated
+from app.redisio.autopipeline import SERVER_RUN_ID, AutoPipeline, Merge, NotReplicated, Script
 from app.redisio.clients import (
     REDIS_ERRORS,
     call_redis,
@@ -109,12 +109,12 @@ class RedisBroker:
                 wait_required=settings.redis_wait_policy == "required",
                 on_reply=on_reply,
             )
-        self._scripts = {
-            name: self._redis.register_script(
-                scripts.sharded(getattr(scripts, name), self._cluster is not None)
-            )
-            for name in ("PUBLISH", "EVENT", "HISTORY_SINCE", "LAST_ID")
-        }
+        cluster = self._cluster is not None
+        publish, event = scripts.publishing_library(cluster)
+        self._scripts: dict[str, Script] = {"PUBLISH": publish, "EVENT": event}
+        for name in ("HISTORY_SINCE", "LAST_ID"):
+            script = scripts.sharded(getattr(scripts, name), cluster)
+            self._scripts[name] = self._redis.register_script(script)
         self._take = self._redis.register_script(scripts.TAKE)
         self._archiving = settings.database_url is not None
         # The PUBLISH script's webhook keys: none unless message.created goes to a webhook

@@ -18,9 +18,11 @@ archiver consumes (fields ``c``: the conversation, ``f``: the frame), unless it 
 
 from __future__ import annotations
 
+import hashlib
 from typing import Final
 
 from app.broker.keys import KeyLayout
+from app.redisio.functions import RedisFunction
 
 
 def room_key(prefix: str, room: str, part: str) -> str:
@@ -56,11 +58,15 @@ def archive_keys(prefix: str) -> tuple[str, str]:
 # Numbers become text with '%d' (Lua 5.1 formats it as a C long: exact for every id and time
 # here, all below 2^53, on the 64-bit servers Redis ships for), not '%.0f', whose exact
 # decimal conversion of a double is several times slower: a publish writes three.
-NOW: Final = """
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local now_text = string.format('%d', now)
+NOW_VARIABLES: Final = "local now, now_text\n"
+SET_NOW: Final = """
+do
+  local t = redis.call('TIME')
+  now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  now_text = string.format('%d', now)
+end
 """
+NOW: Final = NOW_VARIABLES + SET_NOW
 
 # A token bucket per key: `rate` tokens a second, at most `burst`, one taken per call. Kept
 # as GCRA (the generic cell rate algorithm, the same decisions): the key is a string, the
@@ -73,11 +79,10 @@ local now_text = string.format('%d', now)
 # call. A bucket that was not full is set again from the time it held (a second call), or,
 # when it has no token left, set back to that time. The key expires once the bucket is full
 # again, but not within 10 s: a user who keeps sending keeps one key rather than one made
-# and expired again and again. The texts of a full bucket are made once a script run (`now`
-# is fixed), and the helpers are inlined: each function a script defines is made anew on every
-# run (closures and their upvalues, then collected).
-TOKEN_BUCKET: Final = """
-local full_buckets = {}  -- per interval: the key's text and ttl as a full bucket less one token
+# and expired again and again. The texts of a full bucket are made once a run (`now` is
+# fixed). A script (not the publishing library, below) makes each function it defines anew on
+# every run, closures and upvalues, then collects them: its helpers are few and inlined.
+TAKE_FUNCTION: Final = """
 local function take(key, rate, burst, now)
   local interval = 1000 / rate
   local full = full_buckets[interval]
@@ -105,6 +110,9 @@ local function take(key, rate, burst, now)
   return 1
 end
 """
+# per interval: the key's text and ttl as a full bucket less one token (made anew each run)
+BUCKET_VARIABLES: Final = "local full_buckets\n"
+TOKEN_BUCKET: Final = "local full_buckets = {}\n" + TAKE_FUNCTION
 
 # A room's log incarnation. The log holds every message after `origin` (minus what trimming
 # took) only while the Redis server that wrote it is the one answering: `run` is that server's
@@ -192,11 +200,8 @@ TAKE: Final = NOW + TOKEN_BUCKET + "return take(KEYS[1], tonumber(ARGV[1]), tonu
 HEADER_ARGS: Final = 8
 SHARED_KEYS: Final = 4
 PUBLISH_FRAME: Final = """
-local RUN, LOG_LENGTH, TTL, DEDUP_TTL = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
-local ARCHIVE, NOT_ARCHIVED = KEYS[#KEYS - 3], KEYS[#KEYS - 2]
-local numbers = {}
-local function number(text)  -- tonumber(text), read once per script run (the messages of one
-  local n = numbers[text]    -- run share their limits)
+local function number(text)  -- tonumber(text), read once per run (the messages of one run
+  local n = numbers[text]    -- share their limits)
   if n == nil then n = tonumber(text); numbers[text] = n end
   return n
 end
@@ -240,23 +245,20 @@ local function publish_frame(meta, log, dedup, channel, copy, conversation, head
 end
 """
 
-# Messages, one or many: the messages a worker publishes in one loop iteration go in one call
-# (one script run instead of one each: app.redisio.autopipeline merges them), in the order
-# given, each as if alone.
+# Messages, one or many (the publishing library's `publish`, below): the messages a worker
+# publishes in one loop iteration go in one call (one run instead of one each:
+# app.redisio.autopipeline merges them), in the order given, each as if alone.
 # KEYS: per message: meta, log (or ''), dedup marker (or ''), the sender's message quota
 #       bucket (or ''); then the shared keys (see above)
 # ARGV: the header (see above), then per message: channel, head, body, second channel (or
 #       ''), conversation
 # With webhooks, the message is queued as `message.created` in the same step, unless the queue
-# is full: then the count says so. One message's error (a key of the wrong type, Redis out of
-# memory) is its own: the others go on.
+# is full: then the count says so. One message's error (a key of the wrong type) is its own:
+# the others go on (a Redis over its maxmemory refuses the whole call before it runs).
 # -> {id, outcome, ts_ms} for each message, in one flat array: outcome 0 published,
 # 1 duplicate (id: the first's), 2 refused by the quota, 4 failed (id: Redis' error).
 MESSAGE_KEYS: Final = 4
-PUBLISH: Final = (
-    NOW + TOKEN_BUCKET + INCARNATION + EXPIRY + PUBLISH_FRAME
-    + """
-local WEBHOOKS, NOT_QUEUED = KEYS[#KEYS - 1], KEYS[#KEYS]
+PUBLISH: Final = """
 local function publish_message(k, a)
   local bucket = KEYS[k + 4]
   if bucket ~= '' and take(bucket, number(ARGV[5]), number(ARGV[6]), now) == 0 then
@@ -275,15 +277,17 @@ local function publish_message(k, a)
   end
   return id, 0, now
 end
-local replies = {}
-for m = 0, (#KEYS - 4) / 4 - 1 do
-  local ok, id, outcome, ts = pcall(publish_message, 4 * m, 8 + 5 * m)
-  if not ok then id, outcome, ts = type(id) == 'table' and id.err or tostring(id), 4, 0 end
-  replies[3 * m + 1], replies[3 * m + 2], replies[3 * m + 3] = id, outcome, ts
+local function publish(keys, args)
+  start(keys, args)
+  local replies = {}
+  for m = 0, (#KEYS - 4) / 4 - 1 do
+    local ok, id, outcome, ts = pcall(publish_message, 4 * m, 8 + 5 * m)
+    if not ok then id, outcome, ts = type(id) == 'table' and id.err or tostring(id), 4, 0 end
+    replies[3 * m + 1], replies[3 * m + 2], replies[3 * m + 3] = id, outcome, ts
+  end
+  return replies
 end
-return replies
 """
-)  # fmt: skip
 
 # An event on message `target` (app.conversations.lifecycle): published like a message, and
 # applied to the message's current state, a JSON object in the room's hash `state` (field: the
@@ -298,57 +302,106 @@ return replies
 # ARGV: as one message of PUBLISH, then target id, kind (app.conversations.lifecycle.Kind: 1
 #       edited, 2 deleted, 3 reaction), user, text (the new text, or the emoji), body of a
 #       reaction taken back, the state known from the store (or '')
-EVENT: Final = (
-    NOW
-    + TOKEN_BUCKET
-    + INCARNATION
-    + EXPIRY
-    + PUBLISH_FRAME
-    + """
-if KEYS[4] ~= '' and take(KEYS[4], number(ARGV[5]), number(ARGV[6]), now) == 0 then
-  return {0, 2, 0}
-end
-if KEYS[3] ~= '' then
-  local first = redis.call('GET', KEYS[3])
-  if first then return {first, 1, 0} end
-end
-local target, kind, user, text = ARGV[14], tonumber(ARGV[15]), ARGV[16], ARGV[17]
-local raw = redis.call('HGET', KEYS[5], target)
-local state = {}
-if raw then state = cjson.decode(raw) elseif ARGV[19] ~= '' then state = cjson.decode(ARGV[19]) end
-if state.deleted then return {0, 3, 0} end
-local body = ARGV[11]
-if kind == 1 then
-  state.text = text
-  state.edited = now
-elseif kind == 2 then
-  state = {deleted = true}
-else
-  local reactions = state.reactions or {}
-  local kept, had = {}, false
-  for _, u in ipairs(reactions[text] or {}) do
-    if u == user then had = true else kept[#kept + 1] = u end
+EVENT: Final = """
+local function event(keys, args)
+  start(keys, args)
+  if KEYS[4] ~= '' and take(KEYS[4], number(ARGV[5]), number(ARGV[6]), now) == 0 then
+    return {0, 2, 0}
   end
-  if had then body = ARGV[18] else kept[#kept + 1] = user end
-  if #kept > 0 then reactions[text] = kept else reactions[text] = nil end
-  if next(reactions) then state.reactions = reactions else state.reactions = nil end
-end
-local id = publish_frame(KEYS[1], KEYS[2], KEYS[3], ARGV[9], ARGV[12], ARGV[13], ARGV[10], body,
-                         false)
-redis.call('HSET', KEYS[5], target, cjson.encode(state))
-redis.call('PEXPIRE', KEYS[5], math.ceil(tonumber(TTL) * 9 / 8))
-if KEYS[2] ~= '' and redis.call('HLEN', KEYS[5]) > 2 * tonumber(LOG_LENGTH) then
-  local oldest = redis.call('XRANGE', KEYS[2], '-', '+', 'COUNT', 1)[1]
-  if oldest then
-    local floor = tonumber(string.sub(oldest[1], 1, -3))
-    for _, field in ipairs(redis.call('HKEYS', KEYS[5])) do
-      if tonumber(field) < floor then redis.call('HDEL', KEYS[5], field) end
+  if KEYS[3] ~= '' then
+    local first = redis.call('GET', KEYS[3])
+    if first then return {first, 1, 0} end
+  end
+  local target, kind, user, text = ARGV[14], tonumber(ARGV[15]), ARGV[16], ARGV[17]
+  local raw = redis.call('HGET', KEYS[5], target)
+  local state = {}
+  if raw then
+    state = cjson.decode(raw)
+  elseif ARGV[19] ~= '' then
+    state = cjson.decode(ARGV[19])
+  end
+  if state.deleted then return {0, 3, 0} end
+  local body = ARGV[11]
+  if kind == 1 then
+    state.text = text
+    state.edited = now
+  elseif kind == 2 then
+    state = {deleted = true}
+  else
+    local reactions = state.reactions or {}
+    local kept, had = {}, false
+    for _, u in ipairs(reactions[text] or {}) do
+      if u == user then had = true else kept[#kept + 1] = u end
+    end
+    if had then body = ARGV[18] else kept[#kept + 1] = user end
+    if #kept > 0 then reactions[text] = kept else reactions[text] = nil end
+    if next(reactions) then state.reactions = reactions else state.reactions = nil end
+  end
+  local id = publish_frame(KEYS[1], KEYS[2], KEYS[3], ARGV[9], ARGV[12], ARGV[13], ARGV[10], body,
+                           false)
+  redis.call('HSET', KEYS[5], target, cjson.encode(state))
+  redis.call('PEXPIRE', KEYS[5], math.ceil(tonumber(TTL) * 9 / 8))
+  if KEYS[2] ~= '' and redis.call('HLEN', KEYS[5]) > 2 * tonumber(LOG_LENGTH) then
+    local oldest = redis.call('XRANGE', KEYS[2], '-', '+', 'COUNT', 1)[1]
+    if oldest then
+      local floor = tonumber(string.sub(oldest[1], 1, -3))
+      for _, field in ipairs(redis.call('HKEYS', KEYS[5])) do
+        if tonumber(field) < floor then redis.call('HDEL', KEYS[5], field) end
+      end
     end
   end
+  return {id, 0, now}
 end
-return {id, 0, now}
+"""
+
+# The publishing library: PUBLISH and EVENT as Redis Functions (FUNCTION LOAD, Redis 7.0).
+# Every EVALSHA runs a script's top level again, making each helper function and its upvalues
+# anew (and collecting them after); a library's top level runs once, when it is loaded, and a
+# call runs only its function. What a run shares (the keys and arguments, Redis' time, the
+# header's values, the memos) lives in the library's upvalues, set by `start` at each call:
+# Redis runs one call at a time. The library's name and its functions' carry a hash of its code,
+# so that the workers of two releases (a rolling deploy) each call their own; the pipelines load
+# it on every connection before its first call, as they load scripts (app.redisio.functions).
+PUBLISHING_VARIABLES: Final = """
+local KEYS, ARGV, RUN, LOG_LENGTH, TTL, DEDUP_TTL, ARCHIVE, NOT_ARCHIVED, WEBHOOKS, NOT_QUEUED
+local numbers
+"""
+START_RUN: Final = (
+    """
+local function start(keys, args)
+  KEYS, ARGV = keys, args
+  if ROOM_PUBLISH == 'SPUBLISH' then
+    for i = 1, #KEYS do if string.sub(KEYS[i], -2) == ABSENT then KEYS[i] = '' end end
+  end
+"""
+    + SET_NOW
+    + """
+  full_buckets, numbers = {}, {}
+  RUN, LOG_LENGTH, TTL, DEDUP_TTL = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
+  ARCHIVE, NOT_ARCHIVED = KEYS[#KEYS - 3], KEYS[#KEYS - 2]
+  WEBHOOKS, NOT_QUEUED = KEYS[#KEYS - 1], KEYS[#KEYS]
+end
 """
 )
+
+
+def publishing_library(cluster: bool) -> tuple[RedisFunction, RedisFunction]:
+    """The PUBLISH and EVENT functions of the publishing library, for one Redis or for Redis
+    Cluster (see :func:`sharded`)."""
+    body = (
+        f"local ROOM_PUBLISH, ABSENT = '{'SPUBLISH' if cluster else 'PUBLISH'}', '{ABSENT}'\n"
+        + NOW_VARIABLES + BUCKET_VARIABLES + PUBLISHING_VARIABLES
+        + TAKE_FUNCTION + INCARNATION + EXPIRY + PUBLISH_FRAME + START_RUN + PUBLISH + EVENT
+    )  # fmt: skip
+    version = hashlib.sha256(body.encode()).hexdigest()[:16]
+    library, publish, event = (f"hubbub_{part}{version}" for part in ("", "publish_", "event_"))
+    code = (
+        f"#!lua name={library}\n{body}"
+        f"redis.register_function('{publish}', publish)\n"
+        f"redis.register_function('{event}', event)\n"
+    )
+    return RedisFunction(library, publish, code), RedisFunction(library, event, code)
+
 
 # One page of the replay after `since`: {1, more, id, frame, state, id, frame, state...} (state:
 # the message's current state, see EVENT, or '') when every message

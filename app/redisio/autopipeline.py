@@ -28,14 +28,19 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError, RedisError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from app.redisio.functions import RedisFunction
 from app.redisio.redis_seam import hand_over
 
 logger = logging.getLogger(__name__)
 
 _Command = tuple[Any, ...]
+# A Lua script (EVALSHA) or a function of a loaded library (FCALL: app.redisio.functions).
+Script = AsyncScript | RedisFunction
 # The command, its caller's future, the script it runs (to load it again on NOSCRIPT), and
 # whether its reply waits for the replicas (see AutoPipeline's ``wait_replicas``).
-_Call = tuple[_Command, "asyncio.Future[Any]", "AsyncScript | None", bool]
+_Call = tuple[_Command, "asyncio.Future[Any]", "Script | None", bool]
+_SCRIPT_CALLS: Final = ("EVALSHA", "FCALL")
+_NOT_FOUND = "ERR Function not found"  # an FCALL's NOSCRIPT
 _WAIT = "WAIT"
 # While a pipeline does not wait for replicas (wait_required=False and too few), how often it
 # asks the master (ROLE) whether it has enough again.
@@ -85,7 +90,23 @@ def _reply_error(message: str) -> ResponseError:
     """The exception redis-py raises for an error reply (the codes our scripts can meet)."""
     if message.startswith("NOSCRIPT "):
         return NoScriptError(message.removeprefix("NOSCRIPT "))
+    if message.startswith(_NOT_FOUND):
+        return NoScriptError(message)
     return ResponseError(message)
+
+
+def _invocation(script: Script) -> tuple[str, str]:
+    """How ``script`` is called: the command and what names the script in it."""
+    if isinstance(script, RedisFunction):
+        return "FCALL", script.name
+    return "EVALSHA", script.sha
+
+
+def _loading(script: Script) -> _Command:
+    """The command that loads ``script`` into Redis."""
+    if isinstance(script, RedisFunction):
+        return script.load
+    return ("SCRIPT", "LOAD", script.script)
 
 
 class _Replies(asyncio.Protocol):
@@ -151,13 +172,13 @@ class _Replies(asyncio.Protocol):
                 self._loaded.add(script.sha)
                 loaded: asyncio.Future[Any] = loop.create_future()
                 loaded.add_done_callback(_log_failed_load)
-                out.append((("SCRIPT", "LOAD", script.script), loaded, None, False))
+                out.append((_loading(script), loaded, None, False))
             out.append(call)
         return out
 
     def _pack(self, command: _Command) -> bytes:
-        # An EVALSHA's first argument follows its keys: (EVALSHA, sha, n, *keys, *args).
-        first = 3 + command[2] if command[0] == "EVALSHA" else 0
+        # A script's first argument follows its keys: (EVALSHA, sha, n, *keys, *args).
+        first = 3 + command[2] if command[0] in _SCRIPT_CALLS else 0
         if first and len(command) > first and command[first] is SERVER_RUN_ID:
             command = (*command[:first], self.run_id, *command[first + 1 :])
         return hiredis.pack_command(command)  # type: ignore[no-any-return]
@@ -255,9 +276,10 @@ class AutoPipeline:
       raised. A lost connection fails every call waiting on it with a ``ConnectionError``, a
       reply later than the client's ``socket_timeout`` fails them with a ``TimeoutError``
       (and closes the connection); the next call opens a new one. Each connection loads a
-      script before its first call of it; a call to a script Redis forgot since
-      (``SCRIPT FLUSH``) is run again after a ``SCRIPT LOAD`` on the same connection (the
-      calls rerun keep their order among themselves).
+      script (or a :class:`RedisFunction`'s library) before its first call of it; a call to
+      a script Redis forgot since (``SCRIPT FLUSH``, ``FUNCTION FLUSH``) is run again after
+      loading it again on the same connection (the calls rerun keep their order among
+      themselves).
     * **Cancellation:** a caller cancelled while waiting does not withdraw its command, which
       may already be on the wire; only its result is dropped.
     * **Durability** (``wait_replicas`` above 0): a batch with a ``durable`` call ends with a
@@ -308,7 +330,7 @@ class AutoPipeline:
         self.batches = 0  # writes so far (for tests and profiling)
 
     async def call(
-        self, script: AsyncScript, keys: Sequence[Any], args: Sequence[Any], durable: bool = False
+        self, script: Script, keys: Sequence[Any], args: Sequence[Any], durable: bool = False
     ) -> Any:
         """Run ``script`` with ``keys`` and ``args`` in this iteration's pipeline; ``durable``:
         its reply waits for the replicas (see the class)."""
@@ -316,7 +338,7 @@ class AutoPipeline:
 
     def submit(
         self,
-        script: AsyncScript,
+        script: Script,
         keys: Sequence[Any],
         args: Sequence[Any],
         durable: bool = False,
@@ -328,7 +350,8 @@ class AutoPipeline:
         up to ``max_merged`` calls in one."""
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         durable = durable and self._wait_replicas > 0
-        command = (merge or "EVALSHA", script.sha, len(keys), *keys, *args)
+        verb, name = _invocation(script)
+        command = (merge or verb, name, len(keys), *keys, *args)
         self._mergeable += merge is not None
         self._enqueue((command, future, script, durable))
         return future
@@ -457,7 +480,7 @@ class AutoPipeline:
             self._loading.add(script.sha)
             loaded: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
             loaded.add_done_callback(lambda done: self._loaded(script.sha, done))
-            self._enqueue((("SCRIPT", "LOAD", script.script), loaded, None, False))
+            self._enqueue((_loading(script), loaded, None, False))
         if not future.done():
             self._enqueue((command, future, None, durable))  # a 2nd NOSCRIPT goes to the caller
 
@@ -533,10 +556,12 @@ def _merge_with(first: _Call, call: _Call) -> bool:
 
 
 def _one_call(run: list[_Call], replied: Callable[[], None]) -> _Call:
-    """The calls of ``run`` as one EVALSHA whose reply is split among their futures."""
+    """The calls of ``run`` as one script call whose reply is split among their futures."""
     first_command, _, script, durable = run[0]
+    assert script is not None  # a Merge is a script call's
+    verb = _invocation(script)[0]
     if len(run) == 1:
-        return (("EVALSHA", *first_command[1:]), run[0][1], script, durable)
+        return ((verb, *first_command[1:]), run[0][1], script, durable)
     merge: Merge = first_command[0]
     keys: list[Any] = []
     rest: list[Any] = []
@@ -547,7 +572,7 @@ def _one_call(run: list[_Call], replied: Callable[[], None]) -> _Call:
     count = first_command[2]
     keys.extend(first_command[3 + count - merge.shared_keys : 3 + count])
     shared = first_command[3 + count : 3 + count + merge.shared_args]
-    merged = ("EVALSHA", first_command[1], len(keys), *keys, *shared, *rest)
+    merged = (verb, first_command[1], len(keys), *keys, *shared, *rest)
     future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
     width = merge.reply_width
     futures = [call[1] for call in run]

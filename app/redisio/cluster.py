@@ -17,12 +17,11 @@ from typing import Any, cast
 
 from redis.asyncio import Redis
 from redis.asyncio.cluster import ClusterNode, RedisCluster
-from redis.commands.core import AsyncScript
 from redis.crc import key_slot
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import MovedError, RedisClusterException, RedisError, ResponseError
 
-from app.redisio.autopipeline import AutoPipeline, Merge
+from app.redisio.autopipeline import AutoPipeline, Merge, Script
 from app.redisio.clients import describe, node_client
 from app.settings import Settings
 
@@ -101,7 +100,7 @@ class ClusterPipelines:
 
     def submit(
         self,
-        script: AsyncScript,
+        script: Script,
         keys: Sequence[Any],
         args: Sequence[Any],
         durable: bool = False,
@@ -118,7 +117,7 @@ class ClusterPipelines:
 
     async def call(
         self,
-        script: AsyncScript,
+        script: Script,
         keys: Sequence[Any],
         args: Sequence[Any],
         durable: bool = False,
