@@ -431,8 +431,9 @@ async def test_chaos_smoke_run_loses_nothing_silently(tmp_path: Path) -> None:
     transport (a stream on one instance, each POST to either)."""
     out = tmp_path / "chaos.json"
     status, text, err = await _chaos("--smoke", "--store", "--json", str(out), limit_s=160)
+    context = f"exit status {status}\n{text}\n{err[-3000:]}"
+    assert out.exists(), f"the chaos run wrote no report:\n{context}"
     report: dict[str, Any] = json.loads(out.read_text())
-    context = f"{text}\n{err[-3000:]}"
     assert report["facts"]["sse_clients"] == 10, context
     assert report["sent"] > 500 and report["acked"] >= 0.99 * report["sent"], context
     assert report["deliveries"] > 2000 and report["delivered_live"] > 2000, context
@@ -467,8 +468,9 @@ async def replicated_chaos_smoke(mode: str, tmp_path: Path) -> None:
     so none may be lost with the master)."""
     out = tmp_path / "chaos.json"
     status, text, err = await _chaos("--smoke", mode, "--store", "--json", str(out), limit_s=160)
+    context = f"exit status {status}\n{text}\n{err[-3000:]}"
+    assert out.exists(), f"the chaos run wrote no report:\n{context}"
     report: dict[str, Any] = json.loads(out.read_text())
-    context = f"{text}\n{err[-3000:]}"
     faults = {f["name"]: f for f in report["faults"]}
     assert set(faults) == {"master_kill", "worker_kill", "postgres_kill"}, context
     assert all(f["happened"] for f in faults.values()), context
