@@ -207,6 +207,28 @@ async def test_messages_of_one_iteration_share_a_run_and_fail_alone(
         await broker.stop()
 
 
+async def test_sends_under_two_quotas_in_one_iteration_each_get_their_own(
+    redis_server: RedisServer,
+) -> None:
+    """The publishing library keeps the settings of the last header it read: sends under the
+    users' quota (burst 2, a token a thousand seconds) and under another (the backend API's,
+    open here) made together, one after the other, are each decided by their own quota."""
+    broker = await started(redis_server, user_messages_per_s=0.001, user_message_burst=2)
+    try:
+        await broker.publish("r", "warm", "up", None, quota=(1000.0, 1000))
+        sends = []
+        for n in range(4):
+            sends.append(broker.publish("r", "u", f"user {n}", f"u{n}"))
+            sends.append(broker.publish("r", "api", f"api {n}", f"a{n}", quota=(1000.0, 1000)))
+        results = await asyncio.gather(*sends, return_exceptions=True)
+        user, api = results[0::2], results[1::2]
+        assert all(isinstance(r, Published) for r in api), api
+        assert [isinstance(r, Published) for r in user] == [True, True, False, False], user
+        assert all(isinstance(r, QuotaExceeded) for r in user[2:]), user
+    finally:
+        await broker.stop()
+
+
 @pytest.mark.timeout(180)
 async def test_peer_cost_smoke() -> None:
     """``python -m loadtest.peer_cost`` (``make bench-redis``'s runs) for a second per

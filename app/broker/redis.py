@@ -69,6 +69,7 @@ _REFUSED_BY_QUOTA = 2  # the PUBLISH script's second reply, as published (0) or 
 _GONE = 3  # the EVENT script's second reply: the message is deleted
 _FAILED = 4  # the PUBLISH script's second reply: Redis refused this message (the first says why)
 _FROM_THE_STORE = 2  # HISTORY_SINCE's first reply: the page is the store's
+_HEADERS_KEPT = 16  # publishing headers kept per quota (a deployment has one or two quotas)
 
 
 class RedisBroker:
@@ -122,12 +123,14 @@ class RedisBroker:
         queue, not_queued, _ = webhook_keys(self._prefix)
         wanted = settings.webhook_url is not None and "message.created" in settings.webhook_events
         self._webhook_keys = (queue, not_queued) if wanted else ("", "")
+        # The publishing calls' shared keys: none when they would all be '' (see redis_scripts).
+        self._shared_keys = scripts.SHARED_KEYS if self._archiving or wanted else 0
         # The publishing scripts' header (see redis_scripts.HEADER_ARGS): the same objects for
         # every publish with the user quota, so that their calls can merge.
-        self._header = self._publish_header(
-            (settings.user_messages_per_s, settings.user_message_burst)
-        )
-        self._merge = Merge(0, 3, scripts.HEADER_ARGS, scripts.SHARED_KEYS)  # one Redis: one group
+        self._headers: dict[tuple[float, int], tuple[Any, ...]] = {}
+        self._quota = (settings.user_messages_per_s, settings.user_message_burst)
+        self._header = self._publish_header(self._quota)
+        self._merge = Merge(0, 3, scripts.HEADER_ARGS, self._shared_keys)  # one Redis: one group
         self._handler: BrokerHandler | None = None
         self._rooms: set[str] = set()
         self._users: set[str] = set()
@@ -806,18 +809,27 @@ class RedisBroker:
 
     def _publish_header(self, quota: tuple[float, int]) -> tuple[Any, ...]:
         """The publishing scripts' first arguments (redis_scripts.HEADER_ARGS) for a sender
-        with ``quota`` (rate per s, burst)."""
+        with ``quota`` (rate per s, burst): the same objects for the same quota (calls merge
+        only when their headers are, see Merge)."""
+        header = self._headers.get(quota)
+        if header is not None:
+            return header
         settings = self._settings
         header = (
             SERVER_RUN_ID,  # the pipeline writes in the run_id of the server it talks to
-            settings.history_size + 1,  # the log's length, see redis_scripts
-            int(settings.history_ttl_s * 1000),
-            int(settings.dedup_ttl_s * 1000),
-            *quota,
-            settings.archive_backlog_max,
-            settings.webhook_backlog_max,
+            scripts.publishing_header(
+                settings.history_size + 1,  # the log's length, see redis_scripts
+                int(settings.history_ttl_s * 1000),
+                int(settings.dedup_ttl_s * 1000),
+                *quota,
+                settings.archive_backlog_max,
+                settings.webhook_backlog_max,
+                self._shared_keys,
+            ),
         )
         assert len(header) == scripts.HEADER_ARGS
+        if len(self._headers) < _HEADERS_KEPT:
+            self._headers[quota] = header
         return header
 
     async def _publish(
@@ -834,8 +846,9 @@ class RedisBroker:
         user: str = "",
     ) -> Published:
         header = self._header if quota is None else self._publish_header(quota)
-        archive = self._keys.archive(conversation) if self._archiving else ("", "")
-        keys = [*keys, *archive, *self._webhook_keys]  # the shared keys last, see redis_scripts
+        if self._shared_keys:  # the shared keys last, see redis_scripts
+            archive = self._keys.archive(conversation) if self._archiving else ("", "")
+            keys = [*keys, *archive, *self._webhook_keys]
         args: list[Any] = [*header, channel, head, body, copy_channel, conversation, *(extra or ())]
         if self._cluster is not None:  # every key in the conversation's slot, see sharded()
             absent = f"{self._prefix}:{self._keys.tag(conversation)}{scripts.ABSENT}"
@@ -849,14 +862,17 @@ class RedisBroker:
                 # rooms on healthy masters must not wait on the master of the user's slot.
                 user_key = self._quota_key(user)
                 with contextlib.suppress(*REDIS_ERRORS):
-                    if not await self._pipeline.submit(self._take, [user_key], header[4:6]):
+                    taken = await self._pipeline.submit(
+                        self._take, [user_key], quota or self._quota
+                    )
+                    if not taken:
                         raise QuotaExceeded(user_key)
             # Messages of one loop iteration share a script run (redis_scripts.PUBLISH), on
             # Redis Cluster those of one slot.
             merge = self._merge
             if self._cluster is not None:  # one group per slot's hash tag
                 merge = Merge(
-                    self._keys.tag(conversation), 3, scripts.HEADER_ARGS, scripts.SHARED_KEYS
+                    self._keys.tag(conversation), 3, scripts.HEADER_ARGS, self._shared_keys
                 )
             reply = await self._pipeline.submit(
                 self._scripts[script], keys, args, durable=True,

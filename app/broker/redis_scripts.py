@@ -79,23 +79,29 @@ NOW: Final = NOW_VARIABLES + SET_NOW
 # call. A bucket that was not full is set again from the time it held (a second call), or,
 # when it has no token left, set back to that time. The key expires once the bucket is full
 # again, but not within 10 s: a user who keeps sending keeps one key rather than one made
-# and expired again and again. The texts of a full bucket are made once a run (`now` is
-# fixed). A script (not the publishing library, below) makes each function it defines anew on
-# every run, closures and upvalues, then collects them: its helpers are few and inlined.
+# and expired again and again. The texts of a full bucket are made once for a `now` and a rate
+# (BUCKET_VARIABLES). A script (not the publishing library, below) makes each function it
+# defines anew on every run, closures and upvalues, then collects them: its helpers are few.
 TAKE_FUNCTION: Final = """
 local function take(key, rate, burst, now)
   local interval = 1000 / rate
-  local full = full_buckets[interval]
-  if not full then
-    full = {'x' .. string.format('%x', math.floor((now + interval) * 1000 + 0.5)),
-            string.format('%d', math.max(math.ceil(interval), 10000))}
-    full_buckets[interval] = full
+  if interval ~= full_interval or now ~= full_now then
+    if interval ~= full_interval then
+      full_ttl = string.format('%d', math.max(math.ceil(interval), 10000))
+    end
+    if now ~= full_now then now_hex = 'x' .. string.format('%x', now * 1000) end
+    full_interval, full_now = interval, now
+    full_text = 'x' .. string.format('%x', math.floor((now + interval) * 1000 + 0.5))
   end
-  local held = redis.call('SET', key, full[1], 'PX', full[2], 'GET')
+  local held = redis.call('SET', key, full_text, 'PX', full_ttl, 'GET')
+  -- full when it held no time, or a time not after now: as texts of as many hex digits
+  if not held or (string.byte(held, 1) == 120 and #held == #now_hex and held <= now_hex) then
+    return 1
+  end
   local full_at = now
-  if held and string.byte(held, 1) == 120 then
+  if string.byte(held, 1) == 120 then
     full_at = tonumber(string.sub(held, 2), 16) / 1000
-  elseif held then
+  else
     full_at = tonumber(held) or now
   end
   if full_at <= now then return 1 end
@@ -110,9 +116,11 @@ local function take(key, rate, burst, now)
   return 1
 end
 """
-# per interval: the key's text and ttl as a full bucket less one token (made anew each run)
-BUCKET_VARIABLES: Final = "local full_buckets\n"
-TOKEN_BUCKET: Final = "local full_buckets = {}\n" + TAKE_FUNCTION
+# The text and ttl of a full bucket less one token, for the interval and the time they were
+# made at, and `now` as a bucket's text: a run's takes mostly share one interval and `now`,
+# and the publishing library keeps them from one call to the next (remade when either differs).
+BUCKET_VARIABLES: Final = "local full_interval, full_now, full_text, full_ttl, now_hex\n"
+TOKEN_BUCKET: Final = BUCKET_VARIABLES + TAKE_FUNCTION
 
 # A room's log incarnation. The log holds every message after `origin` (minus what trimming
 # took) only while the Redis server that wrote it is the one answering: `run` is that server's
@@ -184,12 +192,19 @@ TAKE: Final = NOW + TOKEN_BUCKET + "return take(KEYS[1], tonumber(ARGV[1]), tonu
 # The publishing scripts (PUBLISH, EVENT) start their arguments with a header that is the same
 # for every message of a run, and end their keys with keys that are too, so that the messages
 # of one loop iteration pass them once (app.redisio.autopipeline.Merge: each argument and key
-# costs Redis a Lua string, a tenth of a publish's work for a message's twenty):
-# ARGV header: the run_id of the Redis server (see INCARNATION; '' to ask), log length
-#   (history size + 1), ttl_ms, dedup_ttl_ms, quota rate per s, quota burst, archive length,
-#   webhook queue length
-# KEYS at the end: the archive stream (or '' without a store), its count of messages not
-#   archived, the webhook queue (or ''), its count of events not queued
+# costs Redis a Lua string and a slot in a table, a tenth of a publish's work for a message's
+# twenty):
+# ARGV header: the run_id of the Redis server (see INCARNATION; '' to ask), then the settings
+#   as one text, separated by spaces (see publishing_header): log length (history size + 1),
+#   ttl_ms, dedup_ttl_ms, quota rate per s, quota burst, archive length, webhook queue length,
+#   and how many shared keys the call ends with: SHARED_KEYS, or 0 when the deployment neither
+#   archives nor queues webhooks (the keys would all be '').
+#   The library reads them when the text differs from the last call's, which is rare: the
+#   text is the same string in Redis' Lua from one call to the next (Lua keeps one copy of
+#   each string, so comparing it is comparing two pointers).
+# KEYS at the end (the shared keys, unless the header says 0): the archive stream (or ''
+#   without a store), its count of messages not archived, the webhook queue (or ''), its count
+#   of events not queued
 # publish_frame(meta, log, dedup, channel, copy, conversation, head, body, claim) numbers,
 # logs, archives and delivers one frame: meta, log (or '' for no history), dedup marker (or
 # ''), channel, second channel (or ''), the conversation's name, the frame's head and body;
@@ -197,17 +212,25 @@ TAKE: Final = NOW + TOKEN_BUCKET + "return take(KEYS[1], tonumber(ARGV[1]), tonu
 # then nothing is published and it returns the first id, 1 (a duplicate).
 # The log is trimmed exactly to its length: a room's log is short (a history), and trimming
 # whole stream nodes instead (`MAXLEN ~`) would keep up to 100 entries more per room.
-HEADER_ARGS: Final = 8
+HEADER_ARGS: Final = 2
+
+
+def publishing_header(
+    log_length: int, ttl_ms: int, dedup_ttl_ms: int, rate: float, burst: int, archive_length: int,
+    webhook_length: int, shared_keys: int,
+) -> str:  # fmt: skip
+    """The settings part of the publishing scripts' header (see above), as the library reads it:
+    whole numbers but the rate."""
+    whole = [int(n) for n in (log_length, ttl_ms, dedup_ttl_ms, burst, archive_length)]
+    last = [int(webhook_length), int(shared_keys)]
+    return " ".join(map(str, [*whole[:3], float(rate), *whole[3:], *last]))
+
+
 SHARED_KEYS: Final = 4
 PUBLISH_FRAME: Final = """
-local function number(text)  -- tonumber(text), read once per run (the messages of one run
-  local n = numbers[text]    -- share their limits)
-  if n == nil then n = tonumber(text); numbers[text] = n end
-  return n
-end
 local function publish_frame(meta, log, dedup, channel, copy, conversation, head, body, claim)
   local last, _, _, due = incarnation(meta, log, TTL, RUN, true)
-  local id = now_text .. '000'  -- unless last is not below it (decimal texts: length, then text)
+  local id = now_id  -- unless last is not below it (decimal texts: length, then text)
   if #last > #id or (#last == #id and last >= id) then
     id = string.format('%d', tonumber(last) + 1)
   end
@@ -218,7 +241,7 @@ local function publish_frame(meta, log, dedup, channel, copy, conversation, head
   -- The frame, as app.protocol.message_frame builds it from the same head and body.
   local payload = head .. id .. body .. now_text .. '}'
   if log ~= '' then
-    redis.call('XADD', log, 'MAXLEN', LOG_LENGTH, id .. '-0', 'f', payload)
+    redis.call('XADD', log, 'MAXLEN', LOG_LENGTH, id, 'f', payload)  -- the entry <id>-0
   end
   if due == nil or #due < #now_text or (#due == #now_text and due <= now_text) then
     local field, next_due = push_expiry(meta, log, TTL)
@@ -227,7 +250,7 @@ local function publish_frame(meta, log, dedup, channel, copy, conversation, head
     redis.call('HSET', meta, 'last', id)
   end
   if ARCHIVE ~= '' then
-    if redis.call('XLEN', ARCHIVE) < number(ARGV[7]) then
+    if redis.call('XLEN', ARCHIVE) < ARCHIVE_MAX then
       redis.call('XADD', ARCHIVE, '*', 'c', conversation, 'f', payload)
     else  -- the backlog is full (the store has been down for long): counted, not archived,
       -- and the room's store history has a hole here that recovery must not read across
@@ -261,7 +284,7 @@ MESSAGE_KEYS: Final = 4
 PUBLISH: Final = """
 local function publish_message(k, a)
   local bucket = KEYS[k + 4]
-  if bucket ~= '' and take(bucket, number(ARGV[5]), number(ARGV[6]), now) == 0 then
+  if bucket ~= '' and take(bucket, RATE, BURST, now) == 0 then
     return 0, 2, 0
   end
   local conversation = ARGV[a + 5]
@@ -269,7 +292,7 @@ local function publish_message(k, a)
     ARGV[a + 4], conversation, ARGV[a + 2], ARGV[a + 3], true)
   if outcome == 1 then return id, 1, 0 end
   if WEBHOOKS ~= '' then
-    if redis.call('XLEN', WEBHOOKS) < number(ARGV[8]) then
+    if redis.call('XLEN', WEBHOOKS) < WEBHOOK_MAX then
       redis.call('XADD', WEBHOOKS, '*', 'e', 'message.created', 'c', conversation, 'f', payload)
     else
       redis.call('INCR', NOT_QUEUED)
@@ -280,8 +303,8 @@ end
 local function publish(keys, args)
   start(keys, args)
   local replies = {}
-  for m = 0, (#KEYS - 4) / 4 - 1 do
-    local ok, id, outcome, ts = pcall(publish_message, 4 * m, 8 + 5 * m)
+  for m = 0, (#KEYS - SHARED) / 4 - 1 do
+    local ok, id, outcome, ts = pcall(publish_message, 4 * m, 2 + 5 * m)
     if not ok then id, outcome, ts = type(id) == 'table' and id.err or tostring(id), 4, 0 end
     replies[3 * m + 1], replies[3 * m + 2], replies[3 * m + 3] = id, outcome, ts
   end
@@ -293,9 +316,9 @@ end
 # applied to the message's current state, a JSON object in the room's hash `state` (field: the
 # message id). A duplicate (its dedup marker exists) answers {first id, 1, 0} before anything
 # else, so a retried delete is a duplicate, not a refusal. Refused ({0, 3, 0}) when the
-# message is deleted. A reaction toggles: its frame's body says `on` (ARGV[11]) when the user
-# had not reacted with that emoji, else `off` (ARGV[18]). The state of a message the log no
-# longer holds is ARGV[19], read from the store by the worker; kept in the hash from then on.
+# message is deleted. A reaction toggles: its frame's body says `on` (ARGV[5]) when the user
+# had not reacted with that emoji, else `off` (ARGV[12]). The state of a message the log no
+# longer holds is ARGV[13], read from the store by the worker; kept in the hash from then on.
 # The hash expires with the room and is pruned of the messages the log no longer holds when
 # it grows past twice the log's length.
 # KEYS: as one message of PUBLISH, then the state hash, then the shared keys (see above)
@@ -305,23 +328,23 @@ end
 EVENT: Final = """
 local function event(keys, args)
   start(keys, args)
-  if KEYS[4] ~= '' and take(KEYS[4], number(ARGV[5]), number(ARGV[6]), now) == 0 then
+  if KEYS[4] ~= '' and take(KEYS[4], RATE, BURST, now) == 0 then
     return {0, 2, 0}
   end
   if KEYS[3] ~= '' then
     local first = redis.call('GET', KEYS[3])
     if first then return {first, 1, 0} end
   end
-  local target, kind, user, text = ARGV[14], tonumber(ARGV[15]), ARGV[16], ARGV[17]
+  local target, kind, user, text = ARGV[8], tonumber(ARGV[9]), ARGV[10], ARGV[11]
   local raw = redis.call('HGET', KEYS[5], target)
   local state = {}
   if raw then
     state = cjson.decode(raw)
-  elseif ARGV[19] ~= '' then
-    state = cjson.decode(ARGV[19])
+  elseif ARGV[13] ~= '' then
+    state = cjson.decode(ARGV[13])
   end
   if state.deleted then return {0, 3, 0} end
-  local body = ARGV[11]
+  local body = ARGV[5]
   if kind == 1 then
     state.text = text
     state.edited = now
@@ -333,11 +356,11 @@ local function event(keys, args)
     for _, u in ipairs(reactions[text] or {}) do
       if u == user then had = true else kept[#kept + 1] = u end
     end
-    if had then body = ARGV[18] else kept[#kept + 1] = user end
+    if had then body = ARGV[12] else kept[#kept + 1] = user end
     if #kept > 0 then reactions[text] = kept else reactions[text] = nil end
     if next(reactions) then state.reactions = reactions else state.reactions = nil end
   end
-  local id = publish_frame(KEYS[1], KEYS[2], KEYS[3], ARGV[9], ARGV[12], ARGV[13], ARGV[10], body,
+  local id = publish_frame(KEYS[1], KEYS[2], KEYS[3], ARGV[3], ARGV[6], ARGV[7], ARGV[4], body,
                            false)
   redis.call('HSET', KEYS[5], target, cjson.encode(state))
   redis.call('PEXPIRE', KEYS[5], math.ceil(tonumber(TTL) * 9 / 8))
@@ -363,11 +386,20 @@ end
 # so that the workers of two releases (a rolling deploy) each call their own; the pipelines load
 # it on every connection before its first call, as they load scripts (app.redisio.functions).
 PUBLISHING_VARIABLES: Final = """
-local KEYS, ARGV, RUN, LOG_LENGTH, TTL, DEDUP_TTL, ARCHIVE, NOT_ARCHIVED, WEBHOOKS, NOT_QUEUED
-local numbers
+local KEYS, ARGV, RUN, ARCHIVE, NOT_ARCHIVED, WEBHOOKS, NOT_QUEUED, now_id
+local HEADER, LOG_LENGTH, TTL, DEDUP_TTL, RATE, BURST, ARCHIVE_MAX, WEBHOOK_MAX, SHARED
 """
 START_RUN: Final = (
     """
+local function read_header(header)
+  local log_length, ttl, dedup_ttl, rate, burst, archive_max, webhook_max, shared =
+    string.match(header, '^(%d+) (%d+) (%d+) (%S+) (%d+) (%d+) (%d+) (%d+)$')
+  if shared == nil then error('hubbub: not a publishing header: ' .. header) end
+  LOG_LENGTH, TTL, DEDUP_TTL = log_length, ttl, dedup_ttl
+  RATE, BURST = tonumber(rate), tonumber(burst)
+  ARCHIVE_MAX, WEBHOOK_MAX, SHARED = tonumber(archive_max), tonumber(webhook_max), tonumber(shared)
+  HEADER = header
+end
 local function start(keys, args)
   KEYS, ARGV = keys, args
   if ROOM_PUBLISH == 'SPUBLISH' then
@@ -376,10 +408,15 @@ local function start(keys, args)
 """
     + SET_NOW
     + """
-  full_buckets, numbers = {}, {}
-  RUN, LOG_LENGTH, TTL, DEDUP_TTL = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
-  ARCHIVE, NOT_ARCHIVED = KEYS[#KEYS - 3], KEYS[#KEYS - 2]
-  WEBHOOKS, NOT_QUEUED = KEYS[#KEYS - 1], KEYS[#KEYS]
+  now_id = now_text .. '000'
+  RUN = ARGV[1]
+  if ARGV[2] ~= HEADER then read_header(ARGV[2]) end
+  if SHARED == 0 then
+    ARCHIVE, NOT_ARCHIVED, WEBHOOKS, NOT_QUEUED = '', '', '', ''
+  else
+    ARCHIVE, NOT_ARCHIVED = KEYS[#KEYS - 3], KEYS[#KEYS - 2]
+    WEBHOOKS, NOT_QUEUED = KEYS[#KEYS - 1], KEYS[#KEYS]
+  end
 end
 """
 )
