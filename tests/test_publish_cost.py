@@ -207,6 +207,30 @@ async def test_messages_of_one_iteration_share_a_run_and_fail_alone(
         await broker.stop()
 
 
+async def test_a_busy_rooms_merged_sends_read_its_meta_once(redis_server: RedisServer) -> None:
+    """Five sends to one room made together share a call, and only the first reads the room's
+    meta: the others go on from what the one before wrote. Their ids still increase, the meta
+    ends on the last one, and the room's history holds all five in order."""
+    broker = await started(redis_server)
+    admin = Redis.from_url(redis_server.url)
+    try:
+        await broker.publish("busy", "u", "warm-up", None)
+        await admin.config_resetstat()
+        sent = await asyncio.gather(
+            *(broker.publish("busy", f"u{n}", f"m{n}", f"c{n}") for n in range(5))
+        )
+        calls = await command_calls(admin)
+        assert calls["fcall"] == 1 and calls["hmget"] == 1 and calls["xadd"] == 5, calls
+        ids = [p.id for p in sent]
+        assert ids == sorted(set(ids)), ids
+        assert int(await admin.hget("hubbub:{r:busy}:meta", "last")) == ids[-1]
+        history = await broker.history_since("busy", ids[0] - 1, 10)
+        assert [m.id for m in history.messages] == ids, history
+    finally:
+        await admin.aclose()
+        await broker.stop()
+
+
 async def test_sends_under_two_quotas_in_one_iteration_each_get_their_own(
     redis_server: RedisServer,
 ) -> None:

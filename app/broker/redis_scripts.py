@@ -209,7 +209,10 @@ TAKE: Final = NOW + TOKEN_BUCKET + "return take(KEYS[1], tonumber(ARGV[1]), tonu
 # logs, archives and delivers one frame: meta, log (or '' for no history), dedup marker (or
 # ''), channel, second channel (or ''), the conversation's name, the frame's head and body;
 # -> id, 0, frame. With `claim`, the dedup marker is set to the id first, unless it exists:
-# then nothing is published and it returns the first id, 1 (a duplicate).
+# then nothing is published and it returns the first id, 1 (a duplicate). A message in the
+# same room as the run's message before it (a busy room's sends, merged) does not read the
+# room's meta again: the one before left it as it wrote it (`last`, when the expiry is due),
+# and nothing else writes it within a call.
 # The log is trimmed exactly to its length: a room's log is short (a history), and trimming
 # whole stream nodes instead (`MAXLEN ~`) would keep up to 100 entries more per room.
 HEADER_ARGS: Final = 2
@@ -229,7 +232,13 @@ def publishing_header(
 SHARED_KEYS: Final = 4
 PUBLISH_FRAME: Final = """
 local function publish_frame(meta, log, dedup, channel, copy, conversation, head, body, claim)
-  local last, _, _, due = incarnation(meta, log, TTL, RUN, true)
+  local last, due
+  if meta == memo_meta then  -- the run's previous message was in this room: as it left it
+    last, due = memo_last, memo_due
+  else
+    local _
+    last, _, _, due = incarnation(meta, log, TTL, RUN, true)
+  end
   local id = now_id  -- unless last is not below it (decimal texts: length, then text)
   if #last > #id or (#last == #id and last >= id) then
     id = string.format('%d', tonumber(last) + 1)
@@ -244,11 +253,13 @@ local function publish_frame(meta, log, dedup, channel, copy, conversation, head
     redis.call('XADD', log, 'MAXLEN', LOG_LENGTH, id, 'f', payload)  -- the entry <id>-0
   end
   if due == nil or #due < #now_text or (#due == #now_text and due <= now_text) then
-    local field, next_due = push_expiry(meta, log, TTL)
-    redis.call('HSET', meta, 'last', id, field, next_due)
+    local field
+    field, due = push_expiry(meta, log, TTL)
+    redis.call('HSET', meta, 'last', id, field, due)
   else
     redis.call('HSET', meta, 'last', id)
   end
+  memo_meta, memo_last, memo_due = meta, id, due
   if ARCHIVE ~= '' then
     if redis.call('XLEN', ARCHIVE) < ARCHIVE_MAX then
       redis.call('XADD', ARCHIVE, '*', 'c', conversation, 'f', payload)
@@ -387,6 +398,7 @@ end
 # it on every connection before its first call, as they load scripts (app.redisio.functions).
 PUBLISHING_VARIABLES: Final = """
 local KEYS, ARGV, RUN, ARCHIVE, NOT_ARCHIVED, WEBHOOKS, NOT_QUEUED, now_id
+local memo_meta, memo_last, memo_due  -- the meta the run's last publish left, see publish_frame
 local HEADER, LOG_LENGTH, TTL, DEDUP_TTL, RATE, BURST, ARCHIVE_MAX, WEBHOOK_MAX, SHARED
 """
 START_RUN: Final = (
@@ -409,6 +421,7 @@ local function start(keys, args)
     + SET_NOW
     + """
   now_id = now_text .. '000'
+  memo_meta = nil
   RUN = ARGV[1]
   if ARGV[2] ~= HEADER then read_header(ARGV[2]) end
   if SHARED == 0 then
