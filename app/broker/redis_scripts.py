@@ -98,7 +98,7 @@ local function take(key, rate, burst, now)
   if not held or (string.byte(held, 1) == 120 and #held == #now_hex and held <= now_hex) then
     return 1
   end
-  local full_at = now
+  local full_at
   if string.byte(held, 1) == 120 then
     full_at = tonumber(string.sub(held, 2), 16) / 1000
   else
@@ -224,9 +224,11 @@ def publishing_header(
 ) -> str:  # fmt: skip
     """The settings part of the publishing scripts' header (see above), as the library reads it:
     whole numbers but the rate."""
-    whole = [int(n) for n in (log_length, ttl_ms, dedup_ttl_ms, burst, archive_length)]
-    last = [int(webhook_length), int(shared_keys)]
-    return " ".join(map(str, [*whole[:3], float(rate), *whole[3:], *last]))
+    parts = (
+        int(log_length), int(ttl_ms), int(dedup_ttl_ms), float(rate), int(burst),
+        int(archive_length), int(webhook_length), int(shared_keys),
+    )  # fmt: skip
+    return " ".join(map(str, parts))
 
 
 SHARED_KEYS: Final = 4
