@@ -10,14 +10,24 @@ import itertools
 from typing import Any
 
 import pytest
+import uvicorn
+from uvicorn.protocols.utils import get_local_addr, get_remote_addr
 from websockets import http11
 from websockets.datastructures import Headers
 from websockets.http11 import MAX_LINE_LENGTH, MAX_NUM_HEADERS, Request
 from websockets.server import ServerProtocol
 
+from app.main import create_app
+from app.server import uvicorn_options
+from app.state import ChatState
 from app.transport import handshake
 from app.transport.handshake import PlainUpgrade
-from tests.helpers import ChatClient, make_settings, run_server
+from app.transport.uvicorn_seam import (
+    HubbubWebSocketProtocol,
+    _switching_protocols,
+    _switching_protocols_head,
+)
+from tests.helpers import ChatClient, free_port, make_settings, run_server
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -207,3 +217,57 @@ async def test_with_compression_on_the_offer_is_negotiated_by_websockets() -> No
         head = await _head(live.port, b"Sec-WebSocket-Extensions: permessage-deflate\r\n")
         assert head.startswith(b"HTTP/1.1 101")
         assert b"Sec-WebSocket-Extensions: permessage-deflate" in head
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "::1"])
+async def test_a_connections_addresses_are_uvicorns_without_asking_the_socket(host: str) -> None:
+    """HubbubHttpProtocol.connection_made takes the addresses the transport keeps: the same
+    ``server`` and ``client`` uvicorn's socket lookups give (an IPv6 address's 4-tuple
+    included), which the WebSocket takes over and the session reads (its ``ip``)."""
+    settings = make_settings()
+    port = free_port()
+    config = uvicorn.Config(
+        create_app(settings), host=host, port=port,
+        **(uvicorn_options(settings) | {"loop": "none", "log_level": "warning"}),
+    )  # fmt: skip
+    server = uvicorn.Server(config)
+    task = asyncio.create_task(server.serve())
+    try:
+        async with asyncio.timeout(10):
+            while not server.started:
+                await asyncio.sleep(0.01)
+        netloc = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        async with ChatClient.connect(f"ws://{netloc}/ws?name=alice") as alice:
+            assert (await alice.join("r"))["room"] == "r"
+            (socket,) = [p for p in server.server_state.connections if hasattr(p, "conn")]
+            assert isinstance(socket, HubbubWebSocketProtocol)
+            assert socket.server == get_local_addr(socket.transport) == (host, port)
+            assert socket.client == get_remote_addr(socket.transport)
+            assert socket.client is not None and socket.client[0] == host
+            state: ChatState = config.loaded_app.app.state.chat  # under uvicorn's proxy headers
+            assert [conn.ip for conn in state.hub.connections] == [host]
+    finally:
+        server.should_exit = True
+        async with asyncio.timeout(15):
+            await task
+
+
+def test_the_plain_accepts_answer_is_the_one_uvicorn_sends() -> None:
+    """The 101 written for a plain accept is, byte for byte, what uvicorn makes of websockets'
+    response: its Date dropped, its default headers appended with lower-case names, all
+    serialised as ISO-8859-1 (a value uvicorn is configured with may be non-ASCII)."""
+    defaults = [
+        (b"date", b"Sat, 05 Dec 2026 18:00:00 GMT"),
+        (b"server", b"uvicorn"),
+        (b"X-Served-By", b"caf\xe9"),
+    ]
+    accept = "s3pPLMBiTxaQ9kYGzzhZRbK+xOo="
+    response = _switching_protocols(accept)
+    del response.headers["Date"]  # as uvicorn's send does
+    response.headers.update(
+        (name.decode("latin-1").lower(), value.decode("latin-1")) for name, value in defaults
+    )
+    ours = _switching_protocols_head(accept, defaults)
+    assert ours == response.serialize()
+    assert ours.startswith(b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\n")
+    assert b"\r\nx-served-by: caf\xe9\r\n\r\n" in ours

@@ -38,11 +38,18 @@ What it relies on, and why:
   every header through its generic RFC 7230 parsers and builds two ``Headers``: about a tenth
   of a connect. A plain upgrade (:func:`~app.transport.handshake.plain_upgrade`: nothing to
   negotiate, nothing websockets would refuse) skips it: :meth:`HubbubWebSocketProtocol.open_plain`
-  does what uvicorn's ``handle_connect`` does after ``accept``, leaving the 101 response
-  uvicorn sends when the app accepts. Others (a subprotocol asked for, compression on, any
-  irregularity) take the path above. The WebSocket protocol takes the connection's addresses
+  does what uvicorn's ``handle_connect`` does after ``accept``, and when the app accepts,
+  :meth:`HubbubWebSocketProtocol.send` writes the 101 answer uvicorn would (byte for byte:
+  tests/test_plain_upgrade.py) without building websockets' ``Headers`` and ``Response``
+  for it. Others (a subprotocol asked for, compression on, any irregularity) take the path
+  above. The WebSocket protocol takes the connection's addresses
   from the HTTP protocol (:meth:`HubbubWebSocketProtocol.connection_taken_over`) rather than
   asking the socket for them again.
+- **Addresses read once.** uvicorn's ``connection_made`` asks a new socket object for each
+  of the connection's addresses (four ``getsockname`` and a ``getpeername`` system call per
+  connection under uvloop), which the transport read when it was made;
+  :meth:`HubbubHttpProtocol.connection_made` takes them from the transport
+  (``get_extra_info("sockname")``, ``("peername")``).
 - **Abort.** A peer that stopped reading never takes our close frame, and a plain transport
   close waits for the write buffer to drain: :func:`abort` drops the TCP connection
   (``transport.abort()``), which ASGI has no message for.
@@ -59,6 +66,7 @@ never silently: tests/test_direct_writes.py fails if one does.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import sys
 import weakref
@@ -68,7 +76,15 @@ from urllib.parse import unquote
 
 import uvicorn
 from starlette.websockets import WebSocket
+from uvicorn.logging import TRACE_LOG_LEVEL
+from uvicorn.protocols.http.flow_control import FlowControl
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+from uvicorn.protocols.utils import (
+    ClientDisconnected,
+    get_client_addr,
+    get_path_with_query_string,
+    is_ssl,
+)
 from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
 from uvicorn_worker import UvicornWorker
 from websockets.datastructures import Headers
@@ -119,9 +135,39 @@ def parsed_request(
     return Request(target.decode("ascii"), parsed, method)
 
 
+def _switching_protocols(accept: str) -> Response:
+    """The 101 answer to a plain upgrade, as websockets' ``accept`` makes it (uvicorn replaces
+    its ``Date`` with its own default headers when the app accepts)."""
+    return Response(
+        101,
+        "Switching Protocols",
+        Headers(
+            [("Date", ""), ("Upgrade", "websocket"), ("Connection", "Upgrade"),
+             ("Sec-WebSocket-Accept", accept)]
+        ),
+    )  # fmt: skip
+
+
+def _switching_protocols_head(accept: str, default_headers: Sequence[tuple[bytes, bytes]]) -> bytes:
+    """The bytes uvicorn writes for :func:`_switching_protocols` once the app accepts: its
+    ``default_headers`` (``date``, ``server``, ``CHAT``-configured ones) appended with names in
+    lower case, serialised as websockets' ``Headers`` are (ISO-8859-1)."""
+    lines = [
+        "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+        f"Sec-WebSocket-Accept: {accept}\r\n"
+    ]
+    for name, value in default_headers:
+        lines.append(f"{name.decode('latin-1').lower()}: {value.decode('latin-1')}\r\n")
+    lines.append("\r\n")
+    return "".join(lines).encode("iso-8859-1")
+
+
 class HubbubWebSocketProtocol(WebSocketsSansIOProtocol):
     """uvicorn's ``websockets-sansio`` protocol, which leaves itself in each socket's scope
     (under :data:`PROTOCOL_KEY`) for :class:`DirectSocket` and :func:`abort`."""
+
+    # A plain upgrade's Sec-WebSocket-Accept until the app accepts (open_plain, send).
+    _plain_accept: str | None = None
 
     async def run_asgi(self) -> None:
         scope: dict[str, Any] = self.scope  # type: ignore[assignment]
@@ -161,15 +207,7 @@ class HubbubWebSocketProtocol(WebSocketsSansIOProtocol):
         # What ServerProtocol.accept records of a request it accepts with no negotiation.
         conn.accept_called = True
         conn.origin = cast(Origin | None, upgrade.origin)
-        self.response = Response(
-            101,
-            "Switching Protocols",
-            # uvicorn replaces the Date with its own when the app accepts: none is made here.
-            Headers(
-                [("Date", ""), ("Upgrade", "websocket"), ("Connection", "Upgrade"),
-                 ("Sec-WebSocket-Accept", upgrade.accept)]
-            ),
-        )  # fmt: skip
+        self._plain_accept = upgrade.accept  # the 101 is written when the app accepts (send)
         self.handshake_initiated = True
         path = target.decode("ascii")
         raw_path, _, query_string = path.partition("?")
@@ -197,6 +235,46 @@ class HubbubWebSocketProtocol(WebSocketsSansIOProtocol):
         task.add_done_callback(self.on_task_complete)
         self.tasks.add(task)
 
+    async def send(self, message: Any) -> None:
+        """uvicorn's ``send``; the app's plain ``websocket.accept`` of a plain upgrade writes
+        the 101 answer uvicorn would (same status line, headers and order: uvicorn's
+        ``default_headers`` after the handshake's three) without building websockets'
+        ``Headers`` and ``Response`` for it. An accept with headers or a subprotocol, or
+        with websockets' debug logging on, goes uvicorn's way, on the same response."""
+        accept = self._plain_accept
+        if accept is not None and message["type"] == "websocket.accept":
+            self._plain_accept = None
+            plain = not message.get("headers") and not message.get("subprotocol")
+            if plain and not self.conn.debug and self.initial_response is None:
+                await self._accept_plainly(accept)
+                return
+            self.response = _switching_protocols(accept)
+        await super().send(message)
+
+    async def _accept_plainly(self, accept: str) -> None:
+        """What uvicorn's ``send`` does for ``websocket.accept`` (0.54), and websockets'
+        ``send_response`` for a 101, with the answer's bytes made here."""
+        if not self.writable.is_set():
+            await self.writable.wait()
+        if self.disconnected:
+            raise ClientDisconnected()
+        if self.handshake_complete:
+            raise RuntimeError("Unexpected ASGI message 'websocket.accept', after accepting.")
+        if self.logger.isEnabledFor(logging.INFO):
+            self.logger.info(
+                '%s - "WebSocket %s" [accepted]',
+                get_client_addr(self.scope),
+                get_path_with_query_string(self.scope),
+            )
+        if self.transport.is_closing():
+            return
+        self.handshake_complete = True
+        conn = self.conn
+        conn.state = _OPEN
+        conn.logger.info("connection open")
+        self.transport.write(_switching_protocols_head(accept, self.default_headers))
+        self.start_keepalive()
+
     def _read_frames(self) -> None:
         """From now on the connection's bytes are frames: what websockets' server parser goes
         on with once it has read the request."""
@@ -214,6 +292,24 @@ class HubbubHttpProtocol(HttpToolsProtocol):
     cycle that, after an upgrade, also keeps the transport and its socket. Left alone, every
     WebSocket ever opened would leave ~30 objects for the garbage collector to find.
     """
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        """uvicorn's (0.54), with the addresses the transport read when it was made
+        (``sockname``, ``peername``) instead of asking a socket object for them again: uvicorn
+        makes one per address (each a ``getsockname`` system call, and another per lookup)."""
+        if not _LIVE["cached_addresses"]:
+            super().connection_made(transport)
+            return
+        self.connections.add(self)
+        self.transport = transport
+        self.flow = FlowControl(transport)
+        self.server = _local_address(transport.get_extra_info("sockname"))
+        peer = transport.get_extra_info("peername")
+        self.client = (str(peer[0]), int(peer[1])) if isinstance(peer, tuple) else None
+        self.scheme = "https" if is_ssl(transport) else "http"
+        if self.logger.level <= TRACE_LOG_LEVEL:
+            prefix = f"{self.client[0]}:{self.client[1]} - " if self.client else ""
+            self.logger.log(TRACE_LOG_LEVEL, "%sHTTP connection made", prefix)
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
@@ -272,6 +368,16 @@ class HubbubHttpProtocol(HttpToolsProtocol):
         ):
             self.transport.write(b"".join(protocol.conn.data_to_send()))
             self.transport.close()
+
+
+def _local_address(sockname: Any) -> tuple[str, int | None] | None:
+    """What uvicorn's ``get_local_addr`` makes of a socket's name: (host, port) for an IP
+    socket, (path, None) for a Unix one."""
+    if isinstance(sockname, tuple):
+        return (str(sockname[0]), int(sockname[1]))
+    if isinstance(sockname, str):
+        return (sockname, None)
+    return None
 
 
 def transport_peer(scope: Mapping[str, Any]) -> str | None:
@@ -389,7 +495,10 @@ def fast_paths() -> dict[str, bool]:
         # leaves when the app accepts, from the response it left.
         "plain_upgrade": {"queue", "run_asgi", "on_task_complete", "tasks", "scope", "response"}
         <= set(protocol.handle_connect.__code__.co_names)
-        and {"response", "send_response"} <= set(protocol.send.__code__.co_names)
+        and {"response", "send_response", "default_headers", "start_keepalive"}
+        | {"handshake_complete", "initial_response", "writable", "disconnected"}
+        <= set(protocol.send.__code__.co_names)
+        and {"state", "writes", "serialize"} <= set(ServerProtocol.send_response.__code__.co_names)
         and {"accept_called", "origin"}
         <= set(ServerProtocol.accept.__code__.co_names)
         | set(ServerProtocol.process_request.__code__.co_names)
@@ -415,6 +524,28 @@ def fast_paths() -> dict[str, bool]:
             "log",
         }
         and {"server", "client", "scheme", "transport"}
+        <= set(http.connection_made.__code__.co_names),
+        # HubbubHttpProtocol.connection_made does all uvicorn's does, from the addresses the
+        # transport keeps.
+        "cached_addresses": set(http.connection_made.__code__.co_names)
+        <= {
+            "connections",
+            "add",
+            "transport",
+            "flow",
+            "FlowControl",
+            "server",
+            "get_local_addr",
+            "client",
+            "get_remote_addr",
+            "scheme",
+            "is_ssl",
+            "logger",
+            "level",
+            "TRACE_LOG_LEVEL",
+            "log",
+        }
+        and {"server", "client", "scheme", "transport", "flow"}
         <= set(http.connection_made.__code__.co_names),
         "drain_signal": "_captured_signals" in uvicorn.Server.__init__.__code__.co_names,
         "worker_server": serve is not None
