@@ -10,6 +10,12 @@ history on, GOMAXPROCS=1). The server runs on ``--server-core``; Redis and this 
 server CPU, divided by the clients, is the join cost); then one client of each room sends
 ``--rate`` messages a second in all, for ``--seconds``, after a warm-up; every member
 receives each (the sender too). Redis' and the server's CPU are read from /proc. Prints JSON.
+
+``--callgrind`` (Hubbub's targets): the server runs under valgrind's callgrind, which counts
+only while the clients connect and join (after ``WARM_CLIENTS`` have, in rooms of their own):
+``server_instructions_per_join`` is the server's user-space instructions per client, a figure
+that, unlike CPU time on a shared machine, is the same from run to run (the kernel's work
+for the sockets is not in it). No messages are sent then.
 """
 
 from __future__ import annotations
@@ -36,6 +42,9 @@ from loadtest.redis_cost import TEXT, cpu_s, per_message
 from tests.processes import ROOT, RedisServer
 
 TARGETS = ("hubbub-redis", "hubbub", "centrifugo")
+# Clients that connect and join before callgrind counts (--callgrind): imports, caches and
+# the scripts in Redis are warm by then, as in a server that has been up a while.
+WARM_CLIENTS = 50
 
 
 def tree_cpu_s(pid: int) -> float:
@@ -115,6 +124,17 @@ class Member:
             await self.ws.close()
 
 
+def _dumped(folder: Path) -> int | None:
+    """The instructions in the server's callgrind dump in ``folder`` (callgrind.<pid>.1;
+    callgrind.<pid> is the file of the counts at exit), None until it is whole."""
+    for dump in folder.glob("callgrind.*.*"):
+        # "totals:" ends a whole dump ("summary:" says 0 when counting began late).
+        totals = [line for line in dump.read_text().splitlines() if line.startswith("totals:")]
+        if totals:
+            return int(totals[-1].split()[1])
+    return None
+
+
 class Target:
     """The server under test, and how its clients speak."""
 
@@ -125,6 +145,7 @@ class Target:
         self.centrifugo: Centrifugo | None = None
         self.proc: asyncio.subprocess.Process | None = None
         self.url = ""
+        self.dumps: tempfile.TemporaryDirectory[str] | None = None  # --callgrind's
 
     async def start(self) -> None:
         if self.kind != "hubbub":
@@ -142,13 +163,18 @@ class Target:
         env = {**os.environ, **OPEN_LIMITS, "CHAT_PORT": str(port), "TMPDIR": tempfile.gettempdir()}
         if self.redis is not None:
             env["CHAT_REDIS_URL"] = self.redis.url
+        under: tuple[str, ...] = ()
+        if getattr(self.args, "callgrind", False):
+            self.dumps = tempfile.TemporaryDirectory(prefix="hubbub-callgrind-")
+            out = f"--callgrind-out-file={self.dumps.name}/callgrind.%p"
+            under = ("valgrind", "--tool=callgrind", "--instr-atstart=no", out, "--dump-line=no")
         self.proc = await asyncio.create_subprocess_exec(
-            "taskset", "-c", str(self.args.server_core), sys.executable, "-m", "app",
+            "taskset", "-c", str(self.args.server_core), *under, sys.executable, "-m", "app",
             cwd=ROOT, env=env, stdout=asyncio.subprocess.DEVNULL,
             stderr=asyncio.subprocess.DEVNULL,
         )  # fmt: skip
         self.url = f"ws://127.0.0.1:{port}/ws"
-        async with asyncio.timeout(30):
+        async with asyncio.timeout(300 if under else 30):  # Python starts slowly under valgrind
             while True:
                 try:
                     _, writer = await asyncio.open_connection("127.0.0.1", port)
@@ -206,9 +232,28 @@ class Target:
                 frame["cid"] = n
         return member.ws.send(orjson.dumps(frame).decode())
 
+    async def instructions(self, command: str) -> int:
+        """``callgrind_control`` on the server (``--callgrind``): ``-i on`` counts from now,
+        ``-i off`` stops; ``-d`` dumps -> the instructions counted."""
+        assert self.dumps is not None
+        done = await asyncio.create_subprocess_exec(
+            "callgrind_control", *command.split(), str(self.server_pid),
+            stdout=asyncio.subprocess.DEVNULL,
+        )  # fmt: skip
+        if await done.wait() != 0:
+            raise RuntimeError(f"callgrind_control {command} failed")
+        if command != "-d":
+            return 0
+        async with asyncio.timeout(30):  # the dump is written by the server, asynchronously
+            while (instructions := _dumped(Path(self.dumps.name))) is None:
+                await asyncio.sleep(0.1)
+            return instructions
+
     async def stop(self) -> None:
         if self.proc is not None:
             await terminate(self.proc)
+        if self.dumps is not None:
+            self.dumps.cleanup()
         if self.centrifugo is not None:
             await self.centrifugo.stop()
         if self.redis is not None:
@@ -221,6 +266,11 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
     members: list[Member] = []
     try:
         rooms = [f"room-{r}" for r in range(args.rooms)]
+        if getattr(args, "callgrind", False):
+            members += await asyncio.gather(
+                *(target.member(f"w{n}", f"warm-{n}") for n in range(WARM_CLIENTS))
+            )
+            await target.instructions("-i on")
         await target.redis_commands(reset=True)
         server_before = tree_cpu_s(target.server_pid)
         began = time.monotonic()
@@ -232,6 +282,16 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
             members += await asyncio.gather(*joined)
         join_s = time.monotonic() - began
         join_cpu = tree_cpu_s(target.server_pid) - server_before
+        clients = args.rooms * args.room_size
+        if getattr(args, "callgrind", False):
+            await target.instructions("-i off")
+            return {
+                "target": args.target,
+                "rooms": args.rooms,
+                "room_size": args.room_size,
+                "clients": clients,
+                "server_instructions_per_join": round(await target.instructions("-d") / clients),
+            }
         join_commands = per_message(await target.redis_commands(), len(members))
         writers = members[:: args.room_size]
 
@@ -267,7 +327,6 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
         redis_cpu = target.redis_cpu_s() - redis_before
         delivered = received() - delivered_before
         commands = per_message(await target.redis_commands(), max(1, sent))
-        clients = len(members)
         return {
             "target": args.target,
             "rooms": args.rooms,
@@ -301,13 +360,20 @@ def main(argv: list[str] | None = None) -> int:
         "--no-cid", dest="cid", action="store_false",
         help="Hubbub's sends without a client id (not deduplicated), as Centrifugo's publishes",
     )  # fmt: skip
+    parser.add_argument(
+        "--callgrind", action="store_true",
+        help="run Hubbub under valgrind's callgrind: its instructions per connect and join "
+        "only (no messages)",
+    )  # fmt: skip
     parser.add_argument("--server-core", type=int, default=0)
     parser.add_argument("--redis-core", type=int, default=1)
     args = parser.parse_args(argv)
+    if args.callgrind and args.target == "centrifugo":
+        parser.error("--callgrind counts Hubbub's instructions (Go's would not compare)")
     os.sched_setaffinity(0, {args.redis_core})
     result = asyncio.run(measure(args))
     sys.stdout.write(orjson.dumps(result, option=orjson.OPT_INDENT_2).decode() + "\n")
-    return 1 if result["missing"] else 0
+    return 1 if result.get("missing") else 0
 
 
 if __name__ == "__main__":
