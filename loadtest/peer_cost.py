@@ -5,17 +5,19 @@ server's CPU per client to connect and join.
 One target at a time (``--target``): ``hubbub-redis`` (one Hubbub process, ``python -m
 app``, on Redis), ``hubbub`` (the same on its embedded broker: the yardstick for the cost of
 going through Redis), ``centrifugo`` (its anchor, :mod:`loadtest.centrifugo`, Redis engine,
-history on, GOMAXPROCS=1). The server runs on ``--server-core``; Redis and this generator on
-``--redis-core``. ``--rooms`` rooms of ``--room-size`` clients each connect and join (their
-server CPU, divided by the clients, is the join cost); then one client of each room sends
-``--rate`` messages a second in all, for ``--seconds``, after a warm-up; every member
-receives each (the sender too). Redis' and the server's CPU are read from /proc. Prints JSON.
+history on, GOMAXPROCS=1), ``tutorial`` (:mod:`loadtest.baselines.tutorial`: FastAPI's
+tutorial on the same uvicorn, what the framework costs with none of Hubbub's features). The
+server runs on ``--server-core``; Redis and this generator on ``--redis-core``. ``--rooms``
+rooms of ``--room-size`` clients each connect and join (their server CPU, divided by the
+clients, is the join cost); then one client of each room sends ``--rate`` messages a second
+in all, for ``--seconds``, after a warm-up; every member receives each (the sender too).
+Redis' and the server's CPU are read from /proc. Prints JSON.
 
-``--callgrind`` (Hubbub's targets): the server runs under valgrind's callgrind, which counts
-only while the clients connect and join (after ``WARM_CLIENTS`` have, in rooms of their own):
-``server_instructions_per_join`` is the server's user-space instructions per client, a figure
-that, unlike CPU time on a shared machine, is the same from run to run (the kernel's work
-for the sockets is not in it). No messages are sent then.
+``--callgrind`` (the Python servers: Hubbub, the tutorial): the server runs under valgrind's
+callgrind, which counts only while the clients connect and join (after ``WARM_CLIENTS`` have,
+in rooms of their own): ``server_instructions_per_join`` is the server's user-space
+instructions per client, a figure that, unlike CPU time on a shared machine, is the same from
+run to run (the kernel's work for the sockets is not in it). No messages are sent then.
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ from loadtest.centrifugo import Centrifugo, terminate
 from loadtest.redis_cost import TEXT, cpu_s, per_message
 from tests.processes import ROOT, RedisServer
 
-TARGETS = ("hubbub-redis", "hubbub", "centrifugo")
+TARGETS = ("hubbub-redis", "hubbub", "centrifugo", "tutorial")
 # Clients that connect and join before callgrind counts (--callgrind): imports, caches and
 # the scripts in Redis are warm by then, as in a server that has been up a while.
 WARM_CLIENTS = 50
@@ -59,8 +61,8 @@ def tree_cpu_s(pid: int) -> float:
 class Member:
     """One client: counts the messages it receives; answers its server's pings."""
 
-    def __init__(self, ws: ClientConnection, centrifugo: bool) -> None:
-        self.ws, self.centrifugo = ws, centrifugo
+    def __init__(self, ws: ClientConnection, centrifugo: bool, spaced: bool = False) -> None:
+        self.ws, self.centrifugo, self.spaced = ws, centrifugo, spaced
         self.received = 0
         self.arrived = asyncio.Event()  # set at each message received (loadtest.scale's writers)
         self.next_id = 0
@@ -76,6 +78,8 @@ class Member:
                     self._centrifugo(data)
                     continue
                 for line in data.split(b"\n"):  # one frame may hold several
+                    if self.spaced:  # the tutorial's json.dumps puts a space after ':'
+                        line = line.replace(b'": "', b'":"')
                     if b'"type":"message"' in line:
                         self.received += 1
                         self.arrived.set()
@@ -148,7 +152,7 @@ class Target:
         self.dumps: tempfile.TemporaryDirectory[str] | None = None  # --callgrind's
 
     async def start(self) -> None:
-        if self.kind != "hubbub":
+        if self.kind in ("hubbub-redis", "centrifugo"):
             self.redis = RedisServer()
             await self.redis.start()
             assert self.redis.proc is not None
@@ -168,8 +172,11 @@ class Target:
             self.dumps = tempfile.TemporaryDirectory(prefix="hubbub-callgrind-")
             out = f"--callgrind-out-file={self.dumps.name}/callgrind.%p"
             under = ("valgrind", "--tool=callgrind", "--instr-atstart=no", out, "--dump-line=no")
+        server = ("-m", "app")
+        if self.kind == "tutorial":
+            server = ("-m", "loadtest.baselines.tutorial", "--port", str(port))
         self.proc = await asyncio.create_subprocess_exec(
-            "taskset", "-c", str(self.args.server_core), *under, sys.executable, "-m", "app",
+            "taskset", "-c", str(self.args.server_core), *under, sys.executable, *server,
             cwd=ROOT, env=env, stdout=asyncio.subprocess.DEVNULL,
             stderr=asyncio.subprocess.DEVNULL,
         )  # fmt: skip
@@ -218,7 +225,7 @@ class Target:
             await member.ask({"subscribe": {"channel": f"chat:{room}"}})
             return member
         ws = await connect(f"{self.url}?name={name}", compression=None)
-        member = Member(ws, centrifugo=False)
+        member = Member(ws, centrifugo=False, spaced=self.kind == "tutorial")
         await member.ask({"type": "join", "room": room})
         return member
 
@@ -362,8 +369,8 @@ def main(argv: list[str] | None = None) -> int:
     )  # fmt: skip
     parser.add_argument(
         "--callgrind", action="store_true",
-        help="run Hubbub under valgrind's callgrind: its instructions per connect and join "
-        "only (no messages)",
+        help="run the (Python) server under valgrind's callgrind: its instructions per "
+        "connect and join only (no messages)",
     )  # fmt: skip
     parser.add_argument("--server-core", type=int, default=0)
     parser.add_argument("--redis-core", type=int, default=1)
