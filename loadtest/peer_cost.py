@@ -172,7 +172,7 @@ class Target:
             self.dumps = tempfile.TemporaryDirectory(prefix="hubbub-callgrind-")
             out = f"--callgrind-out-file={self.dumps.name}/callgrind.%p"
             under = ("valgrind", "--tool=callgrind", "--instr-atstart=no", out, "--dump-line=no")
-        server = ("-m", "app")
+        server: tuple[str, ...] = ("-m", "app")
         if self.kind == "tutorial":
             server = ("-m", "loadtest.baselines.tutorial", "--port", str(port))
         self.proc = await asyncio.create_subprocess_exec(
