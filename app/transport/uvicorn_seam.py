@@ -467,6 +467,16 @@ class ServerClassWorker(UvicornWorker):  # type: ignore[misc]  # untyped upstrea
             sys.exit(Arbiter.WORKER_BOOT_ERROR)
 
 
+# What uvicorn's protocols' connection_made do (0.54): record the connection and its transport,
+# look its addresses and scheme up, log at TRACE level.
+_CONNECTION_MADE: Final = frozenset(
+    {
+        "connections", "add", "transport", "server", "get_local_addr", "client",
+        "get_remote_addr", "scheme", "is_ssl", "logger", "level", "TRACE_LOG_LEVEL", "log",
+    }
+)  # fmt: skip
+
+
 def fast_paths() -> dict[str, bool]:
     """Whether each fast path can work with what is installed: the internals it uses exist.
 
@@ -506,45 +516,13 @@ def fast_paths() -> dict[str, bool]:
         # connection_taken_over does all connection_made does (its trace log line aside),
         # from what the HTTP protocol's connection_made read.
         "upgrade_addresses": set(protocol.connection_made.__code__.co_names)
-        <= {
-            "cast",
-            "Transport",
-            "connections",
-            "add",
-            "transport",
-            "server",
-            "get_local_addr",
-            "client",
-            "get_remote_addr",
-            "scheme",
-            "is_ssl",
-            "logger",
-            "level",
-            "TRACE_LOG_LEVEL",
-            "log",
-        }
+        <= _CONNECTION_MADE | {"cast", "Transport"}
         and {"server", "client", "scheme", "transport"}
         <= set(http.connection_made.__code__.co_names),
         # HubbubHttpProtocol.connection_made does all uvicorn's does, from the addresses the
         # transport keeps.
         "cached_addresses": set(http.connection_made.__code__.co_names)
-        <= {
-            "connections",
-            "add",
-            "transport",
-            "flow",
-            "FlowControl",
-            "server",
-            "get_local_addr",
-            "client",
-            "get_remote_addr",
-            "scheme",
-            "is_ssl",
-            "logger",
-            "level",
-            "TRACE_LOG_LEVEL",
-            "log",
-        }
+        <= _CONNECTION_MADE | {"flow", "FlowControl"}
         and {"server", "client", "scheme", "transport", "flow"}
         <= set(http.connection_made.__code__.co_names),
         "drain_signal": "_captured_signals" in uvicorn.Server.__init__.__code__.co_names,
