@@ -70,7 +70,15 @@ def config(port: int, redis_url: str, history_size: int = 1000) -> dict[str, Any
 class Centrifugo:
     """One Centrifugo node on a free loopback port, pinned to ``cores``."""
 
-    def __init__(self, redis_url: str, cores: set[int], history_size: int = 1000) -> None:
+    def __init__(
+        self,
+        redis_url: str,
+        cores: set[int],
+        history_size: int = 1000,
+        under: tuple[str, ...] = (),
+    ) -> None:
+        """``under``: a command it runs under (valgrind, for loadtest.peer_cost --callgrind)."""
+        self.under = under
         self.port = _free_port()
         self.dir = Path(tempfile.mkdtemp(prefix="hubbub-centrifugo-"))
         self.cores = cores
@@ -91,11 +99,11 @@ class Centrifugo:
     async def start(self) -> None:
         env = {**os.environ, "GOMAXPROCS": str(len(self.cores))}
         self.proc = await asyncio.create_subprocess_exec(
-            "taskset", "-c", ",".join(map(str, sorted(self.cores))),
+            "taskset", "-c", ",".join(map(str, sorted(self.cores))), *self.under,
             str(binary()), "-c", str(self.dir / "config.json"),
             env=env, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
         )  # fmt: skip
-        await wait_healthy(self.proc, self.port, "/health", "centrifugo", 20)
+        await wait_healthy(self.proc, self.port, "/health", "centrifugo", 300 if self.under else 20)
 
     async def stop(self) -> None:
         if self.proc is not None:

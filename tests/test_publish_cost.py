@@ -280,25 +280,24 @@ async def test_peer_cost_smoke() -> None:
         assert (result["redis_us_per_message"] > 0) == on_redis, result
 
 
-@pytest.mark.timeout(240)
+@pytest.mark.timeout(360)
 async def test_peer_cost_counts_a_joins_instructions_under_callgrind() -> None:
-    """``python -m loadtest.peer_cost --callgrind``: Hubbub under valgrind, its instructions
-    counted while the clients connect and join only (after the warm-up clients): about
-    940,000 a client on the embedded broker at 7367430 (1,060,000 before it; 2026-12-05,
-    docs/benchmarks.md). Centrifugo's instructions are not counted (refused)."""
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "loadtest.peer_cost", "--target", "hubbub", "--callgrind",
-        "--rooms", "4", cwd=ROOT, stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )  # fmt: skip
-    stdout, stderr = await proc.communicate()
-    assert proc.returncode == 0, stderr.decode()[-2000:]
-    result = json.loads(stdout)
-    assert result["clients"] == 40, result
-    assert 300_000 < result["server_instructions_per_join"] < 5_000_000, result
-    refused = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "loadtest.peer_cost", "--target", "centrifugo", "--callgrind",
-        cwd=ROOT, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-    )  # fmt: skip
-    _, stderr = await refused.communicate()
-    assert refused.returncode == 2 and b"--callgrind" in stderr
+    """``python -m loadtest.peer_cost --callgrind``: the server under valgrind, its
+    instructions counted while the clients connect and join only (after the warm-up
+    clients): about 940,000 a client for Hubbub on its embedded broker at 7367430 (1,060,000
+    before it), about 300,000 for Centrifugo on Redis (2026-12-05, docs/benchmarks.md), where
+    its anchor is on the machine."""
+    from loadtest import centrifugo
+
+    targets = ["hubbub"] + (["centrifugo"] if centrifugo.available() else [])
+    for target in targets:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "loadtest.peer_cost", "--target", target, "--callgrind",
+            "--rooms", "4", cwd=ROOT, stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )  # fmt: skip
+        stdout, stderr = await proc.communicate()
+        assert proc.returncode == 0, f"{target}: {stderr.decode()[-2000:]}"
+        result = json.loads(stdout)
+        assert result["clients"] == 40, result
+        assert 50_000 < result["server_instructions_per_join"] < 5_000_000, result
