@@ -41,7 +41,7 @@ from websockets.exceptions import ConnectionClosed
 
 from loadtest.bench import OPEN_LIMITS, free_port
 from loadtest.centrifugo import Centrifugo, terminate
-from loadtest.redis_cost import TEXT, cpu_s, per_message
+from loadtest.redis_cost import TEXT, callgrind, cpu_s, per_message
 from tests.processes import ROOT, RedisServer
 
 TARGETS = ("hubbub-redis", "hubbub", "centrifugo", "tutorial")
@@ -127,17 +127,6 @@ class Member:
         self.reader.cancel()
         with contextlib.suppress(Exception):
             await self.ws.close()
-
-
-def _dumped(folder: Path) -> int | None:
-    """The instructions in the server's callgrind dump in ``folder`` (callgrind.<pid>.1;
-    callgrind.<pid> is the file of the counts at exit), None until it is whole."""
-    for dump in folder.glob("callgrind.*.*"):
-        # "totals:" ends a whole dump ("summary:" says 0 when counting began late).
-        totals = [line for line in dump.read_text().splitlines() if line.startswith("totals:")]
-        if totals:
-            return int(totals[-1].split()[1])
-    return None
 
 
 class Target:
@@ -244,18 +233,7 @@ class Target:
         """``callgrind_control`` on the server (``--callgrind``): ``-i on`` counts from now,
         ``-i off`` stops; ``-d`` dumps -> the instructions counted."""
         assert self.dumps is not None
-        done = await asyncio.create_subprocess_exec(
-            "callgrind_control", *command.split(), str(self.server_pid),
-            stdout=asyncio.subprocess.DEVNULL,
-        )  # fmt: skip
-        if await done.wait() != 0:
-            raise RuntimeError(f"callgrind_control {command} failed")
-        if command != "-d":
-            return 0
-        async with asyncio.timeout(30):  # the dump is written by the server, asynchronously
-            while (instructions := _dumped(Path(self.dumps.name))) is None:
-                await asyncio.sleep(0.1)
-            return instructions
+        return await callgrind(self.server_pid, command, Path(self.dumps.name))
 
     async def stop(self) -> None:
         if self.proc is not None:

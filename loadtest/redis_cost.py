@@ -151,12 +151,12 @@ class Load:
         delivered_before = delivered()
         await self.admin.config_resetstat()
         if self.args.callgrind:
-            await _callgrind(self.pid, "-z", self.args.callgrind_dumps)  # count from here
+            await callgrind(self.pid, "-z", self.args.callgrind_dumps)  # count from here
         cpu_before = cpu_s(self.pid)
         took = await self.offer(publish, self.args.seconds)
         redis_cpu = cpu_s(self.pid) - cpu_before
         instructions = (
-            await _callgrind(self.pid, "-d", self.args.callgrind_dumps)
+            await callgrind(self.pid, "-d", self.args.callgrind_dumps)
             if self.args.callgrind
             else None
         )
@@ -180,12 +180,13 @@ class Load:
         }
 
 
-async def _callgrind(pid: int, command: str, dumps: Path) -> int:
-    """``callgrind_control`` on the Redis that ``--callgrind`` runs: ``-z`` zeroes its counts,
-    ``-d`` dumps them (into ``dumps``); -> the instructions Redis executed since the last
-    ``-z`` (user space only: the kernel's work for its sockets is not counted), from the dump."""
+async def callgrind(pid: int, command: str, dumps: Path) -> int:
+    """``callgrind_control`` on a server run under callgrind, its dumps into ``dumps``:
+    ``-z`` zeroes its counts, ``-i on`` / ``-i off`` starts and stops counting, ``-d`` dumps
+    them; -> for ``-d``, the instructions counted (user space only: the kernel's work for its
+    sockets is not counted), from the dump."""
     done = await asyncio.create_subprocess_exec(
-        "callgrind_control", command, str(pid), stdout=asyncio.subprocess.DEVNULL
+        "callgrind_control", *command.split(), str(pid), stdout=asyncio.subprocess.DEVNULL
     )
     if await done.wait() != 0:
         raise RuntimeError(f"callgrind_control {command} {pid} failed")
@@ -193,7 +194,9 @@ async def _callgrind(pid: int, command: str, dumps: Path) -> int:
 
 
 def _dumped_instructions(pid: int, folder: Path) -> int:
-    """The instructions counted in Redis' newest callgrind dump (the dumps are removed)."""
+    """The instructions counted in the server's newest callgrind dump (the dumps are removed):
+    its ``totals:`` line, which ends a whole dump (its ``summary:`` says 0 when counting began
+    with ``-i on``). ``callgrind.<pid>`` is the file of the counts at exit, not a dump."""
     dumps = sorted(
         folder.glob(f"callgrind.{pid}.*"),
         key=lambda path: path.stat().st_mtime,
@@ -201,7 +204,7 @@ def _dumped_instructions(pid: int, folder: Path) -> int:
     lines = dumps[-1].read_text().splitlines()
     for dump in dumps:
         dump.unlink()
-    return int(next(line for line in lines if line.startswith(("summary:", "totals:"))).split()[1])
+    return int([line for line in lines if line.startswith("totals:")][-1].split()[1])
 
 
 async def _hubbub(args: argparse.Namespace, redis: RedisServer, admin: Redis) -> dict[str, Any]:

@@ -258,8 +258,6 @@ class HubbubWebSocketProtocol(WebSocketsSansIOProtocol):
             await self.writable.wait()
         if self.disconnected:
             raise ClientDisconnected()
-        if self.handshake_complete:
-            raise RuntimeError("Unexpected ASGI message 'websocket.accept', after accepting.")
         if self.logger.isEnabledFor(logging.INFO):
             self.logger.info(
                 '%s - "WebSocket %s" [accepted]',
