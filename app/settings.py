@@ -288,6 +288,15 @@ class Settings(BaseSettings):
         "script run in Redis (1: a run each). More is less Redis CPU a message under load; "
         "each run holds Redis for about 25 us a message.",
     )
+    redis_publish_rooms_known: int = Field(
+        10_000,
+        ge=0,
+        le=1_000_000,
+        description="Rooms with history whose newest message id each Redis keeps in its "
+        "publishing library's memory, so that a send there does not read the room's meta "
+        "(about 260 bytes of Redis' Lua memory a room; past it, the library starts over; 0: "
+        "read it on every send).",
+    )
     redis_prefix: str = Field(
         "hubbub",
         pattern=r"^[A-Za-z0-9_.-]{1,32}$",

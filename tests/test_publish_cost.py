@@ -207,11 +207,13 @@ async def test_messages_of_one_iteration_share_a_run_and_fail_alone(
         await broker.stop()
 
 
-async def test_a_busy_rooms_merged_sends_read_its_meta_once(redis_server: RedisServer) -> None:
-    """Five sends to one room made together share a call, and only the first reads the room's
-    meta: the others go on from what the one before wrote. Their ids still increase, the meta
-    ends on the last one, and the room's history holds all five in order."""
-    broker = await started(redis_server)
+async def test_merged_sends_to_a_room_without_history_read_its_meta_once(
+    redis_server: RedisServer,
+) -> None:
+    """Without history (no log to check an id against), five sends to one room made together
+    share a call, and only the first reads the room's meta: the others go on from what the one
+    before wrote. Their ids still increase and the meta ends on the last one."""
+    broker = await started(redis_server, history_size=0)
     admin = Redis.from_url(redis_server.url)
     try:
         await broker.publish("busy", "u", "warm-up", None)
@@ -220,16 +222,112 @@ async def test_a_busy_rooms_merged_sends_read_its_meta_once(redis_server: RedisS
             *(broker.publish("busy", f"u{n}", f"m{n}", f"c{n}") for n in range(5))
         )
         calls = await command_calls(admin)
-        assert calls["fcall"] == 1 and calls["hmget"] == 1 and calls["xadd"] == 5, calls
+        assert calls["fcall"] == 1 and calls["hmget"] == 1 and "xadd" not in calls, calls
         ids = [p.id for p in sent]
         assert ids == sorted(set(ids)), ids
         last = await admin.hget("hubbub:{r:busy}:meta", "last")
         assert last is not None and int(last) == ids[-1], last
-        history = await broker.history_since("busy", ids[0] - 1, 10)
-        assert [m.id for m in history.messages] == ids, history
     finally:
         await admin.aclose()
         await broker.stop()
+
+
+async def test_sends_to_a_room_with_history_read_its_meta_once(redis_server: RedisServer) -> None:
+    """The publishing library keeps the newest id it wrote in a room with a log: after the
+    room's first send, ten more (each its own call) read no meta. Their ids increase, the meta
+    ends on the last one, and the room's history holds all of them in order."""
+    broker = await started(redis_server)
+    admin = Redis.from_url(redis_server.url)
+    try:
+        first = await broker.publish("busy", "u", "first", None)
+        await admin.config_resetstat()
+        sent = [await broker.publish("busy", f"u{n}", f"m{n}", f"c{n}") for n in range(10)]
+        calls = await command_calls(admin)
+        assert calls["fcall"] == 10 and calls["xadd"] == 10 and "hmget" not in calls, calls
+        ids = [first.id] + [p.id for p in sent]
+        assert ids == sorted(set(ids)), ids
+        last = await admin.hget("hubbub:{r:busy}:meta", "last")
+        assert last is not None and int(last) == ids[-1], last
+        history = await broker.history_since("busy", first.id - 1, 20)
+        assert history.recovered and [m.id for m in history.messages] == ids, history
+    finally:
+        await admin.aclose()
+        await broker.stop()
+
+
+async def test_a_send_goes_on_above_what_another_release_wrote(redis_server: RedisServer) -> None:
+    """A worker of another release (its own library, its own memory of the room) published in
+    the room after this library's last send, far ahead of Redis' clock: the next send is
+    numbered above it (the log refuses the id this library would have used, and the meta is
+    read after all), its retry is a duplicate of it, and the history holds all three in
+    order."""
+    broker = await started(redis_server)
+    admin = Redis.from_url(redis_server.url)
+    try:
+        mine = await broker.publish("r", "u", "mine", None)
+        theirs = mine.id + 10_000_000_000  # 10,000 s ahead
+        await admin.xadd("hubbub:{r:r}:log", {"f": "{}"}, id=f"{theirs}-0")
+        await admin.hset("hubbub:{r:r}:meta", "last", str(theirs))
+        after = await broker.publish("r", "u", "after", "c1")
+        assert after.id == theirs + 1 and not after.duplicate, (after, theirs)
+        again = await broker.publish("r", "u", "after", "c1")
+        assert again.duplicate and again.id == after.id, again
+        entries = await admin.xrange("hubbub:{r:r}:log")
+        ids = [int(entry_id.decode().removesuffix("-0")) for entry_id, _ in entries]
+        assert ids == [mine.id, theirs, after.id], ids
+        last = await admin.hget("hubbub:{r:r}:meta", "last")
+        assert last is not None and int(last) == after.id, last
+    finally:
+        await admin.aclose()
+        await broker.stop()
+
+
+async def test_a_send_after_the_rooms_keys_are_gone_makes_them_anew(
+    redis_server: RedisServer,
+) -> None:
+    """The room's keys are deleted behind the library's back (by hand, or evicted): the next
+    send makes them anew with their expiry, and a `since` from before is not vouched for (a new
+    incarnation: `recovered` false), while one from the new message is."""
+    broker = await started(redis_server, history_ttl_s=3600)
+    admin = Redis.from_url(redis_server.url)
+    try:
+        before = await broker.publish("r", "u", "before", None)
+        await admin.delete("hubbub:{r:r}:meta", "hubbub:{r:r}:log")
+        after = await broker.publish("r", "u", "after", None)
+        for key in ("hubbub:{r:r}:meta", "hubbub:{r:r}:log"):
+            assert 3_600_000 <= await admin.pttl(key) <= 3_600_000 * 9 // 8, key
+        assert not (await broker.history_since("r", before.id - 1, 10)).recovered
+        newer = await broker.publish("r", "u", "newer", None)
+        history = await broker.history_since("r", after.id, 10)
+        assert history.recovered and [m.id for m in history.messages] == [newer.id], history
+    finally:
+        await admin.aclose()
+        await broker.stop()
+
+
+async def test_the_rooms_the_library_keeps_are_bounded(redis_server: RedisServer) -> None:
+    """With CHAT_REDIS_PUBLISH_ROOMS_KNOWN=2 the library keeps two rooms: sends to them read no
+    meta; a third room makes it start over (each room's meta read again once); with 0 every
+    send reads it."""
+    broker = await started(redis_server, redis_publish_rooms_known=2)
+    reads_always = await started(redis_server, redis_publish_rooms_known=0)
+    admin = Redis.from_url(redis_server.url)
+
+    async def meta_reads(sends: list[str], by: RedisBroker = broker) -> int:
+        await admin.config_resetstat()
+        for room in sends:
+            await by.publish(room, "u", "m", None)
+        return (await command_calls(admin)).get("hmget", 0)
+
+    try:
+        assert await meta_reads(["a", "b"]) == 2
+        assert await meta_reads(["a", "b", "a", "b"]) == 0
+        assert await meta_reads(["c", "a", "c", "a"]) == 2  # c: starts over; a: read again
+        assert await meta_reads(["d", "d", "d"], by=reads_always) == 3
+    finally:
+        await admin.aclose()
+        await broker.stop()
+        await reads_always.stop()
 
 
 async def test_sends_under_two_quotas_in_one_iteration_each_get_their_own(

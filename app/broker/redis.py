@@ -825,6 +825,7 @@ class RedisBroker:
                 settings.archive_backlog_max,
                 settings.webhook_backlog_max,
                 self._shared_keys,
+                settings.redis_publish_rooms_known,
             ),
         )
         assert len(header) == scripts.HEADER_ARGS

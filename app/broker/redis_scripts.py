@@ -146,10 +146,14 @@ local function entries_added(log)
   end
   return nil  -- Redis < 7.0 does not say
 end
-local function incarnation(meta, log, ttl_ms, run, publishing)
+local function server_run(run)  -- the caller's run_id, else Redis' own
   if run == nil or run == '' then
-    run = string.match(redis.call('INFO', 'server'), 'run_id:(%x+)')
+    return string.match(redis.call('INFO', 'server'), 'run_id:(%x+)')
   end
+  return run
+end
+local function incarnation(meta, log, ttl_ms, run, publishing)
+  run = server_run(run)
   local m
   if publishing then  -- what a publish reads: no origin nor base
     m = redis.call('HMGET', meta, 'last', 'run', log == '' and 'dm' or 'dl')
@@ -197,8 +201,9 @@ TAKE: Final = NOW + TOKEN_BUCKET + "return take(KEYS[1], tonumber(ARGV[1]), tonu
 # ARGV header: the run_id of the Redis server (see INCARNATION; '' to ask), then the settings
 #   as one text, separated by spaces (see publishing_header): log length (history size + 1),
 #   ttl_ms, dedup_ttl_ms, quota rate per s, quota burst, archive length, webhook queue length,
-#   and how many shared keys the call ends with: SHARED_KEYS, or 0 when the deployment neither
-#   archives nor queues webhooks (the keys would all be '').
+#   how many shared keys the call ends with: SHARED_KEYS, or 0 when the deployment neither
+#   archives nor queues webhooks (the keys would all be ''), and how many rooms' newest id the
+#   library keeps from one call to the next (CHAT_REDIS_PUBLISH_ROOMS_KNOWN, see publish_frame).
 #   The library reads them when the text differs from the last call's, which is rare: the
 #   text is the same string in Redis' Lua from one call to the next (Lua keeps one copy of
 #   each string, so comparing it is comparing two pointers).
@@ -213,6 +218,15 @@ TAKE: Final = NOW + TOKEN_BUCKET + "return take(KEYS[1], tonumber(ARGV[1]), tonu
 # same room as the run's message before it (a busy room's sends, merged) does not read the
 # room's meta again: the one before left it as it wrote it (`last`, when the expiry is due),
 # and nothing else writes it within a call.
+# Nor does a message in a room with a log that this library published in before, while that
+# room's expiry is not due (its keys surely exist): the library keeps, from one call to the
+# next, the `last` and due time it wrote in up to CHAT_REDIS_PUBLISH_ROOMS_KNOWN rooms (past
+# that it starts over). What it keeps may be behind: a worker of another release (its own
+# library) published there since. Then the log refuses the id (not above its newest entry),
+# the meta is read after all, and the message is numbered from it. A meta that is gone
+# (`HSET` adds `last` anew: the keys were deleted or evicted) starts a new incarnation just
+# before the message. The library's memory is Redis' process's: a restarted server, a
+# promoted replica or a library loaded again (each new connection loads it) starts empty.
 # The log is trimmed exactly to its length: a room's log is short (a history), and trimming
 # whole stream nodes instead (`MAXLEN ~`) would keep up to 100 entries more per room.
 HEADER_ARGS: Final = 2
@@ -220,48 +234,88 @@ HEADER_ARGS: Final = 2
 
 def publishing_header(
     log_length: int, ttl_ms: int, dedup_ttl_ms: int, rate: float, burst: int, archive_length: int,
-    webhook_length: int, shared_keys: int,
+    webhook_length: int, shared_keys: int, rooms_known: int,
 ) -> str:  # fmt: skip
     """The settings part of the publishing scripts' header (see above), as the library reads it:
     whole numbers but the rate."""
     parts = (
         int(log_length), int(ttl_ms), int(dedup_ttl_ms), float(rate), int(burst),
-        int(archive_length), int(webhook_length), int(shared_keys),
+        int(archive_length), int(webhook_length), int(shared_keys), int(rooms_known),
     )  # fmt: skip
     return " ".join(map(str, parts))
 
 
 SHARED_KEYS: Final = 4
 PUBLISH_FRAME: Final = """
+local function next_id(last)  -- max(last + 1, now_id), as decimal texts: length, then text
+  if #last > #now_id or (#last == #now_id and last >= now_id) then
+    return string.format('%d', tonumber(last) + 1)
+  end
+  return now_id
+end
+local function forget_rooms()
+  known_last, known_due, known_count = {}, {}, 0
+end
 local function publish_frame(meta, log, dedup, channel, copy, conversation, head, body, claim)
-  local last, due
+  local last, due, known
   if meta == memo_meta then  -- the run's previous message was in this room: as it left it
     last, due = memo_last, memo_due
   else
-    local _
-    last, _, _, due = incarnation(meta, log, TTL, RUN, true)
+    due = known_due[meta]
+    if due and log ~= '' and (#due > #now_text or (#due == #now_text and due > now_text)) then
+      last, known = known_last[meta], true
+    else
+      local _
+      last, _, _, due = incarnation(meta, log, TTL, RUN, true)
+    end
   end
-  local id = now_id  -- unless last is not below it (decimal texts: length, then text)
-  if #last > #id or (#last == #id and last >= id) then
-    id = string.format('%d', tonumber(last) + 1)
-  end
+  local id = next_id(last)
   if claim and dedup ~= '' then
     local first = redis.call('SET', dedup, id, 'NX', 'GET', 'PX', DEDUP_TTL)
     if first then return first, 1 end
   end
   -- The frame, as app.protocol.message_frame builds it from the same head and body.
   local payload = head .. id .. body .. now_text .. '}'
-  if log ~= '' then
+  if known then
+    -- What this library knew of the room may be behind (a worker of another release published
+    -- in it): the log refuses an id not above its newest, and the meta is read after all.
+    local added = redis.pcall('XADD', log, 'MAXLEN', LOG_LENGTH, id, 'f', payload)
+    if type(added) == 'table' and added.err then
+      if not string.find(added.err, 'equal or smaller', 1, true) then error(added) end
+      known = nil
+      local _
+      last, _, _, due = incarnation(meta, log, TTL, RUN, true)
+      id = next_id(last)
+      if claim and dedup ~= '' then redis.call('SET', dedup, id, 'PX', DEDUP_TTL) end
+      payload = head .. id .. body .. now_text .. '}'
+      redis.call('XADD', log, 'MAXLEN', LOG_LENGTH, id, 'f', payload)
+    end
+  elseif log ~= '' then
     redis.call('XADD', log, 'MAXLEN', LOG_LENGTH, id, 'f', payload)  -- the entry <id>-0
   end
   if due == nil or #due < #now_text or (#due == #now_text and due <= now_text) then
     local field
     field, due = push_expiry(meta, log, TTL)
     redis.call('HSET', meta, 'last', id, field, due)
-  else
-    redis.call('HSET', meta, 'last', id)
+  elseif redis.call('HSET', meta, 'last', id) == 1 and known then
+    -- The meta was gone (the room's keys were deleted or evicted): a new incarnation that
+    -- starts just before this message, the one message after it the log is sure to hold, and
+    -- keys that expire from now.
+    local field
+    field, due = push_expiry(meta, log, TTL)
+    local added = entries_added(log)
+    redis.call('HSET', meta, 'origin', string.format('%d', tonumber(id) - 1),
+               'run', server_run(RUN), 'base', string.format('%d', added and added - 1 or -1),
+               field, due)
   end
   memo_meta, memo_last, memo_due = meta, id, due
+  if log ~= '' and ROOMS_KNOWN > 0 then
+    if known_due[meta] == nil then
+      if known_count >= ROOMS_KNOWN then forget_rooms() end
+      known_count = known_count + 1
+    end
+    known_last[meta], known_due[meta] = id, due
+  end
   if ARCHIVE ~= '' then
     if redis.call('XLEN', ARCHIVE) < ARCHIVE_MAX then
       redis.call('XADD', ARCHIVE, '*', 'c', conversation, 'f', payload)
@@ -401,17 +455,24 @@ end
 PUBLISHING_VARIABLES: Final = """
 local KEYS, ARGV, RUN, ARCHIVE, NOT_ARCHIVED, WEBHOOKS, NOT_QUEUED, now_id
 local memo_meta, memo_last, memo_due  -- the meta the run's last publish left, see publish_frame
+-- what this library wrote last in rooms with a log, kept from one call to the next (see
+-- publish_frame): meta -> `last`, meta -> when the expiry is due, how many rooms
+local known_last, known_due, known_count = {}, {}, 0
 local HEADER, LOG_LENGTH, TTL, DEDUP_TTL, RATE, BURST, ARCHIVE_MAX, WEBHOOK_MAX, SHARED
+local ROOMS_KNOWN
 """
 START_RUN: Final = (
     """
 local function read_header(header)
-  local log_length, ttl, dedup_ttl, rate, burst, archive_max, webhook_max, shared =
-    string.match(header, '^(%d+) (%d+) (%d+) (%S+) (%d+) (%d+) (%d+) (%d+)$')
-  if shared == nil then error('hubbub: not a publishing header: ' .. header) end
+  local log_length, ttl, dedup_ttl, rate, burst, archive_max, webhook_max, shared, known =
+    string.match(header, '^(%d+) (%d+) (%d+) (%S+) (%d+) (%d+) (%d+) (%d+) (%d+)$')
+  if known == nil then error('hubbub: not a publishing header: ' .. header) end
+  if log_length ~= LOG_LENGTH or ttl ~= TTL then forget_rooms() end
   LOG_LENGTH, TTL, DEDUP_TTL = log_length, ttl, dedup_ttl
   RATE, BURST = tonumber(rate), tonumber(burst)
   ARCHIVE_MAX, WEBHOOK_MAX, SHARED = tonumber(archive_max), tonumber(webhook_max), tonumber(shared)
+  ROOMS_KNOWN = tonumber(known)
+  if known_count > ROOMS_KNOWN then forget_rooms() end
   HEADER = header
 end
 local function start(keys, args)
