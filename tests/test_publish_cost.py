@@ -272,9 +272,9 @@ async def test_a_send_goes_on_above_what_another_release_wrote(redis_server: Red
         assert after.id == theirs + 1 and not after.duplicate, (after, theirs)
         again = await broker.publish("r", "u", "after", "c1")
         assert again.duplicate and again.id == after.id, again
-        entries = await admin.xrange("hubbub:{r:r}:log")
-        ids = [int(entry_id.decode().removesuffix("-0")) for entry_id, _ in entries]
-        assert ids == [mine.id, theirs, after.id], ids
+        history = await broker.history_since("r", mine.id - 1, 10)
+        ids = [m.id for m in history.messages]
+        assert history.recovered and ids == [mine.id, theirs, after.id], history
         last = await admin.hget("hubbub:{r:r}:meta", "last")
         assert last is not None and int(last) == after.id, last
     finally:
