@@ -55,6 +55,8 @@ OPEN_LIMITS = {
     "CHAT_USER_NEW_ROOMS_PER_S": "1000000", "CHAT_USER_NEW_ROOM_BURST": "1000000",
     "CHAT_HISTORY_READS_PER_S": "1000000", "CHAT_HISTORY_READ_BURST": "1000000",
     "CHAT_RATE_LIMIT_BURST": "1000000", "CHAT_LOG_LEVEL": "warning",
+    # Clients that authenticate in their first frame, as the SDKs do, all from 127.0.0.1.
+    "CHAT_MAX_PENDING_AUTH": "1000000", "CHAT_MAX_PENDING_AUTH_PER_ADDRESS": "1000000",
     # Heartbeats within the connection holds; the production timeout (10 s).
     "CHAT_HEARTBEAT_INTERVAL_S": "15", "CHAT_HEARTBEAT_TIMEOUT_S": "10",
 }  # fmt: skip

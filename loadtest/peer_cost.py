@@ -59,6 +59,15 @@ def tree_cpu_s(pid: int) -> float:
     return total
 
 
+async def connect_as(url: str, name: str) -> ClientConnection:
+    """A Hubbub client connected and authenticated as the SDKs and the chat page do it:
+    ``?auth=frame``, then an ``auth`` frame first (as Centrifugo's clients send ``connect``).
+    Its ``hello`` is not waited for: what the client sends next is read after it."""
+    ws = await connect(f"{url}?auth=frame", compression=None)
+    await ws.send(orjson.dumps({"type": "auth", "name": name}).decode())
+    return ws
+
+
 class Member:
     """One client: counts the messages it receives; answers its server's pings."""
 
@@ -214,7 +223,10 @@ class Target:
             await member.ask({"connect": {}})
             await member.ask({"subscribe": {"channel": f"chat:{room}"}})
             return member
-        ws = await connect(f"{self.url}?name={name}", compression=None)
+        if self.kind == "tutorial":  # it has no authentication: the name is its user's
+            ws = await connect(f"{self.url}?name={name}", compression=None)
+        else:
+            ws = await connect_as(self.url, name)
         member = Member(ws, centrifugo=False, spaced=self.kind == "tutorial")
         await member.ask({"type": "join", "room": room})
         return member

@@ -38,7 +38,7 @@ import orjson
 
 from loadtest.bench import OPEN_LIMITS, free_port
 from loadtest.centrifugo import Centrifugo, available, terminate, wait_healthy
-from loadtest.peer_cost import Member, tree_cpu_s
+from loadtest.peer_cost import Member, connect_as, tree_cpu_s
 from loadtest.redis_cost import TEXT, cpu_s
 from tests.processes import ROOT, RedisServer
 
@@ -93,7 +93,7 @@ async def _join(url: str, centrifugo: bool, name: str, room: str) -> Member:
         await member.ask({"connect": {}})
         await member.ask({"subscribe": {"channel": f"chat:{room}"}})
         return member
-    member = Member(await connect(f"{url}?name={name}", compression=None), centrifugo=False)
+    member = Member(await connect_as(url, name), centrifugo=False)
     await member.ask({"type": "join", "room": room})
     return member
 
