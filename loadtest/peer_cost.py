@@ -8,9 +8,11 @@ going through Redis), ``centrifugo`` (its anchor, :mod:`loadtest.centrifugo`, Re
 history on, GOMAXPROCS=1), ``tutorial`` (:mod:`loadtest.baselines.tutorial`: FastAPI's
 tutorial on the same uvicorn, what the framework costs with none of Hubbub's features). The
 server runs on ``--server-core``; Redis and this generator on ``--redis-core``. ``--rooms``
-rooms of ``--room-size`` clients each connect and join (their server CPU, divided by the
-clients, is the join cost); then one client of each room sends ``--rate`` messages a second
-in all, for ``--seconds``, after a warm-up; every member receives each (the sender too).
+rooms of ``--room-size`` clients each connect, authenticate and join (their server CPU,
+divided by the clients, is the join cost; Hubbub's clients authenticate in a first ``auth``
+frame as the SDKs do, Centrifugo's with ``connect``, the tutorial's by a name in the URL);
+then one client of each room sends ``--rate`` messages a second in all, for ``--seconds``,
+after a warm-up; every member receives each (the sender too).
 Redis' and the server's CPU are read from /proc. Prints JSON.
 
 ``--callgrind``: the server runs under valgrind's callgrind, which counts only while the
