@@ -437,9 +437,10 @@ class PostgresServer:
         await wait_for_port(self.port, self.proc, "postgres")
 
     async def create_database(self, name: str) -> str:
-        """Create database ``name``; returns its URL. Waits (up to 30 s) while the server,
-        listening already, is still starting up."""
-        async with asyncio.timeout(30):
+        """Create database ``name``; returns its URL. Waits (up to 60 s: one `CREATE DATABASE`
+        took over 30 s on a loaded CI machine) while the server, listening already, is still
+        starting up."""
+        async with asyncio.timeout(60):
             while True:
                 psql = await asyncio.create_subprocess_exec(
                     str(self.bin / "psql"), "-h", "127.0.0.1", "-p", str(self.port),
