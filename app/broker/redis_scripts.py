@@ -253,6 +253,9 @@ local function next_id(last)  -- max(last + 1, now_id), as decimal texts: length
   end
   return now_id
 end
+local function is_due(due)  -- the keys' expiry is to be pushed back (decimal texts, as above)
+  return due == nil or #due < #now_text or (#due == #now_text and due <= now_text)
+end
 local function forget_rooms()
   known_last, known_due, known_count = {}, {}, 0
 end
@@ -262,7 +265,7 @@ local function publish_frame(meta, log, dedup, channel, copy, conversation, head
     last, due = memo_last, memo_due
   else
     due = known_due[meta]
-    if due and log ~= '' and (#due > #now_text or (#due == #now_text and due > now_text)) then
+    if log ~= '' and not is_due(due) then
       last, known = known_last[meta], true
     else
       local _
@@ -293,7 +296,7 @@ local function publish_frame(meta, log, dedup, channel, copy, conversation, head
   elseif log ~= '' then
     redis.call('XADD', log, 'MAXLEN', LOG_LENGTH, id, 'f', payload)  -- the entry <id>-0
   end
-  if due == nil or #due < #now_text or (#due == #now_text and due <= now_text) then
+  if is_due(due) then
     local field
     field, due = push_expiry(meta, log, TTL)
     redis.call('HSET', meta, 'last', id, field, due)
