@@ -45,6 +45,16 @@ What it relies on, and why:
   above. The WebSocket protocol takes the connection's addresses
   from the HTTP protocol (:meth:`HubbubWebSocketProtocol.connection_taken_over`) rather than
   asking the socket for them again.
+- **Whole text frames read directly.** websockets' parser reads each client frame through
+  generator-based reads, an enum lookup and a ``Frame`` with its checks, and uvicorn then
+  makes the app's receive event: about 3 µs a frame. On a plain upgrade's socket,
+  :meth:`HubbubWebSocketProtocol.data_received` reads a chunk that is exactly whole text
+  frames (:func:`~app.transport.client_frames.whole_texts`) itself, while websockets' parser
+  stands between frames (it waits in ``StreamReader.at_eof``, its buffer empty, no fragment
+  begun), and queues the events uvicorn's ``send_receive_event_to_app`` would. Any other
+  chunk (control frames, fragments, binary, a frame cut in two, invalid UTF-8, a frame over
+  the limit) goes to websockets' parser, which reads or refuses it as before
+  (tests/test_client_frames.py).
 - **Addresses read once.** uvicorn's ``connection_made`` asks a new socket object for each
   of the connection's addresses (four ``getsockname`` and a ``getpeername`` system call per
   connection under uvloop), which the transport read when it was made;
@@ -71,6 +81,7 @@ import logging
 import sys
 import weakref
 from collections.abc import Mapping, Sequence
+from types import GeneratorType
 from typing import Any, Final, cast
 from urllib.parse import unquote
 
@@ -91,8 +102,10 @@ from websockets.datastructures import Headers
 from websockets.http11 import MAX_LINE_LENGTH, MAX_NUM_HEADERS, Request, Response
 from websockets.protocol import Protocol, State
 from websockets.server import ServerProtocol
+from websockets.streams import StreamReader
 from websockets.typing import Origin
 
+from app.transport.client_frames import whole_texts
 from app.transport.handshake import PlainUpgrade, fields_as_websockets_reads_them, plain_upgrade
 
 logger = logging.getLogger(__name__)
@@ -114,6 +127,8 @@ FALLBACK_UNSUPPORTED: Final = "unsupported_version"  # the internals are not the
 FALLBACK_REASONS: Final = (FALLBACK_DEFLATE, FALLBACK_NO_PROTOCOL, FALLBACK_UNSUPPORTED)
 
 _OPEN: Final = State.OPEN
+# What websockets' parser waits in between frames (the first step of Protocol.parse's loop).
+_BETWEEN_FRAMES: Final = StreamReader.at_eof.__code__
 
 
 def parsed_request(
@@ -168,6 +183,8 @@ class HubbubWebSocketProtocol(WebSocketsSansIOProtocol):
 
     # A plain upgrade's Sec-WebSocket-Accept until the app accepts (open_plain, send).
     _plain_accept: str | None = None
+    # Whether whole text frames are read without websockets' parser (open_plain decides).
+    _reads_plainly = False
 
     async def run_asgi(self) -> None:
         scope: dict[str, Any] = self.scope  # type: ignore[assignment]
@@ -204,6 +221,10 @@ class HubbubWebSocketProtocol(WebSocketsSansIOProtocol):
         offers no extension."""
         self._read_frames()
         conn = self.conn
+        # No extension to decode frames with, no fragment limit, no debug log of each frame.
+        self._reads_plainly = (
+            _LIVE["plain_frames"] and conn.max_fragment_size is None and not conn.debug
+        )
         # What ServerProtocol.accept records of a request it accepts with no negotiation.
         conn.accept_called = True
         conn.origin = cast(Origin | None, upgrade.origin)
@@ -272,6 +293,31 @@ class HubbubWebSocketProtocol(WebSocketsSansIOProtocol):
         conn.logger.info("connection open")
         self.transport.write(_switching_protocols_head(accept, self.default_headers))
         self.start_keepalive()
+
+    def data_received(self, data: bytes) -> None:
+        """uvicorn's, but for a chunk that is exactly whole text frames
+        (:func:`~app.transport.client_frames.whole_texts`), arriving while websockets' parser
+        stands between frames: their receive events are queued here, as uvicorn's
+        ``send_receive_event_to_app`` makes them, and the parser never sees them. Any other
+        chunk (or any chunk while a frame is half read) goes to websockets' parser."""
+        if self._reads_plainly and self._between_frames():
+            texts = whole_texts(data, self.conn.max_message_size)
+            if texts is not None:
+                if not self.close_sent:  # past websocket.close, uvicorn drops messages
+                    put = self.queue.put_nowait
+                    for text in texts:
+                        put({"type": "websocket.receive", "text": text})
+                return
+        super().data_received(data)
+
+    def _between_frames(self) -> bool:
+        """Whether websockets' parser has read every byte it was given and waits for the
+        start of a frame, with the connection open and no fragmented message begun."""
+        conn = self.conn
+        if conn.state is not _OPEN or conn.current_size is not None or conn.reader.buffer:
+            return False
+        waiting = cast("GeneratorType[None, None, None]", conn.parser).gi_yieldfrom
+        return getattr(waiting, "gi_code", None) is _BETWEEN_FRAMES
 
     def _read_frames(self) -> None:
         """From now on the connection's bytes are frames: what websockets' server parser goes
@@ -523,6 +569,13 @@ def fast_paths() -> dict[str, bool]:
         <= _CONNECTION_MADE | {"flow", "FlowControl"}
         and {"server", "client", "scheme", "transport", "flow"}
         <= set(http.connection_made.__code__.co_names),
+        # HubbubWebSocketProtocol.data_received queues what send_receive_event_to_app would,
+        # while the parser waits where Protocol.parse waits between frames.
+        "plain_frames": {"queue", "close_sent", "put_nowait"}
+        <= set(protocol.send_receive_event_to_app.__code__.co_names)
+        and {"reader", "at_eof", "current_size", "max_message_size", "recv_frame"}
+        <= set(Protocol.parse.__code__.co_names)
+        and {"receive_data", "handle_events"} <= set(protocol.data_received.__code__.co_names),
         "drain_signal": "_captured_signals" in uvicorn.Server.__init__.__code__.co_names,
         "worker_server": serve is not None
         and "_install_sigquit_handler" in serve.__code__.co_names

@@ -1,0 +1,216 @@
+"""Whole client text frames read without websockets' parser (app.transport.client_frames, and
+HubbubWebSocketProtocol.data_received): the texts websockets and uvicorn read from the same
+bytes, and every other chunk left to websockets' parser, which answers it as before."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import socket
+from typing import Any
+
+import orjson
+import pytest
+from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
+from websockets.frames import Frame, Opcode
+from websockets.protocol import Protocol, State
+from websockets.server import ServerProtocol
+
+from app.transport import uvicorn_seam
+from app.transport.client_frames import whole_texts
+from tests.helpers import make_settings, raw_upgrade, run_server, wait_until
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def frame(payload: str | bytes, opcode: Opcode = Opcode.TEXT, **options: Any) -> bytes:
+    """A client frame (masked with a random key, as websockets' client sends it) unless
+    ``mask=False`` is among ``options``."""
+    data = payload.encode() if isinstance(payload, str) else payload
+    mask = options.pop("mask", True)
+    return Frame(opcode, data, **options).serialize(mask=mask)
+
+
+def websockets_reads(data: bytes, max_size: int | None = 2**20) -> list[str] | None:
+    """The texts websockets' server parser (as the seam starts it for frames) and uvicorn's
+    decoding make of ``data``, whole messages only; None if it reads anything else or
+    refuses the data."""
+    conn = ServerProtocol(max_size=max_size)
+    conn.state = State.OPEN
+    conn.parser = Protocol.parse(conn)
+    next(conn.parser)
+    conn.receive_data(data)
+    events = [event for event in conn.events_received() if isinstance(event, Frame)]
+    if conn.parser_exc is not None or conn.reader.buffer:
+        return None
+    if any(event.opcode is not Opcode.TEXT or not event.fin for event in events):
+        return None
+    try:
+        return [bytes(event.data).decode() for event in events]
+    except UnicodeDecodeError:
+        return None
+
+
+def test_whole_text_frames_are_read_as_websockets_reads_them() -> None:
+    rng = random.Random(7)
+    sizes = [0, 1, 2, 125, 126, 127, 1000, 65535]
+    for _ in range(200):
+        texts = [
+            "".join(rng.choice('aé€😀{}"') for _ in range(rng.choice(sizes) // 4))
+            for _ in range(rng.randint(1, 4))
+        ]
+        data = b"".join(frame(text) for text in texts)
+        assert whole_texts(data, 2**20) == websockets_reads(data) == texts
+    exact = frame("x" * 65535)  # the largest 16-bit length, a byte at a time
+    assert whole_texts(exact, 65535) == ["x" * 65535]
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        frame(b"\x00\x01", Opcode.BINARY),
+        frame(b"", Opcode.PING),
+        frame(b"", Opcode.PONG),
+        frame(b"\x03\xe8", Opcode.CLOSE),
+        frame("first half", fin=False),
+        frame("rest", Opcode.CONT),
+        bytes([0x81 | 0x40]) + frame("deflated?")[1:],  # RSV1: an extension's bit
+        frame("unmasked", mask=False),
+        frame("x" * 65536),  # a 64-bit length
+        frame(b"\xff\xfe not UTF-8"),
+        frame("\ud800".encode("utf-8", "surrogatepass")),
+        frame("a text") + frame(b"", Opcode.PING),
+        frame("over the limit"),
+    ],
+    ids=lambda data: data[:2].hex(),
+)
+def test_any_other_chunk_is_left_to_websockets(data: bytes) -> None:
+    assert whole_texts(data, 10) is None
+
+
+def test_a_chunk_that_ends_inside_a_frame_is_left_to_websockets() -> None:
+    first = frame("one")
+    data = first + frame("two" * 50)
+    for cut in range(1, len(data)):
+        if cut != len(first):
+            assert whole_texts(data[:cut], 2**20) is None, cut
+    assert whole_texts(first, 2**20) == ["one"]
+    assert whole_texts(data, 2**20) == ["one", "two" * 50]
+
+
+class Counted:
+    """How many chunks each path read on a live server: whole text frames read by the seam,
+    and chunks given to websockets' parser (uvicorn's data_received)."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.plain = self.websockets = 0
+        read_by_websockets = WebSocketsSansIOProtocol.data_received
+
+        def counted_plainly(data: bytes, max_size: int | None) -> list[str] | None:
+            texts = whole_texts(data, max_size)
+            self.plain += texts is not None
+            return texts
+
+        def counted_by_websockets(protocol: WebSocketsSansIOProtocol, data: bytes) -> None:
+            self.websockets += 1
+            read_by_websockets(protocol, data)
+
+        monkeypatch.setattr(uvicorn_seam, "whole_texts", counted_plainly)
+        monkeypatch.setattr(WebSocketsSansIOProtocol, "data_received", counted_by_websockets)
+
+
+class Peer:
+    """A hand-made client socket: sends raw bytes, reads the server's frames."""
+
+    def __init__(self, sock: socket.socket, rest: bytes) -> None:
+        self.sock, self.buffer = sock, rest
+        self.lines: list[bytes] = []  # of a text frame read, not yet taken
+
+    async def send(self, data: bytes) -> None:
+        await asyncio.get_running_loop().sock_sendall(self.sock, data)
+
+    async def frame(self) -> tuple[int, bytes]:
+        """The next frame from the server (unmasked): its opcode and payload."""
+        loop = asyncio.get_running_loop()
+        while True:
+            length, start = (self.buffer[1] & 0x7F, 2) if len(self.buffer) >= 2 else (0, 2)
+            if length == 126:
+                length, start = int.from_bytes(self.buffer[2:4], "big"), 4
+            if len(self.buffer) >= max(2, start + length):
+                opcode, payload = self.buffer[0] & 0x0F, self.buffer[start : start + length]
+                self.buffer = self.buffer[start + length :]
+                return opcode, payload
+            data = await loop.sock_recv(self.sock, 65536)
+            assert data, "the server closed the connection"
+            self.buffer += data
+
+    async def typed(self, kind: str) -> dict[str, Any]:
+        """The next message of ``kind`` (a text frame may hold several, one a line; others
+        are skipped)."""
+        while True:
+            while self.lines:
+                message = orjson.loads(self.lines.pop(0))
+                if message["type"] == kind:
+                    return dict(message)
+            opcode, payload = await self.frame()
+            if opcode == Opcode.TEXT.value:
+                self.lines = payload.split(b"\n")
+
+    async def closed_with(self) -> int:
+        """The code of the close frame the server sends next."""
+        while True:
+            opcode, payload = await self.frame()
+            if opcode == Opcode.CLOSE.value:
+                return int.from_bytes(payload[:2], "big")
+
+
+def ping() -> bytes:
+    return frame(orjson.dumps({"type": "ping"}).decode())
+
+
+async def test_a_live_socket_reads_whole_frames_itself_and_the_rest_through_websockets(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    counted = Counted(monkeypatch)
+    async with run_server(make_settings()) as live:
+        peer = Peer(*await raw_upgrade(live.port, rcvbuf=65536, name="alice"))
+        try:
+            await peer.typed("hello")
+            await peer.send(ping() + ping())  # two whole frames, one chunk: read here
+            await peer.typed("pong")
+            await peer.typed("pong")
+            assert (counted.plain, counted.websockets) == (1, 0)
+            # A frame cut in two: websockets reads both halves, then whole frames come back here.
+            whole = ping()
+            await peer.send(whole[:3])
+            await wait_until(lambda: counted.websockets == 1)
+            await peer.send(whole[3:])
+            await peer.typed("pong")
+            assert counted.websockets == 2
+            await peer.send(ping())
+            await peer.typed("pong")
+            assert (counted.plain, counted.websockets) == (2, 2)
+            # A control frame goes to websockets, which answers it; then back to whole frames.
+            await peer.send(frame(b"are you there", Opcode.PING))
+            assert await peer.frame() == (Opcode.PONG.value, b"are you there")
+            await peer.send(ping())
+            await peer.typed("pong")
+            assert (counted.plain, counted.websockets) == (3, 3)
+            # Invalid UTF-8 is refused as uvicorn refuses it.
+            await peer.send(frame(b"\xff not UTF-8"))
+            assert await peer.closed_with() == 1007
+        finally:
+            peer.sock.close()
+
+
+async def test_a_frame_over_the_limit_is_refused_as_before(monkeypatch: pytest.MonkeyPatch) -> None:
+    counted = Counted(monkeypatch)
+    async with run_server(make_settings(max_frame_bytes=1024)) as live:
+        peer = Peer(*await raw_upgrade(live.port, rcvbuf=65536, name="bob"))
+        try:
+            await peer.typed("hello")
+            await peer.send(frame(orjson.dumps({"type": "ping", "pad": "x" * 1100}).decode()))
+            assert await peer.closed_with() == 1009
+            assert counted.plain == 0
+        finally:
+            peer.sock.close()
