@@ -15,7 +15,6 @@ or negotiate on) returns None and takes websockets' own path, which answers it a
 
 from __future__ import annotations
 
-import base64
 import binascii
 import hashlib
 from collections.abc import Sequence
@@ -131,12 +130,12 @@ def plain_upgrade(
     if found[b"upgrade"].lower() != b"websocket" or found[b"sec-websocket-version"] != b"13":
         return None
     key = found[b"sec-websocket-key"]
-    try:
-        if len(base64.b64decode(key, validate=True)) != 16:
+    try:  # what websockets' base64.b64decode(key, validate=True) does, without its wrapping
+        if len(binascii.a2b_base64(key, strict_mode=True)) != 16:
             return None
     except binascii.Error:
         return None
     return PlainUpgrade(
-        base64.b64encode(hashlib.sha1(key + _ACCEPT_GUID).digest()).decode("ascii"),
+        binascii.b2a_base64(hashlib.sha1(key + _ACCEPT_GUID).digest(), newline=False).decode(),
         None if origin is None else origin.decode("iso-8859-1"),
     )
