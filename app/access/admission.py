@@ -35,6 +35,7 @@ from app.protocol import USER_PATTERN, Auth, parse_client_frame
 from app.sockets.connection import Connection
 from app.state import ChatState
 from app.transport.stream_socket import StreamSocket
+from app.transport.uvicorn_seam import received_already
 
 logger = logging.getLogger(__name__)
 _USER = re.compile(USER_PATTERN)
@@ -96,14 +97,19 @@ async def identify(ws: WebSocket | StreamSocket, state: ChatState) -> Identity |
 async def _first_frame(ws: WebSocket | StreamSocket, state: ChatState) -> str | Refused | None:
     """The text of the client's first frame ("" for a binary one), waited for at most
     ``CHAT_AUTH_TIMEOUT_S`` (4001 after that); None when the client left first. The socket
-    counts as waiting to authenticate meanwhile (:class:`app.access.pending.PendingAuth`)."""
+    counts as waiting to authenticate meanwhile (:class:`app.access.pending.PendingAuth`).
+    A frame that is there already (it usually is: it comes while the upgrade's address is
+    charged) is read without setting a timer."""
     ip = ws.client.host if ws.client else None
     full = state.pending_auth.enter(ip)
     if full is not None:
         return Refused(full.code, full.reason)
     try:
-        async with asyncio.timeout(state.settings.auth_timeout_s):
-            message = await ws.receive()
+        if isinstance(ws, WebSocket) and received_already(ws):
+            message = await ws.receive()  # the frame came while the address was charged
+        else:
+            async with asyncio.timeout(state.settings.auth_timeout_s):
+                message = await ws.receive()
     except TimeoutError:
         return Refused(CloseCode.AUTH_FAILED, "no auth frame in time")
     finally:

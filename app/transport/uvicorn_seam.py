@@ -438,6 +438,13 @@ def _protocol_of(ws: WebSocket) -> WebSocketsSansIOProtocol | None:
     return protocol if isinstance(protocol, WebSocketsSansIOProtocol) else None
 
 
+def received_already(ws: WebSocket) -> bool:
+    """Whether an event from the client (a frame, or its leaving) is queued for ``ws``
+    already, so that its next ``receive`` returns without waiting."""
+    protocol = _protocol_of(ws)
+    return protocol is not None and not protocol.queue.empty()
+
+
 class DirectSocket:
     """The transport under one accepted WebSocket, for writing whole pre-encoded frames."""
 
