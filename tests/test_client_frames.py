@@ -214,3 +214,24 @@ async def test_a_frame_over_the_limit_is_refused_as_before(monkeypatch: pytest.M
             assert counted.plain == 0
         finally:
             peer.sock.close()
+
+
+async def test_frames_read_directly_pause_reading_until_the_app_has_taken_them() -> None:
+    """As uvicorn does with what its parser reads: while the app has not taken the messages
+    of a chunk, the socket is not read (a client that sends faster than the app reads is held
+    back by TCP, not buffered without bound)."""
+    async with run_server(make_settings()) as live:
+        peer = Peer(*await raw_upgrade(live.port, rcvbuf=65536, name="alice"))
+        try:
+            await peer.typed("hello")
+            [conn] = live.state.hub.connections
+            protocol = conn._ws.scope[uvicorn_seam.PROTOCOL_KEY]()
+            assert isinstance(protocol, uvicorn_seam.HubbubWebSocketProtocol)
+            assert not protocol.read_paused
+            protocol.data_received(ping() + ping())  # a chunk, as uvloop hands it over
+            assert protocol.read_paused and protocol.queue.qsize() == 2
+            await peer.typed("pong")
+            await peer.typed("pong")
+            await wait_until(lambda: not protocol.read_paused)
+        finally:
+            peer.sock.close()

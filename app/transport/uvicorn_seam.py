@@ -51,7 +51,8 @@ What it relies on, and why:
   :meth:`HubbubWebSocketProtocol.data_received` reads a chunk that is exactly whole text
   frames (:func:`~app.transport.client_frames.whole_texts`) itself, while websockets' parser
   stands between frames (it waits in ``StreamReader.at_eof``, its buffer empty, no fragment
-  begun), and queues the events uvicorn's ``send_receive_event_to_app`` would. Any other
+  begun), and queues the events uvicorn's ``send_receive_event_to_app`` would, pausing the
+  transport's reading until the app has taken them, as uvicorn does. Any other
   chunk (control frames, fragments, binary, a frame cut in two, invalid UTF-8, a frame over
   the limit) goes to websockets' parser, which reads or refuses it as before
   (tests/test_client_frames.py).
@@ -297,16 +298,21 @@ class HubbubWebSocketProtocol(WebSocketsSansIOProtocol):
     def data_received(self, data: bytes) -> None:
         """uvicorn's, but for a chunk that is exactly whole text frames
         (:func:`~app.transport.client_frames.whole_texts`), arriving while websockets' parser
-        stands between frames: their receive events are queued here, as uvicorn's
-        ``send_receive_event_to_app`` makes them, and the parser never sees them. Any other
-        chunk (or any chunk while a frame is half read) goes to websockets' parser."""
+        stands between frames: their receive events are queued here as uvicorn's
+        ``send_receive_event_to_app`` queues them, reading paused until the app has taken
+        them (its back-pressure on a client that sends faster than the app reads), and the
+        parser never sees them. Any other chunk (or any chunk while a frame is half read)
+        goes to websockets' parser."""
         if self._reads_plainly and self._between_frames():
             texts = whole_texts(data, self.conn.max_message_size)
             if texts is not None:
-                if not self.close_sent:  # past websocket.close, uvicorn drops messages
+                if not self.close_sent and texts:  # past websocket.close, uvicorn drops them
                     put = self.queue.put_nowait
                     for text in texts:
                         put({"type": "websocket.receive", "text": text})
+                    if not self.read_paused:  # resumed by receive() once the queue is empty
+                        self.read_paused = True
+                        self.transport.pause_reading()
                 return
         super().data_received(data)
 
@@ -578,8 +584,9 @@ def fast_paths() -> dict[str, bool]:
         <= set(http.connection_made.__code__.co_names),
         # HubbubWebSocketProtocol.data_received queues what send_receive_event_to_app would,
         # while the parser waits where Protocol.parse waits between frames.
-        "plain_frames": {"queue", "close_sent", "put_nowait"}
+        "plain_frames": {"queue", "close_sent", "put_nowait", "read_paused", "pause_reading"}
         <= set(protocol.send_receive_event_to_app.__code__.co_names)
+        and {"read_paused", "resume_reading"} <= set(protocol.receive.__code__.co_names)
         and {"reader", "at_eof", "current_size", "max_message_size", "recv_frame"}
         <= set(Protocol.parse.__code__.co_names)
         and {"receive_data", "handle_events"} <= set(protocol.data_received.__code__.co_names),
