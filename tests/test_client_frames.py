@@ -216,10 +216,11 @@ async def test_a_frame_over_the_limit_is_refused_as_before(monkeypatch: pytest.M
             peer.sock.close()
 
 
-async def test_frames_read_directly_pause_reading_until_the_app_has_taken_them() -> None:
-    """As uvicorn does with what its parser reads: while the app has not taken the messages
-    of a chunk, the socket is not read (a client that sends faster than the app reads is held
-    back by TCP, not buffered without bound)."""
+async def test_frames_read_directly_pause_reading_once_too_many_wait() -> None:
+    """Back-pressure, as uvicorn's after each message, but from a high-water mark: a few small
+    messages waiting for the app leave the socket read; 16 waiting, or one chunk over 4 KiB,
+    stop its reading until the app has taken them all (a client that sends faster than the
+    app reads is held back by TCP, not buffered without bound)."""
     async with run_server(make_settings()) as live:
         peer = Peer(*await raw_upgrade(live.port, rcvbuf=65536, name="alice"))
         try:
@@ -227,10 +228,17 @@ async def test_frames_read_directly_pause_reading_until_the_app_has_taken_them()
             [conn] = live.state.hub.connections
             protocol = conn._ws.scope[uvicorn_seam.PROTOCOL_KEY]()
             assert isinstance(protocol, uvicorn_seam.HubbubWebSocketProtocol)
-            assert not protocol.read_paused
-            protocol.data_received(ping() + ping())  # a chunk, as uvloop hands it over
-            assert protocol.read_paused and protocol.queue.qsize() == 2
-            await peer.typed("pong")
+            # Chunks as uvloop hands them over, before the app runs (no await in between).
+            for waiting in range(1, 17):
+                protocol.data_received(ping())
+                assert protocol.queue.qsize() == waiting
+                assert protocol.read_paused is (waiting == 16), waiting
+            for _ in range(16):
+                await peer.typed("pong")
+            await wait_until(lambda: not protocol.read_paused)
+            padded = orjson.dumps({"type": "ping", "pad": "x" * 5000}).decode()
+            protocol.data_received(frame(padded))
+            assert protocol.read_paused and protocol.queue.qsize() == 1
             await peer.typed("pong")
             await wait_until(lambda: not protocol.read_paused)
         finally:

@@ -51,8 +51,9 @@ What it relies on, and why:
   :meth:`HubbubWebSocketProtocol.data_received` reads a chunk that is exactly whole text
   frames (:func:`~app.transport.client_frames.whole_texts`) itself, while websockets' parser
   stands between frames (it waits in ``StreamReader.at_eof``, its buffer empty, no fragment
-  begun), and queues the events uvicorn's ``send_receive_event_to_app`` would, pausing the
-  transport's reading until the app has taken them, as uvicorn does. Any other
+  begun), and queues the events uvicorn's ``send_receive_event_to_app`` would; it pauses the
+  transport's reading, as uvicorn does after each message, once 16 messages wait or after a
+  chunk over 4 KiB, until the app has taken them. Any other
   chunk (control frames, fragments, binary, a frame cut in two, invalid UTF-8, a frame over
   the limit) goes to websockets' parser, which reads or refuses it as before
   (tests/test_client_frames.py).
@@ -130,6 +131,10 @@ FALLBACK_REASONS: Final = (FALLBACK_DEFLATE, FALLBACK_NO_PROTOCOL, FALLBACK_UNSU
 _OPEN: Final = State.OPEN
 # What websockets' parser waits in between frames (the first step of Protocol.parse's loop).
 _BETWEEN_FRAMES: Final = StreamReader.at_eof.__code__
+# Frames read directly stop the socket's reading once this many messages wait for the app, or
+# at once for a chunk over _SMALL_CHUNK bytes (see HubbubWebSocketProtocol.data_received).
+_QUEUED_HIGH: Final = 16
+_SMALL_CHUNK: Final = 4096
 
 
 def parsed_request(
@@ -299,18 +304,24 @@ class HubbubWebSocketProtocol(WebSocketsSansIOProtocol):
         """uvicorn's, but for a chunk that is exactly whole text frames
         (:func:`~app.transport.client_frames.whole_texts`), arriving while websockets' parser
         stands between frames: their receive events are queued here as uvicorn's
-        ``send_receive_event_to_app`` queues them, reading paused until the app has taken
-        them (its back-pressure on a client that sends faster than the app reads), and the
-        parser never sees them. Any other chunk (or any chunk while a frame is half read)
-        goes to websockets' parser."""
+        ``send_receive_event_to_app`` queues them, and the parser never sees them. Any other
+        chunk (or any chunk while a frame is half read) goes to websockets' parser.
+
+        Back-pressure on a client that sends faster than the app reads: uvicorn stops reading
+        the socket after every message until the app has taken it (a libuv poll change each
+        way, ~2 µs a message); here reading stops once ``_QUEUED_HIGH`` messages wait, or
+        after a chunk of more than ``_SMALL_CHUNK`` bytes, and resumes (uvicorn's
+        ``receive``) once the app has taken them all. What waits is thus bounded as before:
+        a few small chunks, or one chunk as large as one read."""
         if self._reads_plainly and self._between_frames():
             texts = whole_texts(data, self.conn.max_message_size)
             if texts is not None:
                 if not self.close_sent and texts:  # past websocket.close, uvicorn drops them
-                    put = self.queue.put_nowait
+                    queue = self.queue
                     for text in texts:
-                        put({"type": "websocket.receive", "text": text})
-                    if not self.read_paused:  # resumed by receive() once the queue is empty
+                        queue.put_nowait({"type": "websocket.receive", "text": text})
+                    full = queue.qsize() >= _QUEUED_HIGH or len(data) > _SMALL_CHUNK
+                    if full and not self.read_paused:
                         self.read_paused = True
                         self.transport.pause_reading()
                 return
