@@ -98,15 +98,15 @@ async def _first_frame(ws: WebSocket | StreamSocket, state: ChatState) -> str | 
     """The text of the client's first frame ("" for a binary one), waited for at most
     ``CHAT_AUTH_TIMEOUT_S`` (4001 after that); None when the client left first. The socket
     counts as waiting to authenticate meanwhile (:class:`app.access.pending.PendingAuth`).
-    A frame that is there already (it usually is: it comes while the upgrade's address is
-    charged) is read without setting a timer."""
+    A frame that is there already is read without setting a timer (through Redis it usually
+    is: it comes while the upgrade's address is charged there)."""
     ip = ws.client.host if ws.client else None
     full = state.pending_auth.enter(ip)
     if full is not None:
         return Refused(full.code, full.reason)
     try:
         if isinstance(ws, WebSocket) and received_already(ws):
-            message = await ws.receive()  # the frame came while the address was charged
+            message = await ws.receive()  # no wait: nothing to time
         else:
             async with asyncio.timeout(state.settings.auth_timeout_s):
                 message = await ws.receive()
