@@ -19,6 +19,7 @@ from websockets.server import ServerProtocol
 from app.transport import uvicorn_seam
 from app.transport.client_frames import whole_texts
 from tests.helpers import make_settings, raw_upgrade, run_server, wait_until
+from tests.test_direct_writes import RawReader
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -119,30 +120,23 @@ class Counted:
         monkeypatch.setattr(WebSocketsSansIOProtocol, "data_received", counted_by_websockets)
 
 
-class Peer:
-    """A hand-made client socket: sends raw bytes, reads the server's frames."""
+class Peer(RawReader):
+    """A hand-made client socket (test_direct_writes' reader): sends raw bytes, reads the
+    server's messages and its close."""
 
-    def __init__(self, sock: socket.socket, rest: bytes) -> None:
-        self.sock, self.buffer = sock, rest
+    def __init__(self, sock: socket.socket) -> None:
+        super().__init__(sock)
         self.lines: list[bytes] = []  # of a text frame read, not yet taken
 
-    async def send(self, data: bytes) -> None:
-        await asyncio.get_running_loop().sock_sendall(self.sock, data)
+    @classmethod
+    async def connected(cls, port: int, name: str) -> Peer:
+        sock, rest = await raw_upgrade(port, rcvbuf=65536, name=name)
+        peer = cls(sock)
+        peer.buffer = rest
+        return peer
 
-    async def frame(self) -> tuple[int, bytes]:
-        """The next frame from the server (unmasked): its opcode and payload."""
-        loop = asyncio.get_running_loop()
-        while True:
-            length, start = (self.buffer[1] & 0x7F, 2) if len(self.buffer) >= 2 else (0, 2)
-            if length == 126:
-                length, start = int.from_bytes(self.buffer[2:4], "big"), 4
-            if len(self.buffer) >= max(2, start + length):
-                opcode, payload = self.buffer[0] & 0x0F, self.buffer[start : start + length]
-                self.buffer = self.buffer[start + length :]
-                return opcode, payload
-            data = await loop.sock_recv(self.sock, 65536)
-            assert data, "the server closed the connection"
-            self.buffer += data
+    async def send_raw(self, data: bytes) -> None:
+        await asyncio.get_running_loop().sock_sendall(self.sock, data)
 
     async def typed(self, kind: str) -> dict[str, Any]:
         """The next message of ``kind`` (a text frame may hold several, one a line; others
@@ -152,15 +146,15 @@ class Peer:
                 message = orjson.loads(self.lines.pop(0))
                 if message["type"] == kind:
                     return dict(message)
-            opcode, payload = await self.frame()
-            if opcode == Opcode.TEXT.value:
+            first, payload = await self.frame()
+            if first & 0x0F == Opcode.TEXT.value:
                 self.lines = payload.split(b"\n")
 
     async def closed_with(self) -> int:
         """The code of the close frame the server sends next."""
         while True:
-            opcode, payload = await self.frame()
-            if opcode == Opcode.CLOSE.value:
+            first, payload = await self.frame()
+            if first & 0x0F == Opcode.CLOSE.value:
                 return int.from_bytes(payload[:2], "big")
 
 
@@ -173,31 +167,31 @@ async def test_a_live_socket_reads_whole_frames_itself_and_the_rest_through_webs
 ) -> None:
     counted = Counted(monkeypatch)
     async with run_server(make_settings()) as live:
-        peer = Peer(*await raw_upgrade(live.port, rcvbuf=65536, name="alice"))
+        peer = await Peer.connected(live.port, "alice")
         try:
             await peer.typed("hello")
-            await peer.send(ping() + ping())  # two whole frames, one chunk: read here
+            await peer.send_raw(ping() + ping())  # two whole frames, one chunk: read here
             await peer.typed("pong")
             await peer.typed("pong")
             assert (counted.plain, counted.websockets) == (1, 0)
             # A frame cut in two: websockets reads both halves, then whole frames come back here.
             whole = ping()
-            await peer.send(whole[:3])
+            await peer.send_raw(whole[:3])
             await wait_until(lambda: counted.websockets == 1)
-            await peer.send(whole[3:])
+            await peer.send_raw(whole[3:])
             await peer.typed("pong")
             assert counted.websockets == 2
-            await peer.send(ping())
+            await peer.send_raw(ping())
             await peer.typed("pong")
             assert (counted.plain, counted.websockets) == (2, 2)
             # A control frame goes to websockets, which answers it; then back to whole frames.
-            await peer.send(frame(b"are you there", Opcode.PING))
-            assert await peer.frame() == (Opcode.PONG.value, b"are you there")
-            await peer.send(ping())
+            await peer.send_raw(frame(b"are you there", Opcode.PING))
+            assert await peer.frame() == (0x80 | Opcode.PONG.value, b"are you there")
+            await peer.send_raw(ping())
             await peer.typed("pong")
             assert (counted.plain, counted.websockets) == (3, 3)
             # Invalid UTF-8 is refused as uvicorn refuses it.
-            await peer.send(frame(b"\xff not UTF-8"))
+            await peer.send_raw(frame(b"\xff not UTF-8"))
             assert await peer.closed_with() == 1007
         finally:
             peer.sock.close()
@@ -206,10 +200,10 @@ async def test_a_live_socket_reads_whole_frames_itself_and_the_rest_through_webs
 async def test_a_frame_over_the_limit_is_refused_as_before(monkeypatch: pytest.MonkeyPatch) -> None:
     counted = Counted(monkeypatch)
     async with run_server(make_settings(max_frame_bytes=1024)) as live:
-        peer = Peer(*await raw_upgrade(live.port, rcvbuf=65536, name="bob"))
+        peer = await Peer.connected(live.port, "bob")
         try:
             await peer.typed("hello")
-            await peer.send(frame(orjson.dumps({"type": "ping", "pad": "x" * 1100}).decode()))
+            await peer.send_raw(frame(orjson.dumps({"type": "ping", "pad": "x" * 1100}).decode()))
             assert await peer.closed_with() == 1009
             assert counted.plain == 0
         finally:
@@ -222,7 +216,7 @@ async def test_frames_read_directly_pause_reading_once_too_many_wait() -> None:
     stop its reading until the app has taken them all (a client that sends faster than the
     app reads is held back by TCP, not buffered without bound)."""
     async with run_server(make_settings()) as live:
-        peer = Peer(*await raw_upgrade(live.port, rcvbuf=65536, name="alice"))
+        peer = await Peer.connected(live.port, "alice")
         try:
             await peer.typed("hello")
             [conn] = live.state.hub.connections

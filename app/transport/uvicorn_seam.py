@@ -83,7 +83,6 @@ import logging
 import sys
 import weakref
 from collections.abc import Mapping, Sequence
-from types import GeneratorType
 from typing import Any, Final, cast
 from urllib.parse import unquote
 
@@ -316,7 +315,7 @@ class HubbubWebSocketProtocol(WebSocketsSansIOProtocol):
         if self._reads_plainly and self._between_frames():
             texts = whole_texts(data, self.conn.max_message_size)
             if texts is not None:
-                if not self.close_sent and texts:  # past websocket.close, uvicorn drops them
+                if not self.close_sent:  # past websocket.close, uvicorn drops messages
                     queue = self.queue
                     for text in texts:
                         queue.put_nowait({"type": "websocket.receive", "text": text})
@@ -333,7 +332,7 @@ class HubbubWebSocketProtocol(WebSocketsSansIOProtocol):
         conn = self.conn
         if conn.state is not _OPEN or conn.current_size is not None or conn.reader.buffer:
             return False
-        waiting = cast("GeneratorType[None, None, None]", conn.parser).gi_yieldfrom
+        waiting = getattr(conn.parser, "gi_yieldfrom", None)  # the generator it is in
         return getattr(waiting, "gi_code", None) is _BETWEEN_FRAMES
 
     def _read_frames(self) -> None:
