@@ -159,7 +159,7 @@ async def test_a_since_the_archive_cannot_vouch_for_is_not_recovered(tmp_path: P
     async with chat_server("embedded", tmp_path, history_size=5) as live:
         async with connected(live.ws_url("alice")) as alice:
             origin = (await alice.join("lobby"))["last"]
-            await send_acked(alice, 12, room="lobby")
+            await send_acked(alice, 12, own_copies=True, room="lobby")
             await wait_stored(store_of(live), "lobby", 12, timeout=20)
             await alice.send({"type": "join", "room": "lobby", "since": origin - 1})
             assert (await alice.expect("joined"))["recovered"] is False
