@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import sys
 import time
 from typing import Any
@@ -18,6 +19,7 @@ from redis.asyncio import Redis
 
 from app.broker import Published
 from app.broker.redis import RedisBroker
+from app.broker.redis_scripts import LIBRARY_GLOBALS, local_name, publishing_library
 from app.errors import BrokerUnavailable, QuotaExceeded
 from tests.helpers import make_settings, wait_until
 from tests.processes import ROOT, RedisServer
@@ -399,3 +401,19 @@ async def test_peer_cost_counts_a_joins_instructions_under_callgrind() -> None:
         result = json.loads(stdout)
         assert result["clients"] == 40, result
         assert 50_000 < result["server_instructions_per_join"] < 5_000_000, result
+
+
+@pytest.mark.parametrize("cluster", [False, True])
+def test_the_library_calls_redis_and_lua_through_its_locals(cluster: bool) -> None:
+    """Every call of Redis' or Lua's functions in the publishing library goes through a local
+    bound once (a global is a metatable lookup on every call): no dotted global is called
+    outside the binding, and every local it calls is bound."""
+    code = publishing_library(cluster)[0].code
+    binding, _, rest = code.partition("end\n")
+    assert "bind_globals" in binding
+    called = set(re.findall(r"(?<![\w.])((?:redis|string|math|cjson|table)\.\w+)\(", rest))
+    assert called <= {"redis.register_function"}, called
+    for name in LIBRARY_GLOBALS:
+        assert local_name(name) in binding
+    for plain in ("tonumber", "tostring", "type", "pcall", "error", "ipairs"):
+        assert not re.search(rf"(?<![\w.]){plain}\(", rest), plain
