@@ -63,7 +63,8 @@ NOW_VARIABLES: Final = "local now, now_text\n"
 SET_NOW: Final = """
 do
   local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  -- arithmetic reads each text as a number once; tonumber() would read it twice
+  now = t[1] * 1000 + math.floor(t[2] / 1000)
   now_text = string.format('%d', now)
 end
 """
