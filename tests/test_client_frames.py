@@ -18,7 +18,7 @@ from websockets.server import ServerProtocol
 
 from app.transport import uvicorn_seam
 from app.transport.client_frames import whole_texts
-from tests.helpers import make_settings, raw_upgrade, run_server, wait_until
+from tests.helpers import make_settings, run_server, wait_until
 from tests.test_direct_writes import RawReader
 
 pytestmark = pytest.mark.timeout(60)
@@ -128,13 +128,6 @@ class Peer(RawReader):
         super().__init__(sock)
         self.lines: list[bytes] = []  # of a text frame read, not yet taken
 
-    @classmethod
-    async def connected(cls, port: int, name: str) -> Peer:
-        sock, rest = await raw_upgrade(port, rcvbuf=65536, name=name)
-        peer = cls(sock)
-        peer.buffer = rest
-        return peer
-
     async def send_raw(self, data: bytes) -> None:
         await asyncio.get_running_loop().sock_sendall(self.sock, data)
 
@@ -167,7 +160,7 @@ async def test_a_live_socket_reads_whole_frames_itself_and_the_rest_through_webs
 ) -> None:
     counted = Counted(monkeypatch)
     async with run_server(make_settings()) as live:
-        peer = await Peer.connected(live.port, "alice")
+        peer = await Peer.open(live.port, name="alice", rcvbuf=65536)
         try:
             await peer.typed("hello")
             await peer.send_raw(ping() + ping())  # two whole frames, one chunk: read here
@@ -200,7 +193,7 @@ async def test_a_live_socket_reads_whole_frames_itself_and_the_rest_through_webs
 async def test_a_frame_over_the_limit_is_refused_as_before(monkeypatch: pytest.MonkeyPatch) -> None:
     counted = Counted(monkeypatch)
     async with run_server(make_settings(max_frame_bytes=1024)) as live:
-        peer = await Peer.connected(live.port, "bob")
+        peer = await Peer.open(live.port, name="bob", rcvbuf=65536)
         try:
             await peer.typed("hello")
             await peer.send_raw(frame(orjson.dumps({"type": "ping", "pad": "x" * 1100}).decode()))
@@ -216,7 +209,7 @@ async def test_frames_read_directly_pause_reading_once_too_many_wait() -> None:
     stop its reading until the app has taken them all (a client that sends faster than the
     app reads is held back by TCP, not buffered without bound)."""
     async with run_server(make_settings()) as live:
-        peer = await Peer.connected(live.port, "alice")
+        peer = await Peer.open(live.port, name="alice", rcvbuf=65536)
         try:
             await peer.typed("hello")
             [conn] = live.state.hub.connections

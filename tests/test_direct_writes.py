@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import socket
 import zlib
+from typing import Self
 
 import orjson
 import pytest
@@ -47,10 +48,10 @@ class RawReader:
         self.buffer = b""
 
     @classmethod
-    async def open(cls, port: int, extra_headers: bytes = b"") -> RawReader:
-        sock, rest = await raw_upgrade(
-            port, rcvbuf=4096, name="reader", extra_headers=extra_headers
-        )
+    async def open(
+        cls, port: int, extra_headers: bytes = b"", *, name: str = "reader", rcvbuf: int = 4096
+    ) -> Self:
+        sock, rest = await raw_upgrade(port, rcvbuf=rcvbuf, name=name, extra_headers=extra_headers)
         reader = cls(sock)
         reader.buffer = rest
         return reader

@@ -512,8 +512,8 @@ end
 # the code's dotted names are rewritten to them.
 LIBRARY_GLOBALS: Final = (
     "redis.call", "redis.pcall", "string.format", "string.byte", "string.sub", "string.match",
-    "string.find", "math.floor", "math.ceil", "math.max", "math.min", "cjson.encode",
-    "cjson.decode", "tonumber", "tostring", "type", "pcall", "error", "ipairs",
+    "string.find", "math.floor", "math.ceil", "math.max", "cjson.encode", "cjson.decode",
+    "tonumber", "tostring", "type", "pcall", "error", "ipairs",
 )  # fmt: skip
 
 
