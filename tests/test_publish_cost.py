@@ -284,6 +284,69 @@ async def test_a_send_goes_on_above_what_another_release_wrote(redis_server: Red
         await broker.stop()
 
 
+async def test_a_meta_behind_the_log_is_read_past(redis_server: RedisServer) -> None:
+    """The meta's `last` is behind the room's log (as the next release leaves it: it need not
+    write `last` on every message), here far ahead of Redis' clock: a join's `last` and a
+    replay read the log's newest entry; a send from a worker that keeps no memory of the room
+    and one from a worker that keeps one are each numbered above the log (not refused, not
+    lost), and their retries are duplicates; the history holds every message in order."""
+    keeps = await started(redis_server)
+    keeps_none = await started(redis_server, redis_publish_rooms_known=0)
+    admin = Redis.from_url(redis_server.url)
+    log, meta = "hubbub:{r:r}:log", "hubbub:{r:r}:meta"
+    try:
+        mine = await keeps.publish("r", "u", "mine", None)
+        ahead = mine.id + 10_000_000_000  # 10,000 s ahead; the meta still says `mine`
+        await admin.xadd(log, {"f": "{}"}, id=f"{ahead}-0")
+        assert await keeps.last_id("r") == ahead
+        replay = await keeps.history_since("r", mine.id, 10)
+        assert replay.recovered and [m.id for m in replay.messages] == [ahead], replay
+        assert (await keeps.history_since("r", ahead, 10)).recovered
+
+        unkept = await keeps_none.publish("r", "v", "unkept", "c1")
+        assert unkept.id == ahead + 1 and not unkept.duplicate, unkept
+        assert (await keeps_none.publish("r", "v", "unkept", "c1")).id == unkept.id
+
+        further = ahead + 10_000_000_000  # the meta now says `unkept`; `keeps` knew `mine`
+        await admin.xadd(log, {"f": "{}"}, id=f"{further}-0")
+        kept = await keeps.publish("r", "u", "kept", "c2")
+        assert kept.id == further + 1 and not kept.duplicate, kept
+        again = await keeps.publish("r", "u", "kept", "c2")
+        assert again.duplicate and again.id == kept.id, again
+
+        history = await keeps.history_since("r", mine.id - 1, 10)
+        ids = [m.id for m in history.messages]
+        assert history.recovered and ids == [mine.id, ahead, unkept.id, further, kept.id], ids
+        last = await admin.hget(meta, "last")
+        assert last is not None and int(last) == kept.id, last
+    finally:
+        await admin.aclose()
+        await keeps_none.stop()
+        await keeps.stop()
+
+
+async def test_a_new_incarnation_starts_above_the_log(redis_server: RedisServer) -> None:
+    """The room's meta is gone but its log is not, and the log's newest entry is ahead of
+    Redis' clock: the new incarnation's origin is above that entry (a `since` from before is
+    not vouched for), and the next send is numbered above it."""
+    broker = await started(redis_server, redis_publish_rooms_known=0)
+    admin = Redis.from_url(redis_server.url)
+    try:
+        mine = await broker.publish("r", "u", "mine", None)
+        ahead = mine.id + 10_000_000_000
+        await admin.xadd("hubbub:{r:r}:log", {"f": "{}"}, id=f"{ahead}-0")
+        await admin.delete("hubbub:{r:r}:meta")
+        assert await broker.last_id("r") == ahead
+        assert not (await broker.history_since("r", mine.id, 10)).recovered
+        after = await broker.publish("r", "u", "after", None)
+        assert after.id == ahead + 1, after
+        history = await broker.history_since("r", ahead, 10)
+        assert history.recovered and [m.id for m in history.messages] == [after.id], history
+    finally:
+        await admin.aclose()
+        await broker.stop()
+
+
 async def test_a_send_after_the_rooms_keys_are_gone_makes_them_anew(
     redis_server: RedisServer,
 ) -> None:

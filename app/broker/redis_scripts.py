@@ -139,6 +139,12 @@ TOKEN_BUCKET: Final = BUCKET_VARIABLES + TAKE_FUNCTION
 # then characters: reading a 16-digit number costs more than the comparison); `publishing`, `last`
 # and when the keys' expiry is next due instead (`dl` with a log, `dm` without; nil in a new
 # incarnation): see EXPIRY.
+# The meta's `last` may be behind the log's newest entry: the next release stops writing it on
+# every message in rooms with a log (the log's newest entry is the room's newest message: room
+# logs are trimmed from their oldest end only, never XDEL'd). So every reader takes the larger
+# of the two (`newest`): `incarnation` for a join's `last`, a replay and a new origin; a
+# publish, whose log refuses an id not above its newest entry, when the log refuses it (see
+# publish_frame). This release still writes `last` on every message.
 INCARNATION: Final = """
 local function entries_added(log)
   if log == '' or redis.call('EXISTS', log) == 0 then return 0 end
@@ -154,17 +160,28 @@ local function server_run(run)  -- the caller's run_id, else Redis' own
   end
   return run
 end
+local function newest(log, last)  -- the larger of `last` (or false) and the log's newest id
+  if log == '' then return last end
+  local entry = redis.call('XREVRANGE', log, '+', '-', 'COUNT', 1)[1]
+  if not entry then return last end
+  local logged = string.sub(entry[1], 1, -3)  -- the message id: '<id>-0'
+  if not last or #logged > #last or (#logged == #last and logged > last) then
+    return logged
+  end
+  return last
+end
 local function incarnation(meta, log, ttl_ms, run, publishing)
   run = server_run(run)
   local m
-  if publishing then  -- what a publish reads: no origin nor base
+  if publishing then  -- what a publish reads: no origin nor base; its log checks `last`
     m = redis.call('HMGET', meta, 'last', 'run', log == '' and 'dm' or 'dl')
     if m[2] == run then return m[1], nil, nil, m[3] or nil end
   else
     m = redis.call('HMGET', meta, 'last', 'origin', 'run', 'base')
-    if m[3] == run then return m[1], m[2], m[4], nil end
+    if m[3] == run then return newest(log, m[1]), m[2], m[4], nil end
   end
-  local origin = string.format('%d', math.max(tonumber(m[1] or '0'), now * 1000))
+  local above = newest(log, m[1]) or '0'
+  local origin = string.format('%d', math.max(tonumber(above), now * 1000))
   local base = string.format('%d', entries_added(log) or -1)
   redis.call('HSET', meta, 'last', origin, 'origin', origin, 'run', run, 'base', base)
   redis.call('HDEL', meta, 'dl', 'dm', 'tl', 'tm')
@@ -224,11 +241,13 @@ TAKE: Final = NOW + TOKEN_BUCKET + "return take(KEYS[1], tonumber(ARGV[1]), tonu
 # room's expiry is not due (its keys surely exist): the library keeps, from one call to the
 # next, the `last` and due time it wrote in up to CHAT_REDIS_PUBLISH_ROOMS_KNOWN rooms (past
 # that it starts over). What it keeps may be behind: a worker of another release (its own
-# library) published there since. Then the log refuses the id (not above its newest entry),
-# the meta is read after all, and the message is numbered from it. A meta that is gone
-# (`HSET` adds `last` anew: the keys were deleted or evicted) starts a new incarnation just
-# before the message. The library's memory is Redis' process's: a restarted server, a
-# promoted replica or a library loaded again (each new connection loads it) starts empty.
+# library) published there since; so may the meta's `last` (see INCARNATION). Then the log
+# refuses the id (not above its newest entry), the meta is read after all (for what this
+# library kept), and the message is numbered above the larger of its `last` and the log's
+# newest entry. A meta that is gone (`HSET` adds `last` anew: the keys were deleted or
+# evicted) starts a new incarnation just before the message. The library's memory is Redis'
+# process's: a restarted server, a promoted replica or a library loaded again (each new
+# connection loads it) starts empty.
 # The log is trimmed exactly to its length: a room's log is short (a history), and trimming
 # whole stream nodes instead (`MAXLEN ~`) would keep up to 100 entries more per room.
 HEADER_ARGS: Final = 2
@@ -281,22 +300,23 @@ local function publish_frame(meta, log, dedup, channel, copy, conversation, head
   end
   -- The frame, as app.protocol.message_frame builds it from the same head and body.
   local payload = head .. id .. body .. now_text .. '}'
-  if known then
-    -- What this library knew of the room may be behind (a worker of another release published
-    -- in it): the log refuses an id not above its newest, and the meta is read after all.
+  if log ~= '' then
+    -- The entry <id>-0. `last` may be behind the log: what this library knew of the room (a
+    -- worker of another release published in it since), or the meta's (see INCARNATION). The
+    -- log then refuses the id, and the message is numbered above the log's newest entry.
     local added = redis.pcall('XADD', log, 'MAXLEN', LOG_LENGTH, id, 'f', payload)
     if type(added) == 'table' and added.err then
       if not string.find(added.err, 'equal or smaller', 1, true) then error(added) end
-      known = nil
-      local _
-      last, _, _, due = incarnation(meta, log, TTL, RUN, true)
-      id = next_id(last)
+      if known then
+        known = nil
+        local _
+        last, _, _, due = incarnation(meta, log, TTL, RUN, true)
+      end
+      id = next_id(newest(log, last))
       if claim and dedup ~= '' then redis.call('SET', dedup, id, 'PX', DEDUP_TTL) end
       payload = head .. id .. body .. now_text .. '}'
       redis.call('XADD', log, 'MAXLEN', LOG_LENGTH, id, 'f', payload)
     end
-  elseif log ~= '' then
-    redis.call('XADD', log, 'MAXLEN', LOG_LENGTH, id, 'f', payload)  -- the entry <id>-0
   end
   if is_due(due) then
     local field
