@@ -297,6 +297,15 @@ class Settings(BaseSettings):
         "(about 260 bytes of Redis' Lua memory a room; past it, the library starts over; 0: "
         "read it on every send).",
     )
+    redis_newest_id_in_meta: bool = Field(
+        True,
+        description="Write a room's newest message id into its meta in Redis on every send, "
+        "as the releases before 2026-12-06 read it. Turn it off once no worker of such a "
+        "release runs (after a rolling deploy of this one, or with none left): a send in a "
+        "room with history then costs Redis one command less, and the newest id is read "
+        "from the room's log (this release reads it there either way). Rooms without "
+        "history keep it in the meta.",
+    )
     redis_prefix: str = Field(
         "hubbub",
         pattern=r"^[A-Za-z0-9_.-]{1,32}$",

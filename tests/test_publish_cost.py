@@ -347,13 +347,17 @@ async def test_a_new_incarnation_starts_above_the_log(redis_server: RedisServer)
         await broker.stop()
 
 
+@pytest.mark.parametrize("newest_id_in_meta", [True, False])
 async def test_a_send_after_the_rooms_keys_are_gone_makes_them_anew(
-    redis_server: RedisServer,
+    redis_server: RedisServer, newest_id_in_meta: bool
 ) -> None:
     """The room's keys are deleted behind the library's back (by hand, or evicted): the next
     send makes them anew with their expiry, and a `since` from before is not vouched for (a new
-    incarnation: `recovered` false), while one from the new message is."""
-    broker = await started(redis_server, history_ttl_s=3600)
+    incarnation: `recovered` false), while one from the new message is; with or without the
+    newest id written into the meta on every send."""
+    broker = await started(
+        redis_server, history_ttl_s=3600, redis_newest_id_in_meta=newest_id_in_meta
+    )
     admin = Redis.from_url(redis_server.url)
     try:
         before = await broker.publish("r", "u", "before", None)
@@ -365,6 +369,68 @@ async def test_a_send_after_the_rooms_keys_are_gone_makes_them_anew(
         newer = await broker.publish("r", "u", "newer", None)
         history = await broker.history_since("r", after.id, 10)
         assert history.recovered and [m.id for m in history.messages] == [newer.id], history
+    finally:
+        await admin.aclose()
+        await broker.stop()
+
+
+async def test_without_the_newest_id_in_meta_a_send_writes_no_meta(
+    redis_server: RedisServer,
+) -> None:
+    """CHAT_REDIS_NEWEST_ID_IN_META=false: after a room's first send, ten more (each its own
+    call, two with a client id) neither read nor write its meta; the meta's `last` stays
+    behind, yet a join's `last` and every replay are the log's; retries are duplicates; and a
+    worker that writes `last` on every send (the release before) numbers its send above all."""
+    lean = await started(redis_server, redis_newest_id_in_meta=False)
+    writes_last = await started(redis_server, redis_publish_rooms_known=0)
+    admin = Redis.from_url(redis_server.url)
+    try:
+        first = await lean.publish("busy", "u", "first", None)
+        await admin.config_resetstat()
+        sent = [await lean.publish("busy", f"u{n}", f"m{n}", f"c{n}") for n in range(10)]
+        calls = await command_calls(admin)
+        assert calls["fcall"] == 10 and calls["xadd"] == 10, calls
+        assert "hmget" not in calls and "hset" not in calls, calls
+        ids = [first.id] + [p.id for p in sent]
+        assert ids == sorted(set(ids)), ids
+        last = await admin.hget("hubbub:{r:busy}:meta", "last")
+        assert last is not None and int(last) == first.id, last
+        assert (await lean.publish("busy", "u3", "m3", "c3")).id == ids[4]  # a duplicate
+        assert await lean.last_id("busy") == ids[-1]
+        history = await lean.history_since("busy", ids[5], 20)
+        assert history.recovered and [m.id for m in history.messages] == ids[6:], history
+        assert (await lean.history_since("busy", ids[-1], 20)).recovered
+        before = await writes_last.publish("busy", "v", "from the release before", "c1")
+        assert before.id > ids[-1] and not before.duplicate, before
+        after = await lean.publish("busy", "u", "after", "c11")
+        history = await lean.history_since("busy", first.id - 1, 20)
+        assert [m.id for m in history.messages] == [*ids, before.id, after.id], history
+    finally:
+        await admin.aclose()
+        await writes_last.stop()
+        await lean.stop()
+
+
+async def test_without_the_newest_id_in_meta_a_log_that_is_gone_starts_anew(
+    redis_server: RedisServer,
+) -> None:
+    """CHAT_REDIS_NEWEST_ID_IN_META=false, and only the room's log is gone (evicted, say): the
+    next send makes it anew with its expiry as a new incarnation, so a `since` from before is
+    not vouched for (the messages in between are not in it), while one from the new message
+    is."""
+    broker = await started(redis_server, history_ttl_s=3600, redis_newest_id_in_meta=False)
+    admin = Redis.from_url(redis_server.url)
+    try:
+        before = await broker.publish("r", "u", "before", None)
+        await broker.publish("r", "u", "lost with the log", None)
+        await admin.delete("hubbub:{r:r}:log")
+        after = await broker.publish("r", "u", "after", None)
+        assert 3_600_000 <= await admin.pttl("hubbub:{r:r}:log") <= 3_600_000 * 9 // 8
+        assert not (await broker.history_since("r", before.id, 10)).recovered
+        newer = await broker.publish("r", "u", "newer", None)
+        history = await broker.history_since("r", after.id - 1, 10)
+        ids = [m.id for m in history.messages]
+        assert history.recovered and ids == [after.id, newer.id], history
     finally:
         await admin.aclose()
         await broker.stop()

@@ -826,6 +826,7 @@ class RedisBroker:
                 settings.webhook_backlog_max,
                 self._shared_keys,
                 settings.redis_publish_rooms_known,
+                settings.redis_newest_id_in_meta,
             ),
         )
         assert len(header) == scripts.HEADER_ARGS

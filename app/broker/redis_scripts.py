@@ -222,7 +222,9 @@ TAKE: Final = NOW + TOKEN_BUCKET + "return take(KEYS[1], tonumber(ARGV[1]), tonu
 #   ttl_ms, dedup_ttl_ms, quota rate per s, quota burst, archive length, webhook queue length,
 #   how many shared keys the call ends with: SHARED_KEYS, or 0 when the deployment neither
 #   archives nor queues webhooks (the keys would all be ''), and how many rooms' newest id the
-#   library keeps from one call to the next (CHAT_REDIS_PUBLISH_ROOMS_KNOWN, see publish_frame).
+#   library keeps from one call to the next (CHAT_REDIS_PUBLISH_ROOMS_KNOWN, see publish_frame),
+#   then 1 when every send writes its room's newest id into the meta's `last`, 0 when a send
+#   in a room with a log writes it only with the expiry's push (CHAT_REDIS_NEWEST_ID_IN_META).
 #   The library reads them when the text differs from the last call's, which is rare: the
 #   text is the same string in Redis' Lua from one call to the next (Lua keeps one copy of
 #   each string, so comparing it is comparing two pointers).
@@ -255,13 +257,14 @@ HEADER_ARGS: Final = 2
 
 def publishing_header(
     log_length: int, ttl_ms: int, dedup_ttl_ms: int, rate: float, burst: int, archive_length: int,
-    webhook_length: int, shared_keys: int, rooms_known: int,
+    webhook_length: int, shared_keys: int, rooms_known: int, newest_id_in_meta: bool = True,
 ) -> str:  # fmt: skip
     """The settings part of the publishing scripts' header (see above), as the library reads it:
     whole numbers but the rate."""
     parts = (
         int(log_length), int(ttl_ms), int(dedup_ttl_ms), float(rate), int(burst),
         int(archive_length), int(webhook_length), int(shared_keys), int(rooms_known),
+        int(newest_id_in_meta),
     )  # fmt: skip
     return " ".join(map(str, parts))
 
@@ -279,6 +282,15 @@ local function is_due(due)  -- the keys' expiry is to be pushed back (decimal te
 end
 local function forget_rooms()
   known_last, known_due, known_count = {}, {}, 0
+end
+local function begin_before(meta, log, id)  -- a new incarnation just before message `id`, with
+  -- keys that expire from now; -> when their expiry is next due
+  local added = entries_added(log)
+  redis.call('HSET', meta, 'last', id, 'origin', string.format('%d', tonumber(id) - 1),
+             'run', server_run(RUN), 'base', string.format('%d', added and added - 1 or -1))
+  local field, due = push_expiry(meta, log, TTL)  -- the meta exists now
+  redis.call('HSET', meta, field, due)
+  return due
 end
 local function publish_frame(meta, log, dedup, channel, copy, conversation, head, body, claim)
   local last, due, known
@@ -300,11 +312,21 @@ local function publish_frame(meta, log, dedup, channel, copy, conversation, head
   end
   -- The frame, as app.protocol.message_frame builds it from the same head and body.
   local payload = head .. id .. body .. now_text .. '}'
+  local gone  -- the log was not there: see the end
   if log ~= '' then
     -- The entry <id>-0. `last` may be behind the log: what this library knew of the room (a
     -- worker of another release published in it since), or the meta's (see INCARNATION). The
     -- log then refuses the id, and the message is numbered above the log's newest entry.
-    local added = redis.pcall('XADD', log, 'MAXLEN', LOG_LENGTH, id, 'f', payload)
+    local added
+    if WRITE_LAST then
+      added = redis.pcall('XADD', log, 'MAXLEN', LOG_LENGTH, id, 'f', payload)
+    else
+      added = redis.pcall('XADD', log, 'NOMKSTREAM', 'MAXLEN', LOG_LENGTH, id, 'f', payload)
+      if not added then
+        gone = true
+        added = redis.pcall('XADD', log, 'MAXLEN', LOG_LENGTH, id, 'f', payload)
+      end
+    end
     if type(added) == 'table' and added.err then
       if not string.find(added.err, 'equal or smaller', 1, true) then error(added) end
       if known then
@@ -318,20 +340,19 @@ local function publish_frame(meta, log, dedup, channel, copy, conversation, head
       redis.call('XADD', log, 'MAXLEN', LOG_LENGTH, id, 'f', payload)
     end
   end
-  if is_due(due) then
+  -- The meta's `last`: written with the expiry's push, and on every send unless the room has
+  -- a log and CHAT_REDIS_NEWEST_ID_IN_META is off (readers take the log's newest: INCARNATION).
+  -- A log or a meta that was gone (the room's keys were deleted or evicted; without
+  -- `last` on every send, only a log that was gone shows) starts a new incarnation just
+  -- before this message, the one message after it the log is sure to hold.
+  if gone then
+    due = begin_before(meta, log, id)
+  elseif is_due(due) then
     local field
     field, due = push_expiry(meta, log, TTL)
     redis.call('HSET', meta, 'last', id, field, due)
-  elseif redis.call('HSET', meta, 'last', id) == 1 and known then
-    -- The meta was gone (the room's keys were deleted or evicted): a new incarnation that
-    -- starts just before this message, the one message after it the log is sure to hold, and
-    -- keys that expire from now.
-    local field
-    field, due = push_expiry(meta, log, TTL)
-    local added = entries_added(log)
-    redis.call('HSET', meta, 'origin', string.format('%d', tonumber(id) - 1),
-               'run', server_run(RUN), 'base', string.format('%d', added and added - 1 or -1),
-               field, due)
+  elseif (WRITE_LAST or log == '') and redis.call('HSET', meta, 'last', id) == 1 and known then
+    due = begin_before(meta, log, id)
   end
   memo_meta, memo_last, memo_due = meta, id, due
   if log ~= '' and ROOMS_KNOWN > 0 then
@@ -484,19 +505,20 @@ local memo_meta, memo_last, memo_due  -- the meta the run's last publish left, s
 -- publish_frame): meta -> `last`, meta -> when the expiry is due, how many rooms
 local known_last, known_due, known_count = {}, {}, 0
 local HEADER, LOG_LENGTH, TTL, DEDUP_TTL, RATE, BURST, ARCHIVE_MAX, WEBHOOK_MAX, SHARED
-local ROOMS_KNOWN
+local ROOMS_KNOWN, WRITE_LAST
 """
 START_RUN: Final = (
     """
 local function read_header(header)
-  local log_length, ttl, dedup_ttl, rate, burst, archive_max, webhook_max, shared, known =
-    string.match(header, '^(%d+) (%d+) (%d+) (%S+) (%d+) (%d+) (%d+) (%d+) (%d+)$')
-  if known == nil then error('hubbub: not a publishing header: ' .. header) end
+  local log_length, ttl, dedup_ttl, rate, burst, archive_max, webhook_max, shared, known,
+    write_last = string.match(header,
+      '^(%d+) (%d+) (%d+) (%S+) (%d+) (%d+) (%d+) (%d+) (%d+) ([01])$')
+  if write_last == nil then error('hubbub: not a publishing header: ' .. header) end
   if log_length ~= LOG_LENGTH or ttl ~= TTL then forget_rooms() end
   LOG_LENGTH, TTL, DEDUP_TTL = log_length, ttl, dedup_ttl
   RATE, BURST = tonumber(rate), tonumber(burst)
   ARCHIVE_MAX, WEBHOOK_MAX, SHARED = tonumber(archive_max), tonumber(webhook_max), tonumber(shared)
-  ROOMS_KNOWN = tonumber(known)
+  ROOMS_KNOWN, WRITE_LAST = tonumber(known), write_last == '1'
   if known_count > ROOMS_KNOWN then forget_rooms() end
   HEADER = header
 end
