@@ -317,8 +317,10 @@ local function publish_frame(meta, log, dedup, channel, copy, conversation, head
     -- The entry <id>-0. `last` may be behind the log: what this library knew of the room (a
     -- worker of another release published in it since), or the meta's (see INCARNATION). The
     -- log then refuses the id, and the message is numbered above the log's newest entry.
+    -- Without `last` on every send, a log that is gone must show here (see the end): unless
+    -- the incarnation is new (no due time yet), where no log may be the room's first send.
     local added
-    if WRITE_LAST then
+    if WRITE_LAST or due == nil then
       added = redis.pcall('XADD', log, 'MAXLEN', LOG_LENGTH, id, 'f', payload)
     else
       added = redis.pcall('XADD', log, 'NOMKSTREAM', 'MAXLEN', LOG_LENGTH, id, 'f', payload)
