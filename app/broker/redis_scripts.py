@@ -1,14 +1,14 @@
 """The Lua scripts behind :class:`~app.broker.redis.RedisBroker`: each runs atomically in Redis.
 
 Key layout for a room R (the hash tag keeps a room's keys in one cluster slot):
-``{prefix}:{r:R}:meta`` hash {last: id of the newest message, origin, run, base: see
-``INCARNATION``}, ``{prefix}:{r:R}:log`` the stream of the newest ``CHAT_HISTORY_SIZE + 1``
-frames (the oldest marks where recovery can start), whose entry ids are ``<message id>-0``,
-``{prefix}:{r:R}:cid:<user>:<cid>`` a dedup marker; the presence keys share the hash tag
-(see :mod:`app.presence.redis`). The meta hash also holds ``archived``: every message of the
-room up to that id is in the store (:mod:`app.store.stream_archiver` raises it), except
-``unarchived``: the newest message that was not archived (the backlog was full). A direct
-conversation has the same keys under its conversation name (``@a:b``,
+``{prefix}:{r:R}:meta`` hash {last: id of the newest message, or of one before it; origin, run,
+base: see ``INCARNATION``}, ``{prefix}:{r:R}:log`` the stream of the newest
+``CHAT_HISTORY_SIZE + 1`` frames (the oldest marks where recovery can start), whose entry ids
+are ``<message id>-0``, ``{prefix}:{r:R}:cid:<user>:<cid>`` a dedup marker; the presence keys
+share the hash tag (see :mod:`app.presence.redis`). The meta hash also holds ``archived``:
+every message of the room up to that id is in the store (:mod:`app.store.stream_archiver`
+raises it), except ``unarchived``: the newest message that was not archived (the backlog was
+full). A direct conversation has the same keys under its conversation name (``@a:b``,
 :mod:`app.conversations.names`).
 
 With a store, every published frame is also appended to ``{prefix}:archive``, the stream the
@@ -139,12 +139,13 @@ TOKEN_BUCKET: Final = BUCKET_VARIABLES + TAKE_FUNCTION
 # then characters: reading a 16-digit number costs more than the comparison); `publishing`, `last`
 # and when the keys' expiry is next due instead (`dl` with a log, `dm` without; nil in a new
 # incarnation): see EXPIRY.
-# The meta's `last` may be behind the log's newest entry: the next release stops writing it on
-# every message in rooms with a log (the log's newest entry is the room's newest message: room
-# logs are trimmed from their oldest end only, never XDEL'd). So every reader takes the larger
-# of the two (`newest`): `incarnation` for a join's `last`, a replay and a new origin; a
-# publish, whose log refuses an id not above its newest entry, when the log refuses it (see
-# publish_frame). This release still writes `last` on every message.
+# The meta's `last` may be behind the log's newest entry: with CHAT_REDIS_NEWEST_ID_IN_META
+# off, a send in a room with a log writes it only with the expiry's push (the log's newest
+# entry is the room's newest message: room logs are trimmed from their oldest end only, never
+# XDEL'd). So every reader takes the larger of the two (`newest`): `incarnation` for a join's
+# `last`, a replay and a new origin; a publish, whose log refuses an id not above its newest
+# entry, when the log refuses it (see publish_frame). Releases before this one read only
+# `last`: hence the setting's default, on.
 INCARNATION: Final = """
 local function entries_added(log)
   if log == '' or redis.call('EXISTS', log) == 0 then return 0 end
