@@ -90,6 +90,75 @@ async def test_other_frames_wait_for_the_sends_before_them(server_for: Any) -> N
         assert kinds == ["ack"] * 20 + ["left", "error"]
 
 
+async def test_sends_past_the_quota_are_refused_in_their_turn(server_for: Any) -> None:
+    """A burst past the message quota: the broker refuses the sends past the burst (the
+    Redis script, or the embedded broker's bucket), each answered ``rate_limited`` in its
+    place among the acks, with its cid; a member gets only the published ones; the
+    connection goes on."""
+    burst = 5
+    async with (
+        server_for(user_messages_per_s=0.01, user_message_burst=burst) as live,
+        ChatClient.connect(live.ws_url("reader")) as reader,
+        ChatClient.connect(live.ws_url("writer")) as writer,
+    ):
+        await reader.join("r")
+        await writer.join("r")
+        for n in range(burst + 3):
+            await writer.say("r", f"m{n}", cid=n)
+        answers = [
+            await writer.next_frame(skip=("ping", "presence", "message")) for _ in range(burst + 3)
+        ]
+        assert [a.get("cid") for a in answers] == list(range(burst + 3))
+        assert [a.get("code", a["type"]) for a in answers] == (
+            ["ack"] * burst + ["rate_limited"] * 3
+        )
+        got = await reader.messages(burst)
+        assert [m["text"] for m in got] == [f"m{n}" for n in range(burst)]
+        await writer.send({"type": "ping"})
+        assert (await writer.next_frame(skip=("presence", "message")))["type"] == "pong"
+
+
+async def test_sends_redis_does_not_answer_are_refused_in_order(
+    redis_server: RedisServer,
+) -> None:
+    """Redis stops answering (SIGSTOP) with sends in flight: once its timeout passes, each is
+    answered ``broker_unavailable``, in order, and counted as a failed publish; the
+    connection stays open, and sends are acked again once Redis is back."""
+    settings = redis_settings(redis_server, redis_timeout_s=1, canary_timeout_s=30)
+    async with run_server(settings) as live, ChatClient.connect(live.ws_url("w")) as writer:
+        await wait_until(lambda: live.state.broker.ready)
+        await writer.join("r")
+        await writer.say("r", "first", cid="first")
+        first = await writer.next_frame(skip=("ping", "presence", "message"))
+        assert (first["type"], first["cid"]) == ("ack", "first")
+        failures = live.state.metrics.publish_failures
+        failed_before = failures._value.get()
+        assert redis_server.proc is not None
+        redis_server.proc.send_signal(signal.SIGSTOP)
+        try:
+            for n in range(6):
+                await writer.say("r", f"m{n}", cid=n)
+            answers = [
+                await writer.next_frame(skip=("ping", "presence", "message")) for _ in range(6)
+            ]
+        finally:
+            redis_server.proc.send_signal(signal.SIGCONT)
+        assert [(a.get("code"), a.get("cid")) for a in answers] == [
+            ("broker_unavailable", n) for n in range(6)
+        ]
+        assert failures._value.get() - failed_before == 6
+        await wait_until(lambda: live.state.broker.ready, timeout=20)
+
+        async def acked_again() -> bool:
+            await writer.say("r", "back", cid="back")
+            answer = await writer.next_frame(skip=("ping", "presence", "message"))
+            return bool(answer["type"] == "ack")
+
+        async with asyncio.timeout(20):
+            while not await acked_again():
+                await asyncio.sleep(0.1)
+
+
 @pytest.mark.parametrize("limit", [1, 4])
 async def test_at_most_the_limit_of_sends_is_in_flight(
     redis_server: RedisServer, limit: int

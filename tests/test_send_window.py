@@ -7,27 +7,20 @@ import asyncio
 
 import pytest
 
-from app.sockets.send_window import Answer, SendWindow
+from app.sockets.send_window import SendWindow
+
+pytestmark = pytest.mark.timeout(10)
 
 
-async def _answered(answer: Answer) -> Answer:
-    return answer
-
-
-async def _after(future: asyncio.Future[None], answer: Answer) -> Answer:
-    await future
-    return answer
-
-
-async def test_a_publish_that_never_waits_is_answered_on_the_spot() -> None:
-    """The embedded broker's case: no task is made and the answer is offered within
-    start(), so frames read together are delivered (and flushed) together."""
+async def test_an_answer_given_at_once_is_offered_on_the_spot() -> None:
+    """The embedded broker's case: the answer is offered within the call that gives it, so
+    frames read together are delivered (and flushed) together; no task is made."""
     offered: list[str] = []
     window = SendWindow(16, offered.append)
     tasks_before = len(asyncio.all_tasks())
     for n in range(100):
         await window.admit()
-        window.start(_answered(f"ack{n}"))
+        window.open()(f"ack{n}")
         assert offered[-1] == f"ack{n}"
     assert len(asyncio.all_tasks()) == tasks_before
     assert len(window) == 0
@@ -35,62 +28,59 @@ async def test_a_publish_that_never_waits_is_answered_on_the_spot() -> None:
 
 async def test_answers_keep_the_order_of_the_sends() -> None:
     """A later send answered first waits for the earlier ones; then all go at once, in order
-    (no loop iteration per answer); a send without an answer (no cid) takes its turn."""
-    loop = asyncio.get_running_loop()
+    (within the call that gives the earliest); a send without an answer (no cid) takes its
+    turn."""
     offered: list[str] = []
     window = SendWindow(16, offered.append)
-    gates = [loop.create_future() for _ in range(3)]
-    window.start(_after(gates[0], "a"))
-    window.start(_after(gates[1], None))
-    window.start(_after(gates[2], "c"))
-    window.start(_answered("d"))
-    gates[2].set_result(None)
-    gates[1].set_result(None)
-    await asyncio.sleep(0.01)
+    a, b, c, d = (window.open() for _ in range(4))
+    d("d")
+    c("c")
+    b(None)
     assert offered == [] and len(window) == 4
-    gates[0].set_result(None)
-    await window.settle()
-    assert offered == ["a", "c", "d"]
+    a("a")
+    assert offered == ["a", "c", "d"] and len(window) == 0
+    await asyncio.wait_for(window.settle(), 1)
+
+
+async def test_an_answer_is_given_once() -> None:
+    """A second call for the same send is ignored: it neither offers a second frame nor frees
+    a slot that belongs to a later send."""
+    offered: list[str] = []
+    window = SendWindow(16, offered.append)
+    first, second = window.open(), window.open()
+    first("one")
+    first("again")
+    assert offered == ["one"] and len(window) == 1
+    second("two")
+    assert offered == ["one", "two"] and len(window) == 0
 
 
 async def test_admit_waits_while_the_limit_is_in_flight() -> None:
-    loop = asyncio.get_running_loop()
     window = SendWindow(2, lambda answer: None)
-    gates = [loop.create_future() for _ in range(2)]
-    for gate in gates:
+    gives = []
+    for _ in range(2):
         await window.admit()
-        window.start(_after(gate, "x"))
+        gives.append(window.open())
     admitted = asyncio.ensure_future(window.admit())
-    await asyncio.sleep(0.01)
+    await asyncio.sleep(0)
+    await asyncio.sleep(0)
     assert not admitted.done()
-    gates[0].set_result(None)
+    gives[0]("x")
     await asyncio.wait_for(admitted, 1)
     assert len(window) == 1
-    gates[1].set_result(None)
+    gives[1]("y")
     await asyncio.wait_for(window.settle(), 1)
 
 
-async def test_a_publish_that_raises_still_frees_its_slot() -> None:
-    """An unexpected error (the session closes the connection) must not leave settle()
-    waiting forever, nor hold back the answers after it."""
-    loop = asyncio.get_running_loop()
-    offered: list[str] = []
-    window = SendWindow(4, offered.append)
-    gate: asyncio.Future[None] = loop.create_future()
-
-    async def fails() -> Answer:
-        await gate
-        raise RuntimeError("bug")
-
-    window.start(fails())
-    window.start(_answered("after"))
-    gate.set_result(None)
-    await asyncio.wait_for(window.settle(), 1)
-    assert offered == ["after"]
-    with pytest.raises(RuntimeError):
-        window.start(_raises_at_once())
-    assert len(window) == 0
-
-
-async def _raises_at_once() -> Answer:
-    raise RuntimeError("bug before any wait")
+async def test_settle_waits_for_every_slot() -> None:
+    """settle() returns only once the last send opened is answered, whichever order they are
+    answered in."""
+    window = SendWindow(8, lambda answer: None)
+    gives = [window.open() for _ in range(3)]
+    settled = asyncio.ensure_future(window.settle())
+    for give in (gives[2], gives[0]):
+        give("x")
+        await asyncio.sleep(0)
+        assert not settled.done()
+    gives[1]("x")
+    await asyncio.wait_for(settled, 1)

@@ -96,6 +96,10 @@ class Published:
     duplicate: bool = False
 
 
+# What a started publish (Broker.publish_soon) comes to: what publish would return or raise.
+PublishDone = Callable[[Published | Exception], None]
+
+
 @dataclass(frozen=True, slots=True)
 class History:
     """A page of the messages after a client's ``since``, oldest first: ``recovered`` is False
@@ -215,6 +219,26 @@ class Broker(Protocol):
         (:func:`app.conversations.names.direct`: ids, history and archiving like a room's),
         delivered
         to ``to``'s connections and ``sender``'s."""
+        ...
+
+    def publish_soon(
+        self,
+        room: str | None,
+        to: str | None,
+        user: str,
+        text: str,
+        cid: str | int | None,
+        traceparent: str | None,
+        done: PublishDone,
+    ) -> None:
+        """Start publishing a message with no reply, files or mentions: in ``room``, as
+        :meth:`publish` does, or else to ``to``, as :meth:`publish_direct` does (with the
+        users' quota). ``done`` is called once, with what that would return or raise
+        (:class:`~app.errors.QuotaExceeded`, :class:`~app.errors.BrokerUnavailable`, or an
+        unexpected error): before this returns when the broker publishes at once (the
+        embedded one), else from a later pass of the loop. Nothing here needs a task, nor
+        runs in one: ``done`` must not wait. Publishes started one after another reach the
+        broker, and are numbered, in that order, as awaited ones would be."""
         ...
 
     async def publish_event(

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from app.access.buckets import TokenBuckets
-from app.broker import BrokerHandler, BrokerStats, History, Message, Published
+from app.broker import BrokerHandler, BrokerStats, History, Message, PublishDone, Published
 from app.broker.dedup import RecentIds
 from app.conversations.lifecycle import Change, Kind, Target, apply, reacted, with_state
 from app.conversations.names import addressed, direct, is_direct, members_of_direct
@@ -134,7 +134,7 @@ class MemoryBroker:
         mentions: str | None = None,
         traceparent: str | None = None,
     ) -> Published:
-        return await self._publish_message(
+        return self._publish_message(
             room, user, text, cid, reply_to, quota, attachments, mentions, traceparent
         )
 
@@ -151,11 +151,32 @@ class MemoryBroker:
         traceparent: str | None = None,
     ) -> Published:
         conversation = direct(sender, to)
-        return await self._publish_message(
+        return self._publish_message(
             conversation, sender, text, cid, reply_to, quota, attachments, mentions, traceparent
         )
 
-    async def _publish_message(
+    def publish_soon(
+        self,
+        room: str | None,
+        to: str | None,
+        user: str,
+        text: str,
+        cid: str | int | None,
+        traceparent: str | None,
+        done: PublishDone,
+    ) -> None:
+        """Published at once: ``done`` is called before this returns."""
+        conversation = room if room is not None else direct(user, to or "")
+        try:
+            published = self._publish_message(
+                conversation, user, text, cid, None, None, traceparent=traceparent
+            )
+        except Exception as exc:  # refused (quota), or a bug: for the caller to answer
+            done(exc)
+            return
+        done(published)
+
+    def _publish_message(
         self,
         conversation: str,
         user: str,

@@ -30,7 +30,7 @@ import logging
 import random
 import secrets
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any, cast
 
 import orjson
@@ -39,7 +39,7 @@ from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.sentinel import SentinelConnectionPool
 from redis.exceptions import ConnectionError as RedisConnectionError
 
-from app.broker import BrokerHandler, BrokerStats, History, Message, Published
+from app.broker import BrokerHandler, BrokerStats, History, Message, PublishDone, Published
 from app.broker import redis_scripts as scripts
 from app.broker.keys import KeyLayout
 from app.conversations.lifecycle import Change, Kind, Target, with_state
@@ -60,6 +60,7 @@ from app.redisio.cluster import ClusterPipelines
 from app.redisio.shards import Shards
 from app.redisio.subscription import Subscription
 from app.settings import Settings
+from app.transport.eager import start_eagerly
 from app.webhooks import webhook_keys
 
 logger = logging.getLogger(__name__)
@@ -148,6 +149,7 @@ class RedisBroker:
         self._unconfirmed: set[bytes] = set()
         self._ready = False
         self._tasks: list[asyncio.Task[None]] = []
+        self._publishing: set[asyncio.Task[None]] = set()  # publish_soon's on Redis Cluster
         self._listener: asyncio.Task[None] | None = None
         self._stopping = False
         self._pubsub_lag_s = 0.0
@@ -834,6 +836,62 @@ class RedisBroker:
             self._headers[quota] = header
         return header
 
+    def publish_soon(
+        self,
+        room: str | None,
+        to: str | None,
+        user: str,
+        text: str,
+        cid: str | int | None,
+        traceparent: str | None,
+        done: PublishDone,
+    ) -> None:
+        """One script call, whose reply is mapped to ``done`` by the pipeline's callback."""
+        if self._cluster is not None:  # the quota first, in the user's slot: two calls (_publish)
+            if room is not None:
+                publishing = self.publish(room, user, text, cid, traceparent=traceparent)
+            else:
+                publishing = self.publish_direct(user, to or "", text, cid, traceparent=traceparent)
+            task = start_eagerly(self._publish_then(publishing, done))
+            if task is not None:
+                self._publishing.add(task)
+                task.add_done_callback(self._publishing.discard)
+            return
+        if room is not None:
+            target, name, conversation = "room", room, room
+            channel, copy = self._room_channel(room), ""
+        else:
+            target, name, conversation = "to", to or "", direct(user, to or "")
+            channel, copy = self._user_channel(name), self._user_channel(user)
+        head, body = message_frame_parts(target, name, user, text, None, None, None, traceparent)
+        keys = self._publish_keys(conversation, user, cid)
+        try:
+            answered = self._submit_publish(keys, conversation, channel, head, body, copy)
+        except REDIS_ERRORS as exc:  # a batch written at once, on a connection just lost
+            done(self._unavailable(exc))
+            return
+        answered.add_done_callback(lambda reply: done(self._outcome(reply, conversation, user)))
+
+    async def _publish_then(self, publishing: Awaitable[Published], done: PublishDone) -> None:
+        try:
+            outcome: Published | Exception = await publishing
+        except Exception as exc:
+            outcome = exc
+        done(outcome)
+
+    def _outcome(
+        self, reply: asyncio.Future[Any], conversation: str, user: str
+    ) -> Published | Exception:
+        """What a publish script's ``reply`` comes to (as :meth:`_publish` returns or raises)."""
+        if reply.cancelled():
+            return BrokerUnavailable("redis: the publish was cancelled")
+        try:
+            return self._published(reply.result(), conversation, user)
+        except REDIS_ERRORS as exc:
+            return self._unavailable(exc)
+        except Exception as exc:  # refused (quota, gone, failed), or a bug
+            return exc
+
     async def _publish(
         self,
         keys: list[str],
@@ -847,14 +905,6 @@ class RedisBroker:
         quota: tuple[float, int] | None = None,
         user: str = "",
     ) -> Published:
-        header = self._header if quota is None else self._publish_header(quota)
-        if self._shared_keys:  # the shared keys last, see redis_scripts
-            archive = self._keys.archive(conversation) if self._archiving else ("", "")
-            keys = [*keys, *archive, *self._webhook_keys]
-        args: list[Any] = [*header, channel, head, body, copy_channel, conversation, *(extra or ())]
-        if self._cluster is not None:  # every key in the conversation's slot, see sharded()
-            absent = f"{self._prefix}:{self._keys.tag(conversation)}{scripts.ABSENT}"
-            keys = [key or absent for key in keys]
         try:
             if self._cluster is not None:
                 # The quota bucket is in the user's slot, not the conversation's. Calls on one
@@ -869,21 +919,51 @@ class RedisBroker:
                     )
                     if not taken:
                         raise QuotaExceeded(user_key)
-            # Messages of one loop iteration share a script run (redis_scripts.PUBLISH), on
-            # Redis Cluster those of one slot.
-            merge = self._merge
-            if self._cluster is not None:  # one group per slot's hash tag
-                merge = Merge(
-                    self._keys.tag(conversation), 3, scripts.HEADER_ARGS, self._shared_keys
-                )
-            reply = await self._pipeline.submit(
-                self._scripts[script], keys, args, durable=True,
-                merge=merge if script == "PUBLISH" else None,
-            )  # fmt: skip
+            reply = await self._submit_publish(
+                keys, conversation, channel, head, body, copy_channel, script, extra, quota
+            )
         except REDIS_ERRORS as exc:
-            if isinstance(exc, NotReplicated):
-                self._not_replicated += 1
-            raise BrokerUnavailable(f"redis: {describe(exc)}") from exc
+            raise self._unavailable(exc) from exc
+        return self._published(reply, conversation, user)
+
+    def _submit_publish(
+        self,
+        keys: list[str],
+        conversation: str,
+        channel: str,
+        head: bytes,
+        body: bytes,
+        copy_channel: str,
+        script: str = "PUBLISH",
+        extra: list[Any] | None = None,
+        quota: tuple[float, int] | None = None,
+    ) -> asyncio.Future[Any]:
+        """Start a publishing script's call (see redis_scripts.PUBLISH); -> its reply."""
+        header = self._header if quota is None else self._publish_header(quota)
+        if self._shared_keys:  # the shared keys last, see redis_scripts
+            archive = self._keys.archive(conversation) if self._archiving else ("", "")
+            keys = [*keys, *archive, *self._webhook_keys]
+        args: list[Any] = [*header, channel, head, body, copy_channel, conversation, *(extra or ())]
+        # Messages of one loop iteration share a script run (redis_scripts.PUBLISH), on
+        # Redis Cluster those of one slot.
+        merge = self._merge
+        if self._cluster is not None:  # every key in the conversation's slot, see sharded()
+            absent = f"{self._prefix}:{self._keys.tag(conversation)}{scripts.ABSENT}"
+            keys = [key or absent for key in keys]
+            merge = Merge(self._keys.tag(conversation), 3, scripts.HEADER_ARGS, self._shared_keys)
+        return self._pipeline.submit(
+            self._scripts[script], keys, args, durable=True,
+            merge=merge if script == "PUBLISH" else None,
+        )  # fmt: skip
+
+    def _unavailable(self, exc: Exception) -> BrokerUnavailable:
+        if isinstance(exc, NotReplicated):
+            self._not_replicated += 1
+        return BrokerUnavailable(f"redis: {describe(exc)}")
+
+    def _published(self, reply: list[Any], conversation: str, user: str) -> Published:
+        """A publishing script's reply for one message: what was published, or raised as
+        the refusal it says."""
         message_id, outcome, ts_ms = reply
         if outcome == _FAILED:
             raise BrokerUnavailable(f"redis: {message_id!r}")

@@ -1,13 +1,13 @@
 """SendWindow: a connection's ``send`` frames in flight, published in the order they came,
 answered in that order, at most ``limit`` at once.
 
-Each send's publish is started eagerly (:func:`app.transport.eager.start_eagerly`): it runs at
-once, inside the reader's step, up to its first suspension. With the embedded broker it never
-suspends, so it costs no task and its answer goes out on the spot: a burst of sends read
-together is delivered within one loop iteration and leaves, coalesced, in one flush per socket
-(what a one-room fan-out's throughput depends on, docs/benchmarks.md). A publish that waits on
-Redis goes on in a task; its answer waits in its slot until every earlier one is answered, and
-then every answer ready goes out at once, without a loop iteration per slot.
+A send takes a slot when it starts (:meth:`SendWindow.open`) and gives its answer when its
+publish comes back, from whatever callback learns it: no task and no coroutine per send. With
+the embedded broker that is at once, inside the reader's step, so a burst of sends read together
+is answered within one loop iteration and leaves, coalesced, in one flush per socket (what a
+one-room fan-out's throughput depends on, docs/benchmarks.md). An answer that comes back before
+an earlier one waits in its slot until every earlier one is given; then every answer ready goes
+out at once, without a loop iteration per slot.
 
 Publishes start in arrival order, so with one Redis connection per worker their ids (their order
 in the room) are the order they were sent.
@@ -17,13 +17,10 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import Callable, Coroutine
-from typing import Any
-
-from app.transport.eager import start_eagerly
+from collections.abc import Callable
 
 Answer = str | None  # the frame that answers a send (ack or error), or None: no answer
-Publish = Coroutine[Any, Any, Answer]
+GiveAnswer = Callable[[Answer], None]
 
 
 class _Slot:
@@ -37,18 +34,17 @@ class _Slot:
 class SendWindow:
     """Up to ``limit`` sends in flight for one connection; ``offer`` writes an answer to it.
 
-    Contract: answers are offered in the order :meth:`start` was called, each once; a publish
-    coroutine must not raise for a refused send (it returns the error frame), and one that
-    raises anyway still releases its slot (with no answer) before the exception propagates.
+    Contract: answers are offered in the order :meth:`open` was called, each once, as soon as
+    every earlier one is; a slot whose answer is never given holds back every later answer (and
+    :meth:`settle`), so each caller of :meth:`open` gives one on every path.
     """
 
-    __slots__ = ("_idle", "_limit", "_offer", "_room", "_slots", "_tasks")
+    __slots__ = ("_idle", "_limit", "_offer", "_room", "_slots")
 
     def __init__(self, limit: int, offer: Callable[[str], None]) -> None:
         self._limit = limit
         self._offer = offer
         self._slots: deque[_Slot] = deque()  # oldest first
-        self._tasks: set[asyncio.Task[None]] = set()  # publishes that had to wait
         self._room: asyncio.Future[None] | None = None  # for admit(): a slot freed
         self._idle: asyncio.Future[None] | None = None  # for settle(): every slot answered
 
@@ -70,22 +66,19 @@ class SendWindow:
                 self._idle = asyncio.get_running_loop().create_future()
             await self._idle
 
-    def start(self, publish: Publish) -> None:
-        """Run ``publish`` now, up to its first suspension; offer its answer after those of
-        the sends started before it. Call :meth:`admit` first."""
+    def open(self) -> GiveAnswer:
+        """A slot for a send starting now (call :meth:`admit` first); -> what to call, once,
+        with its answer (None: nothing to answer; a second call is ignored). The answer is
+        offered after those of the sends opened before it: within that call if they all are."""
         slot = _Slot()
         self._slots.append(slot)
-        task = start_eagerly(self._run(slot, publish))
-        if task is not None:
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
 
-    async def _run(self, slot: _Slot, publish: Publish) -> None:
-        try:
-            slot.answer = await publish
-        finally:
-            slot.done = True
-            self._release()
+        def give(answer: Answer) -> None:
+            if not slot.done:
+                slot.answer, slot.done = answer, True
+                self._release()
+
+        return give
 
     def _release(self) -> None:
         slots = self._slots

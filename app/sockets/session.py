@@ -41,7 +41,7 @@ from app.errors import (
 )
 from app.files.service import AlreadySent, Files
 from app.ops.metrics import Metrics
-from app.ops.tracing import end_publish, trace_id_of, traceparent_of
+from app.ops.tracing import Span, end_publish, trace_id_of, traceparent_of
 from app.presence import RoomPresence
 from app.protocol import (
     PONG_FRAME,
@@ -175,7 +175,7 @@ class Session:
                 )
             ):
                 await self._sends.admit()
-                self._sends.start(self._send_answer(frame, text, blocked))
+                self._start_send(frame, text, blocked)
                 return
             await self.settle()
             if isinstance(frame, Send):
@@ -776,22 +776,72 @@ class Session:
             )
         )  # fmt: skip
 
-    async def _send_answer(self, frame: Send, text: str, blocked: bool | None) -> str | None:
-        """Publish ``frame``; the frame that answers it (its ack, None without a ``cid``, or
-        an error frame). An unexpected failure closes the connection (1011) and answers
-        nothing."""
+    def _start_send(self, frame: Send, text: str, blocked: bool | None) -> None:
+        """Publish a pipelined ``send`` (handle_text: nothing waits before its publish): checked
+        and handed to the broker now, without a task; its answer (its ack, None without a
+        ``cid``, or an error frame) is offered in its turn once the broker has answered. An
+        unexpected failure closes the connection (1011) and answers nothing."""
+        give = self._sends.open()
         try:
-            return await self._publish_send(frame, blocked)
+            if blocked is None:  # handle_text pipelines a DM only once this is known
+                raise RuntimeError("a pipelined direct message's block is not known")
+            self._check_send(frame, blocked)
+            started = time.perf_counter()
+            span, traceparent = self._start_span(frame)
         except FrameError as exc:
-            self.metrics.error_sent(exc.code)
-            return error_frame(exc.code, exc.message, _ref(text))
+            give(self._refused(exc, text))
+            return
         except Exception:
-            logger.exception("unexpected error publishing a frame", extra={"conn": self.conn.id})
-            self.conn.close(CloseCode.INTERNAL_ERROR, "internal error")
-            return None
+            give(None)
+            self._failed()
+            return
 
-    async def _publish_send(self, frame: Send, blocked: bool | None = None) -> str | None:
-        """Publish a ``send`` frame; its ack (None without a ``cid``). Raises FrameError."""
+        def done(outcome: Published | Exception) -> None:
+            try:
+                give(self._sent(frame, text, outcome, started, span))
+            except Exception:
+                give(None)
+                self._failed()
+
+        try:
+            self._broker.publish_soon(
+                frame.room, frame.to, self.conn.user, frame.text, frame.cid, traceparent, done
+            )
+        except Exception:  # a bug: done may not be called (a second answer is ignored)
+            give(None)
+            self._failed()
+
+    def _sent(
+        self,
+        frame: Send,
+        text: str,
+        outcome: Published | Exception,
+        started: float,
+        span: Span | None,
+    ) -> str | None:
+        """What answers a pipelined send, now that its publish came to ``outcome``."""
+        if isinstance(outcome, Published):
+            if span is not None:
+                end_publish(span, outcome)
+            return self._acked(frame, outcome, started, span)
+        if span is not None:
+            end_publish(span, None)
+        if isinstance(outcome, QuotaExceeded | BrokerUnavailable):
+            return self._refused(self._publish_refusal(outcome), text)
+        raise outcome
+
+    def _refused(self, exc: FrameError, text: str) -> str:
+        self.metrics.error_sent(exc.code)
+        return error_frame(exc.code, exc.message, _ref(text))
+
+    def _failed(self) -> None:
+        logger.exception("unexpected error publishing a frame", extra={"conn": self.conn.id})
+        self.conn.close(CloseCode.INTERNAL_ERROR, "internal error")
+
+    def _check_send(self, frame: Send, blocked: bool | None) -> None:
+        """What a ``send`` is checked for before anything waits: the conversation's claim, the
+        membership decided at its join, its text, the broker; a DM to a user known to block
+        the sender (``blocked``). Raises FrameError."""
         conn = self.conn
         if frame.room is not None and not conn.identity.may_use(frame.room):
             raise _frame_error(claim_refusal(frame.room))
@@ -803,6 +853,40 @@ class Session:
         self._check_broker()
         if blocked:  # known when the send was admitted (a pipelined DM)
             raise FrameError(ErrorCode.FORBIDDEN, _CANNOT_WRITE_TO)
+
+    def _start_span(self, frame: Send) -> tuple[Span | None, str | None]:
+        """The publish's span when tracing is on and samples it (else None), and the trace
+        context its frame carries."""
+        tracing = self._state.tracing
+        if tracing is None:
+            return None, None
+        conversation = frame.room or direct(self.conn.user, frame.to or "")
+        span = tracing.start_publish(frame.traceparent, conversation, "socket")
+        return span, None if span is None else traceparent_of(span)
+
+    def _publish_refusal(self, exc: QuotaExceeded | BrokerUnavailable) -> FrameError:
+        """The error a publish the broker refused is answered with."""
+        if isinstance(exc, QuotaExceeded):
+            return FrameError(ErrorCode.RATE_LIMITED, _TOO_MANY_MESSAGES)
+        self.metrics.publish_failures.inc()
+        return FrameError(
+            ErrorCode.BROKER_UNAVAILABLE, "message not sent: the broker is unavailable"
+        )
+
+    def _acked(
+        self, frame: Send, published: Published, started: float, span: Span | None
+    ) -> str | None:
+        """A published send's ack (None without a ``cid``), its publish time recorded."""
+        now = time.perf_counter()
+        self.metrics.publish_took(now - started, now, None if span is None else trace_id_of(span))
+        if frame.cid is None:
+            return None
+        return ack_frame(frame.cid, published.id, published.duplicate)
+
+    async def _publish_send(self, frame: Send, blocked: bool | None = None) -> str | None:
+        """Publish a ``send`` frame; its ack (None without a ``cid``). Raises FrameError."""
+        conn = self.conn
+        self._check_send(frame, blocked)
         if blocked is None:
             await self._not_blocked(frame.to)
         if frame.reply_to is not None:
@@ -830,12 +914,7 @@ class Session:
                 return None if frame.cid is None else ack_frame(frame.cid, sent.message_id, True)
         started = time.perf_counter()
         published: Published | None = None
-        tracing = self._state.tracing
-        span = None
-        if tracing is not None:
-            conversation = frame.room or direct(conn.user, frame.to or "")
-            span = tracing.start_publish(frame.traceparent, conversation, "socket")
-        traceparent = None if span is None else traceparent_of(span)
+        span, traceparent = self._start_span(frame)
         text = frame.text
         try:
             if hook is not None:
@@ -855,13 +934,8 @@ class Session:
                     conn.user, frame.to, text, frame.cid, frame.reply_to,
                     attachments=attachments, mentions=mentions, traceparent=traceparent,
                 )  # fmt: skip
-        except QuotaExceeded:
-            raise FrameError(ErrorCode.RATE_LIMITED, _TOO_MANY_MESSAGES) from None
-        except BrokerUnavailable:
-            self.metrics.publish_failures.inc()
-            raise FrameError(
-                ErrorCode.BROKER_UNAVAILABLE, "message not sent: the broker is unavailable"
-            ) from None
+        except (QuotaExceeded, BrokerUnavailable) as exc:
+            raise self._publish_refusal(exc) from None
         finally:
             if span is not None:
                 end_publish(span, published)
@@ -870,11 +944,7 @@ class Session:
                     await self._files().attach(frame.attachments, published.id)
                 else:  # not published, or a retry of a send of other files: free them
                     await self._files().release(frame.attachments)
-        now = time.perf_counter()
-        self.metrics.publish_took(now - started, now, None if span is None else trace_id_of(span))
-        if frame.cid is None:
-            return None
-        return ack_frame(frame.cid, published.id, published.duplicate)
+        return self._acked(frame, published, started, span)
 
 
 def _frame_error(error: RoomError) -> FrameError:
