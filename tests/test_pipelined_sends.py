@@ -12,8 +12,10 @@ from typing import Any
 import orjson
 import pytest
 
+from app.broker.memory import MemoryBroker
 from app.broker.redis import RedisBroker
 from app.broker.redis_scripts import MESSAGE_KEYS
+from app.errors import CloseCode
 from app.redisio.autopipeline import AutoPipeline
 from tests.helpers import ChatClient, LiveServer, make_settings, run_server, wait_until
 from tests.processes import RedisServer
@@ -245,3 +247,30 @@ async def test_a_burst_of_sends_leaves_coalesced() -> None:
                 ]
         assert texts == [f"m{n}" for n in range(1, burst)]
         assert ws_frames <= 3, f"{burst - 1} messages came in {ws_frames} frames"
+
+
+async def test_a_bug_in_a_publish_closes_that_connection_only() -> None:
+    """A publish that fails unexpectedly (a bug, made here by hand) closes its connection with
+    1011 and answers nothing; every other connection goes on."""
+    async with (
+        run_server(make_settings()) as live,
+        ChatClient.connect(live.ws_url("other")) as other,
+        ChatClient.connect(live.ws_url("w")) as writer,
+    ):
+        await other.join("r")
+        await writer.join("r")
+        broker = live.state.broker
+        assert isinstance(broker, MemoryBroker)
+        publish = broker._publish_message
+
+        def fails_for_w(conversation: str, user: str, *args: Any, **kwargs: Any) -> Any:
+            if user == "w":
+                raise RuntimeError("a bug in the broker")
+            return publish(conversation, user, *args, **kwargs)
+
+        broker._publish_message = fails_for_w  # type: ignore[method-assign]
+        await writer.say("r", "lost", cid=1)
+        assert await writer.closed_with() == CloseCode.INTERNAL_ERROR
+        await other.say("r", "still here", cid=2)
+        ack = await other.next_frame(skip=("ping", "presence", "message"))
+        assert (ack["type"], ack["cid"]) == ("ack", 2)
