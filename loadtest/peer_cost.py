@@ -18,9 +18,14 @@ Redis' and the server's CPU are read from /proc. Prints JSON.
 ``--callgrind``: the server runs under valgrind's callgrind, which counts only while the
 clients connect and join (after ``WARM_CLIENTS`` have, in rooms of their own):
 ``server_instructions_per_join`` is the server's user-space instructions per client, a figure
-that, unlike CPU time on a shared machine, is the same from run to run. The kernel's work for
-the sockets (accepting, reading, writing: about the same for every server) is not in it, so a
-ratio of instructions is larger than the ratio of CPU time. No messages are sent then.
+that, unlike CPU time on a shared machine, is the same from run to run within a few per cent.
+Then it counts again while ``--seconds`` of messages are sent at ``--rate`` and delivered
+(after a warm-up of 2 s, all delivered): ``server_instructions_per_message`` (the send, its
+ack and its deliveries) and ``_per_delivery``. Keep the rate to a few hundred a second: the
+server runs some 50 times slower. The kernel's work for the sockets (accepting, reading,
+writing: about the same for every server) is not in it, so a ratio of instructions is larger
+than the ratio of CPU time; and a C function's instructions (hiredis formatting a command
+with ``sprintf``, say) weigh more than its time does.
 """
 
 from __future__ import annotations
@@ -263,11 +268,12 @@ class Target:
 async def measure(args: argparse.Namespace) -> dict[str, Any]:
     target = Target(args)
     await target.start()
-    members: list[Member] = []
+    members: list[Member] = []  # in the measured rooms
+    warm_clients: list[Member] = []  # --callgrind's, in rooms of their own
     try:
         rooms = [f"room-{r}" for r in range(args.rooms)]
         if getattr(args, "callgrind", False):
-            members += await asyncio.gather(
+            warm_clients += await asyncio.gather(
                 *(target.member(f"w{n}", f"warm-{n}") for n in range(WARM_CLIENTS))
             )
             await target.instructions("-i on")
@@ -283,16 +289,6 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
         join_s = time.monotonic() - began
         join_cpu = tree_cpu_s(target.server_pid) - server_before
         clients = args.rooms * args.room_size
-        if getattr(args, "callgrind", False):
-            await target.instructions("-i off")
-            return {
-                "target": args.target,
-                "rooms": args.rooms,
-                "room_size": args.room_size,
-                "clients": clients,
-                "server_instructions_per_join": round(await target.instructions("-d") / clients),
-            }
-        join_commands = per_message(await target.redis_commands(), len(members))
         writers = members[:: args.room_size]
 
         async def offer(seconds: float, first: int) -> int:
@@ -312,16 +308,44 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
         def received() -> int:
             return sum(member.received for member in members)
 
+        async def until_delivered(count: int, timeout_s: float) -> None:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(timeout_s):
+                    while received() < count:
+                        await asyncio.sleep(0.02)
+
+        if getattr(args, "callgrind", False):
+            await target.instructions("-i off")
+            per_join = round(await target.instructions("-d") / clients)
+            # Then the messages: counted from the first sent after a warm-up all delivered
+            # until the last one is (the server is some 50 times slower under valgrind).
+            warm = await offer(2.0, 0)
+            await until_delivered(warm * args.room_size, 60)
+            before = received()
+            await target.instructions("-i on")
+            sent = await offer(args.seconds, warm)
+            await until_delivered(before + sent * args.room_size, 60)
+            await target.instructions("-i off")
+            each = await target.instructions("-d") / max(1, sent)
+            return {
+                "target": args.target,
+                "rooms": args.rooms,
+                "room_size": args.room_size,
+                "clients": clients,
+                "server_instructions_per_join": per_join,
+                "sent": sent,
+                "missing": max(0, before + sent * args.room_size - received()),
+                "server_instructions_per_message": round(each),
+                "server_instructions_per_delivery": round(each / args.room_size),
+            }
+        join_commands = per_message(await target.redis_commands(), len(members))
         warm = await offer(2.0, 0)
         await target.redis_commands(reset=True)
         server_before, redis_before = tree_cpu_s(target.server_pid), target.redis_cpu_s()
         delivered_before, began = received(), time.monotonic()
         sent = await offer(args.seconds, warm)
         expected = delivered_before + sent * args.room_size
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(10):
-                while received() < expected:
-                    await asyncio.sleep(0.02)
+        await until_delivered(expected, 10)
         took = time.monotonic() - began
         server_cpu = tree_cpu_s(target.server_pid) - server_before
         redis_cpu = target.redis_cpu_s() - redis_before
@@ -345,7 +369,7 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
             "redis_commands_per_join": join_commands,
         }
     finally:
-        await asyncio.gather(*(member.close() for member in members))
+        await asyncio.gather(*(member.close() for member in [*warm_clients, *members]))
         await target.stop()
 
 
@@ -363,7 +387,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--callgrind", action="store_true",
         help="run the server under valgrind's callgrind: its instructions per connect and "
-        "join only (no messages)",
+        "join, then per message at --rate (keep it low)",
     )  # fmt: skip
     parser.add_argument("--server-core", type=int, default=0)
     parser.add_argument("--redis-core", type=int, default=1)

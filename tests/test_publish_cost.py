@@ -512,24 +512,29 @@ async def test_peer_cost_smoke() -> None:
 @pytest.mark.timeout(360)
 async def test_peer_cost_counts_a_joins_instructions_under_callgrind() -> None:
     """``python -m loadtest.peer_cost --callgrind``: the server under valgrind, its
-    instructions counted while the clients connect and join only (after the warm-up
-    clients): about 940,000 a client for Hubbub on its embedded broker at 7367430 (1,060,000
-    before it), about 300,000 for Centrifugo on Redis (2026-12-05, docs/benchmarks.md), where
-    its anchor is on the machine."""
+    instructions counted while the clients connect and join (after the warm-up clients):
+    about 940,000 a client for Hubbub on its embedded broker at 7367430 (1,060,000 before
+    it), about 300,000 for Centrifugo on Redis (2026-12-05, docs/benchmarks.md), where its
+    anchor is on the machine; then while messages are sent and delivered, every one of them
+    (about 320,000 a message in rooms of 2 on the embedded broker, 2026-12-06)."""
     from loadtest import centrifugo
 
     targets = ["hubbub"] + (["centrifugo"] if centrifugo.available() else [])
     for target in targets:
         proc = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "loadtest.peer_cost", "--target", target, "--callgrind",
-            "--rooms", "4", cwd=ROOT, stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
+            "--rooms", "4", "--rate", "40", "--seconds", "1", cwd=ROOT,
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
         )  # fmt: skip
         stdout, stderr = await proc.communicate()
         assert proc.returncode == 0, f"{target}: {stderr.decode()[-2000:]}"
         result = json.loads(stdout)
         assert result["clients"] == 40, result
         assert 50_000 < result["server_instructions_per_join"] < 5_000_000, result
+        assert result["sent"] >= 30 and result["missing"] == 0, result
+        assert 20_000 < result["server_instructions_per_message"] < 10_000_000, result
+        each = result["server_instructions_per_message"] / 10
+        assert result["server_instructions_per_delivery"] == round(each), result
 
 
 @pytest.mark.parametrize("cluster", [False, True])
