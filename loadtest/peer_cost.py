@@ -22,7 +22,9 @@ that, unlike CPU time on a shared machine, is the same from run to run within a 
 Then it counts again while ``--seconds`` of messages are sent at ``--rate`` and delivered
 (after a warm-up of 2 s, all delivered): ``server_instructions_per_message`` (the send, its
 ack and its deliveries) and ``_per_delivery``. Keep the rate to a few hundred a second: the
-server runs some 50 times slower. The kernel's work for the sockets (accepting, reading,
+server runs some 50 times slower. That figure moves more from run to run (a garbage collection,
+or the presence upkeep every 10 s, lands in the window or not): count 10 s or more, and compare
+medians. The kernel's work for the sockets (accepting, reading,
 writing: about the same for every server) is not in it, so a ratio of instructions is larger
 than the ratio of CPU time; and a C function's instructions (hiredis formatting a command
 with ``sprintf``, say) weigh more than its time does.
