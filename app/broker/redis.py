@@ -873,8 +873,13 @@ class RedisBroker:
         answered.add_done_callback(lambda reply: done(self._outcome(reply, conversation, user)))
 
     async def _publish_then(self, publishing: Awaitable[Published], done: PublishDone) -> None:
+        """``publishing``'s outcome to ``done``, even when this task is cancelled (a worker
+        shutting down): a send's slot is answered on every path."""
         try:
             outcome: Published | Exception = await publishing
+        except asyncio.CancelledError:
+            done(BrokerUnavailable("redis: the publish was cancelled"))
+            raise
         except Exception as exc:
             outcome = exc
         done(outcome)
