@@ -533,8 +533,8 @@ async def test_peer_cost_counts_a_joins_instructions_under_callgrind() -> None:
         assert 50_000 < result["server_instructions_per_join"] < 5_000_000, result
         assert result["sent"] >= 30 and result["missing"] == 0, result
         assert 20_000 < result["server_instructions_per_message"] < 10_000_000, result
-        each = result["server_instructions_per_message"] / 10
-        assert result["server_instructions_per_delivery"] == round(each), result
+        each = result["server_instructions_per_message"] / 10  # both rounded apart
+        assert abs(result["server_instructions_per_delivery"] - each) <= 1, result
 
 
 @pytest.mark.parametrize("cluster", [False, True])
