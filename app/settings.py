@@ -298,13 +298,13 @@ class Settings(BaseSettings):
         "read it on every send).",
     )
     redis_newest_id_in_meta: bool = Field(
-        True,
-        description="Write a room's newest message id into its meta in Redis on every send, "
-        "as the releases before 2026-12-06 read it. Turn it off once no worker of such a "
-        "release runs (after a rolling deploy of this one, or with none left): a send in a "
-        "room with history then costs Redis one command less, and the newest id is read "
-        "from the room's log (this release reads it there either way). Rooms without "
-        "history keep it in the meta.",
+        False,
+        description="Write a room's newest message id into its meta in Redis on every send. "
+        "Off, a send in a room with history costs Redis one command less: the newest id is "
+        "read from the room's log, as every release since 2026-12-06 (2de6863) does. Releases "
+        "before that read only the meta: set it to true while rolling from one of those, and "
+        "back to false once none of its workers runs. Rooms without history keep it in the "
+        "meta either way.",
     )
     redis_prefix: str = Field(
         "hubbub",

@@ -237,8 +237,9 @@ async def test_merged_sends_to_a_room_without_history_read_its_meta_once(
 async def test_sends_to_a_room_with_history_read_its_meta_once(redis_server: RedisServer) -> None:
     """The publishing library keeps the newest id it wrote in a room with a log: after the
     room's first send, ten more (each its own call) read no meta. Their ids increase, the meta
-    ends on the last one, and the room's history holds all of them in order."""
-    broker = await started(redis_server)
+    ends on the last one (CHAT_REDIS_NEWEST_ID_IN_META=true, as while rolling from a release
+    that reads only the meta), and the room's history holds all of them in order."""
+    broker = await started(redis_server, redis_newest_id_in_meta=True)
     admin = Redis.from_url(redis_server.url)
     try:
         first = await broker.publish("busy", "u", "first", None)
@@ -257,13 +258,16 @@ async def test_sends_to_a_room_with_history_read_its_meta_once(redis_server: Red
         await broker.stop()
 
 
-async def test_a_send_goes_on_above_what_another_release_wrote(redis_server: RedisServer) -> None:
+@pytest.mark.parametrize("newest_id_in_meta", [True, False])
+async def test_a_send_goes_on_above_what_another_release_wrote(
+    redis_server: RedisServer, newest_id_in_meta: bool
+) -> None:
     """A worker of another release (its own library, its own memory of the room) published in
     the room after this library's last send, far ahead of Redis' clock: the next send is
     numbered above it (the log refuses the id this library would have used, and the meta is
     read after all), its retry is a duplicate of it, and the history holds all three in
-    order."""
-    broker = await started(redis_server)
+    order; the room's newest id is the send's (in the meta too, when every send writes it)."""
+    broker = await started(redis_server, redis_newest_id_in_meta=newest_id_in_meta)
     admin = Redis.from_url(redis_server.url)
     try:
         mine = await broker.publish("r", "u", "mine", None)
@@ -277,21 +281,28 @@ async def test_a_send_goes_on_above_what_another_release_wrote(redis_server: Red
         history = await broker.history_since("r", mine.id - 1, 10)
         ids = [m.id for m in history.messages]
         assert history.recovered and ids == [mine.id, theirs, after.id], history
-        last = await admin.hget("hubbub:{r:r}:meta", "last")
-        assert last is not None and int(last) == after.id, last
+        assert await broker.last_id("r") == after.id
+        if newest_id_in_meta:
+            last = await admin.hget("hubbub:{r:r}:meta", "last")
+            assert last is not None and int(last) == after.id, last
     finally:
         await admin.aclose()
         await broker.stop()
 
 
-async def test_a_meta_behind_the_log_is_read_past(redis_server: RedisServer) -> None:
-    """The meta's `last` is behind the room's log (as the next release leaves it: it need not
-    write `last` on every message), here far ahead of Redis' clock: a join's `last` and a
+@pytest.mark.parametrize("newest_id_in_meta", [True, False])
+async def test_a_meta_behind_the_log_is_read_past(
+    redis_server: RedisServer, newest_id_in_meta: bool
+) -> None:
+    """The meta's `last` is behind the room's log (as a send leaves it by default: it need
+    not write `last` on every message), here far ahead of Redis' clock: a join's `last` and a
     replay read the log's newest entry; a send from a worker that keeps no memory of the room
     and one from a worker that keeps one are each numbered above the log (not refused, not
     lost), and their retries are duplicates; the history holds every message in order."""
-    keeps = await started(redis_server)
-    keeps_none = await started(redis_server, redis_publish_rooms_known=0)
+    keeps = await started(redis_server, redis_newest_id_in_meta=newest_id_in_meta)
+    keeps_none = await started(
+        redis_server, redis_publish_rooms_known=0, redis_newest_id_in_meta=newest_id_in_meta
+    )
     admin = Redis.from_url(redis_server.url)
     log, meta = "hubbub:{r:r}:log", "hubbub:{r:r}:meta"
     try:
@@ -317,8 +328,10 @@ async def test_a_meta_behind_the_log_is_read_past(redis_server: RedisServer) -> 
         history = await keeps.history_since("r", mine.id - 1, 10)
         ids = [m.id for m in history.messages]
         assert history.recovered and ids == [mine.id, ahead, unkept.id, further, kept.id], ids
-        last = await admin.hget(meta, "last")
-        assert last is not None and int(last) == kept.id, last
+        assert await keeps_none.last_id("r") == kept.id
+        if newest_id_in_meta:
+            last = await admin.hget(meta, "last")
+            assert last is not None and int(last) == kept.id, last
     finally:
         await admin.aclose()
         await keeps_none.stop()

@@ -144,8 +144,8 @@ TOKEN_BUCKET: Final = BUCKET_VARIABLES + TAKE_FUNCTION
 # entry is the room's newest message: room logs are trimmed from their oldest end only, never
 # XDEL'd). So every reader takes the larger of the two (`newest`): `incarnation` for a join's
 # `last`, a replay and a new origin; a publish, whose log refuses an id not above its newest
-# entry, when the log refuses it (see publish_frame). Releases before this one read only
-# `last`: hence the setting's default, on.
+# entry, when the log refuses it (see publish_frame). Releases before 2de6863 read only
+# `last`: while one of their workers runs, the setting is to be on (it defaults to off).
 INCARNATION: Final = """
 local function entries_added(log)
   if log == '' or redis.call('EXISTS', log) == 0 then return 0 end
@@ -258,7 +258,7 @@ HEADER_ARGS: Final = 2
 
 def publishing_header(
     log_length: int, ttl_ms: int, dedup_ttl_ms: int, rate: float, burst: int, archive_length: int,
-    webhook_length: int, shared_keys: int, rooms_known: int, newest_id_in_meta: bool = True,
+    webhook_length: int, shared_keys: int, rooms_known: int, newest_id_in_meta: bool = False,
 ) -> str:  # fmt: skip
     """The settings part of the publishing scripts' header (see above), as the library reads it:
     whole numbers but the rate."""
