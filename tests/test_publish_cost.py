@@ -19,7 +19,7 @@ from redis.asyncio import Redis
 
 from app.broker import Published
 from app.broker.redis import RedisBroker
-from app.broker.redis_scripts import LIBRARY_GLOBALS, local_name, publishing_library
+from app.broker.redis_scripts import LIBRARY_GLOBALS, TAKE, local_name, publishing_library
 from app.errors import BrokerUnavailable, QuotaExceeded
 from tests.helpers import make_settings, wait_until
 from tests.processes import ROOT, RedisServer
@@ -117,6 +117,29 @@ async def test_the_message_quota_allows_its_burst_then_its_rate(redis_server: Re
                 await asyncio.sleep(0.01)
         assert time.monotonic() - refused_at >= 0.08
         assert 0 < await admin.pttl("hubbub:rate:message:u") <= 10_000
+    finally:
+        await admin.aclose()
+        await broker.stop()
+
+
+async def test_dedup_markers_and_quota_buckets_expire_at_their_time(
+    redis_server: RedisServer,
+) -> None:
+    """A send's dedup marker lives CHAT_DEDUP_TTL_S and its sender's quota bucket 10 s (the
+    least a bucket key lives): neither expires early nor lingers, through the publishing
+    library and through the quota script alone."""
+    broker = await started(redis_server, dedup_ttl_s=120, user_messages_per_s=10)
+    admin = Redis.from_url(redis_server.url)
+    try:
+        await broker.publish("r", "u", "hello", "c1")
+        marker = await admin.pttl("hubbub:{r:r}:cid:u:'c1'")
+        assert 119_000 < marker <= 120_000, marker
+        bucket = await admin.pttl("hubbub:rate:message:u")
+        assert 9_000 < bucket <= 10_000, bucket
+        assert (await broker.publish("r", "u", "hello", "c1")).duplicate
+        assert await admin.eval(TAKE, 1, "alone", 10, 3) == 1
+        alone = await admin.pttl("alone")
+        assert 9_000 < alone <= 10_000, alone
     finally:
         await admin.aclose()
         await broker.stop()
