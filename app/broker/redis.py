@@ -66,11 +66,13 @@ from app.webhooks import webhook_keys
 logger = logging.getLogger(__name__)
 
 _MEMORY_READ_INTERVAL_S = 5.0
+_PUBLISHED = 0  # the publishing scripts' second reply: published (1: a duplicate of the first)
 _REFUSED_BY_QUOTA = 2  # the PUBLISH script's second reply, as published (0) or duplicate (1)
 _GONE = 3  # the EVENT script's second reply: the message is deleted
 _FAILED = 4  # the PUBLISH script's second reply: Redis refused this message (the first says why)
 _FROM_THE_STORE = 2  # HISTORY_SINCE's first reply: the page is the store's
 _HEADERS_KEPT = 16  # publishing headers kept per quota (a deployment has one or two quotas)
+_CONVERSATIONS_KEPT = 8192  # conversations whose publishing keys are kept (~300 bytes each)
 
 
 class RedisBroker:
@@ -132,6 +134,8 @@ class RedisBroker:
         self._quota = (settings.user_messages_per_s, settings.user_message_burst)
         self._header = self._publish_header(self._quota)
         self._merge = Merge(0, 3, scripts.HEADER_ARGS, self._shared_keys)  # one Redis: one group
+        # The keys of the conversations published in lately, made once each (see _keys_of).
+        self._conversation_keys = functools.lru_cache(maxsize=_CONVERSATIONS_KEPT)(self._keys_of)
         self._handler: BrokerHandler | None = None
         self._rooms: set[str] = set()
         self._users: set[str] = set()
@@ -802,12 +806,17 @@ class RedisBroker:
 
     def _publish_keys(self, conversation: str, user: str, cid: str | int | None) -> list[str]:
         """A message's own keys in the publishing scripts (see redis_scripts.PUBLISH)."""
-        dedup = "" if cid is None else self._room_key(conversation, f"cid:{user}:{cid!r}")
-        log = "" if self._settings.history_size == 0 else self._room_key(conversation, "log")
-        meta = self._room_key(conversation, "meta")
+        meta, log, dedup_prefix = self._conversation_keys(conversation)
+        dedup = "" if cid is None else f"{dedup_prefix}{user}:{cid!r}"
         # On Redis Cluster the quota is taken before the script, in the user's slot (_publish).
         quota = "" if self._cluster is not None else self._quota_key(user)
         return [meta, log, dedup, quota]
+
+    def _keys_of(self, conversation: str) -> tuple[str, str, str]:
+        """``conversation``'s meta and log ('' without history), and what its dedup markers'
+        keys start with (the marker of ``cid`` from ``user`` is ``<that>{user}:{cid!r}``)."""
+        log = "" if self._settings.history_size == 0 else self._room_key(conversation, "log")
+        return self._room_key(conversation, "meta"), log, self._room_key(conversation, "cid:")
 
     def _publish_header(self, quota: tuple[float, int]) -> tuple[Any, ...]:
         """The publishing scripts' first arguments (redis_scripts.HEADER_ARGS) for a sender
@@ -870,7 +879,7 @@ class RedisBroker:
         except REDIS_ERRORS as exc:  # a batch written at once, on a connection just lost
             done(self._unavailable(exc))
             return
-        answered.add_done_callback(lambda reply: done(self._outcome(reply, conversation, user)))
+        answered.add_done_callback(functools.partial(self._answer, done, conversation, user))
 
     async def _publish_then(self, publishing: Awaitable[Published], done: PublishDone) -> None:
         """``publishing``'s outcome to ``done``, even when this task is cancelled (a worker
@@ -883,6 +892,18 @@ class RedisBroker:
         except Exception as exc:
             outcome = exc
         done(outcome)
+
+    def _answer(
+        self, done: PublishDone, conversation: str, user: str, reply: asyncio.Future[Any]
+    ) -> None:
+        """publish_soon's callback: ``reply``'s outcome to ``done``; a message published
+        (the common answer) goes straight, anything else through :meth:`_outcome`."""
+        if not reply.cancelled() and reply.exception() is None:
+            message_id, outcome, ts_ms = reply.result()
+            if outcome == _PUBLISHED:
+                done(Published(int(message_id), int(ts_ms), duplicate=False))
+                return
+        done(self._outcome(reply, conversation, user))
 
     def _outcome(
         self, reply: asyncio.Future[Any], conversation: str, user: str

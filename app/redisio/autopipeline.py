@@ -328,6 +328,7 @@ class AutoPipeline:
         self._connector: asyncio.Task[None] | None = None
         self._closed = False
         self.batches = 0  # writes so far (for tests and profiling)
+        self._invocations: dict[Script, tuple[str, str]] = {}  # see _invocation
 
     async def call(
         self, script: Script, keys: Sequence[Any], args: Sequence[Any], durable: bool = False
@@ -350,8 +351,10 @@ class AutoPipeline:
         up to ``max_merged`` calls in one."""
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         durable = durable and self._wait_replicas > 0
-        verb, name = _invocation(script)
-        command = (merge or verb, name, len(keys), *keys, *args)
+        invocation = self._invocations.get(script)
+        if invocation is None:  # a pipeline calls a few scripts, each many times
+            invocation = self._invocations[script] = _invocation(script)
+        command = (merge or invocation[0], invocation[1], len(keys), *keys, *args)
         self._mergeable += merge is not None
         self._enqueue((command, future, script, durable))
         return future
@@ -544,13 +547,9 @@ def _merge_with(first: _Call, call: _Call) -> bool:
         return False  # not a Merge of the same group and shape, or not the same script
     merge: Merge = command[0]
     own, other_own = 3 + command[2], 3 + other[2]  # where each one's arguments start
-    headers = zip(
-        command[own : own + merge.shared_args],
-        other[other_own : other_own + merge.shared_args],
-        strict=False,  # every call of a Merge carries its whole header
-    )
-    if any(mine is not theirs for mine, theirs in headers):
-        return False
+    for index in range(merge.shared_args):  # every call of a Merge carries its whole header
+        if command[own + index] is not other[other_own + index]:
+            return False
     shared = merge.shared_keys
     return shared == 0 or command[own - shared : own] == other[other_own - shared : other_own]
 
@@ -559,7 +558,7 @@ def _one_call(run: list[_Call], replied: Callable[[], None]) -> _Call:
     """The calls of ``run`` as one script call whose reply is split among their futures."""
     first_command, _, script, durable = run[0]
     assert script is not None  # a Merge is a script call's
-    verb = _invocation(script)[0]
+    verb = "FCALL" if isinstance(script, RedisFunction) else "EVALSHA"  # as _invocation says
     if len(run) == 1:
         return ((verb, *first_command[1:]), run[0][1], script, durable)
     merge: Merge = first_command[0]
