@@ -12,10 +12,11 @@ from typing import Any
 import orjson
 import pytest
 
+from app.broker import Published
 from app.broker.memory import MemoryBroker
 from app.broker.redis import RedisBroker
 from app.broker.redis_scripts import MESSAGE_KEYS
-from app.errors import CloseCode
+from app.errors import BrokerUnavailable, CloseCode, QuotaExceeded
 from app.redisio.autopipeline import AutoPipeline
 from tests.helpers import ChatClient, LiveServer, make_settings, run_server, wait_until
 from tests.processes import RedisServer
@@ -274,3 +275,28 @@ async def test_a_bug_in_a_publish_closes_that_connection_only() -> None:
         await other.say("r", "still here", cid=2)
         ack = await other.next_frame(skip=("ping", "presence", "message"))
         assert (ack["type"], ack["cid"]) == ("ack", 2)
+
+
+async def test_every_reply_to_a_pipelined_send_answers_it_once() -> None:
+    """The callback that maps a publishing script's reply to a pipelined send answers it once
+    whatever the reply: a message published, a duplicate, a refusal, a reply that is not the
+    script's, an error, a cancelled call (the send is never left unanswered)."""
+    broker = RedisBroker(make_settings(redis_url="redis://127.0.0.1:1"))
+    loop = asyncio.get_running_loop()
+    outcomes: list[Any] = []
+    for result in ([b"7", 0, 9], [b"7", 1, 0], [0, 2, 0], [b"oops"], None):
+        reply: asyncio.Future[Any] = loop.create_future()
+        reply.set_result(result)
+        broker._answer(outcomes.append, "r", "u", reply)
+    failed: asyncio.Future[Any] = loop.create_future()
+    failed.set_exception(ConnectionError("lost"))
+    broker._answer(outcomes.append, "r", "u", failed)
+    cancelled: asyncio.Future[Any] = loop.create_future()
+    cancelled.cancel()
+    broker._answer(outcomes.append, "r", "u", cancelled)
+    assert len(outcomes) == 7, outcomes
+    assert outcomes[0] == Published(7, 9, duplicate=False), outcomes
+    assert outcomes[1] == Published(7, 0, duplicate=True), outcomes
+    assert isinstance(outcomes[2], QuotaExceeded), outcomes
+    assert all(isinstance(outcome, Exception) for outcome in outcomes[3:]), outcomes
+    assert isinstance(outcomes[6], BrokerUnavailable), outcomes

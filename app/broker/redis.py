@@ -898,12 +898,14 @@ class RedisBroker:
     ) -> None:
         """publish_soon's callback: ``reply``'s outcome to ``done``; a message published
         (the common answer) goes straight, anything else through :meth:`_outcome`."""
-        if not reply.cancelled() and reply.exception() is None:
+        published: Published | None = None
+        try:
             message_id, outcome, ts_ms = reply.result()
             if outcome == _PUBLISHED:
-                done(Published(int(message_id), int(ts_ms), duplicate=False))
-                return
-        done(self._outcome(reply, conversation, user))
+                published = Published(int(message_id), int(ts_ms), duplicate=False)
+        except (Exception, asyncio.CancelledError):  # cancelled, failed, or not a reply to read
+            pass
+        done(published if published is not None else self._outcome(reply, conversation, user))
 
     def _outcome(
         self, reply: asyncio.Future[Any], conversation: str, user: str
