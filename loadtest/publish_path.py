@@ -23,7 +23,6 @@ import os
 import sys
 import tempfile
 import time
-from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
@@ -32,30 +31,10 @@ import uvloop
 from app.broker import Published
 from app.broker.redis import RedisBroker
 from app.settings import Settings
-from loadtest.redis_cost import callgrind
+from loadtest.redis_cost import Counter, callgrind
 from tests.processes import RedisServer
 
 TEXT = "hello there, how are you"
-
-
-class Counter:
-    """A BrokerHandler that counts room deliveries."""
-
-    def __init__(self) -> None:
-        self.delivered = 0
-
-    def deliver_room(self, room: str, message_id: int | None, payload: bytes) -> None:
-        self.delivered += 1
-
-    def deliver_user(self, user: str, message_id: int | None, payload: bytes) -> None: ...
-    def kick(self, user: str, reason: str, issued_at: float | None = None) -> None: ...
-    def link_lost(self) -> None: ...
-    def resubscribed(self) -> None: ...
-    def rooms_lost(self, rooms: Collection[str]) -> None: ...
-    def rooms_back(self, rooms: Collection[str]) -> None: ...
-    def notices_missed(self) -> None: ...
-    def room_changed(self, room: str) -> None: ...
-    def deliver_routed(self, payload: bytes) -> None: ...
 
 
 async def _wait_for(path: Path) -> None:

@@ -169,17 +169,21 @@ async def test_a_restart_from_its_append_only_file_is_a_new_incarnation() -> Non
         await server.stop()
 
 
-async def redis_cost(*args: str) -> dict[str, Any]:
-    """``python -m loadtest.redis_cost`` with ``args`` for two seconds, over 20 rooms: its
-    report (it must exit 0)."""
+async def report_of(tool: str, *args: str) -> dict[str, Any]:
+    """``python -m loadtest.<tool>`` with ``args``: its JSON report (it must exit 0)."""
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "loadtest.redis_cost", "--rooms", "20", "--seconds", "2", *args,
+        sys.executable, "-m", f"loadtest.{tool}", *args,
         cwd=ROOT, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
     )  # fmt: skip
     stdout, stderr = await proc.communicate()
     assert proc.returncode == 0, stderr.decode()
     result: dict[str, Any] = json.loads(stdout)
     return result
+
+
+async def redis_cost(*args: str) -> dict[str, Any]:
+    """``python -m loadtest.redis_cost`` with ``args`` for two seconds, over 20 rooms."""
+    return await report_of("redis_cost", "--rooms", "20", "--seconds", "2", *args)
 
 
 @pytest.mark.timeout(120)
@@ -204,23 +208,13 @@ async def test_redis_cost_counts_instructions_under_callgrind() -> None:
     assert 50_000 < result["redis_instructions_per_message"] < 400_000, result
 
 
-async def publish_path(*args: str) -> dict[str, Any]:
-    """``python -m loadtest.publish_path`` with ``args``: its report (it must exit 0)."""
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "loadtest.publish_path", *args,
-        cwd=ROOT, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-    )  # fmt: skip
-    stdout, stderr = await proc.communicate()
-    assert proc.returncode == 0, stderr.decode()
-    result: dict[str, Any] = json.loads(stdout)
-    return result
-
-
 @pytest.mark.timeout(120)
 async def test_publish_path_smoke() -> None:
     """``python -m loadtest.publish_path``: every measured send answered and delivered back,
     and the worker's CPU a message reported."""
-    result = await publish_path("--messages", "600", "--warm", "100", "--together", "3")
+    result = await report_of(
+        "publish_path", "--messages", "600", "--warm", "100", "--together", "3"
+    )
     assert result["messages"] == 600 and result["delivered"] == 600, result
     assert result["worker_us_per_message"] > 0, result
 
@@ -231,7 +225,7 @@ async def test_publish_path_counts_instructions_under_callgrind() -> None:
     at a time into 500 rooms, about 146,000 instructions a message at 2640825 (156,000 at
     6a27f91; 2026-12-06, docs/benchmarks.md), where imports and the warm-up alone are
     hundreds of millions."""
-    result = await publish_path("--callgrind", "--messages", "300", "--warm", "100")
+    result = await report_of("publish_path", "--callgrind", "--messages", "300", "--warm", "100")
     assert result["messages"] == 300 and result["delivered"] == 300, result
     assert 50_000 < result["worker_instructions_per_message"] < 600_000, result
 
