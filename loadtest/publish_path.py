@@ -37,6 +37,29 @@ from tests.processes import RedisServer
 TEXT = "hello there, how are you"
 
 
+class _Deliveries(Counter):
+    """Counts room deliveries, and wakes whoever waits for a count."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._wanted = 0
+        self._reached: asyncio.Future[None] | None = None
+
+    def deliver_room(self, room: str, message_id: int | None, payload: bytes) -> None:
+        super().deliver_room(room, message_id, payload)
+        if self._reached is not None and self.delivered >= self._wanted:
+            self._reached.set_result(None)
+            self._reached = None
+
+    async def until(self, count: int) -> None:
+        """Return once ``count`` deliveries have been made (within 10 s, or TimeoutError)."""
+        if self.delivered >= count:
+            return
+        self._wanted, self._reached = count, asyncio.get_running_loop().create_future()
+        async with asyncio.timeout(10):
+            await self._reached
+
+
 async def _wait_for(path: Path) -> None:
     while not await asyncio.to_thread(path.exists):
         await asyncio.sleep(0.05)
@@ -53,7 +76,7 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
         user_messages_per_s=100_000.0, user_message_burst=100_000,
     )  # fmt: skip
     broker = RedisBroker(settings)
-    counter = Counter()
+    counter = _Deliveries()
     try:
         await broker.start(counter)
         while not broker.ready:
@@ -78,8 +101,7 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
             for outcome in await asyncio.gather(*answers):
                 if isinstance(outcome, Exception):
                     raise outcome
-            while counter.delivered < sent:
-                await asyncio.sleep(0)
+            await counter.until(sent)
 
         for _ in range(max(1, args.warm // args.together)):
             await group()

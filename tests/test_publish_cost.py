@@ -222,9 +222,9 @@ async def test_publish_path_smoke() -> None:
 @pytest.mark.timeout(300)
 async def test_publish_path_counts_instructions_under_callgrind() -> None:
     """``python -m loadtest.publish_path --callgrind`` counts the measured messages only: two
-    at a time into 500 rooms, about 146,000 instructions a message at 2640825 (156,000 at
-    6a27f91; 2026-12-06, docs/benchmarks.md), where imports and the warm-up alone are
-    hundreds of millions."""
+    at a time into 500 rooms, about 146,000 instructions a message (156,000 at 6a27f91;
+    2026-12-06, docs/benchmarks.md), where imports and the warm-up alone are hundreds of
+    millions."""
     result = await report_of("publish_path", "--callgrind", "--messages", "300", "--warm", "100")
     assert result["messages"] == 300 and result["delivered"] == 300, result
     assert 50_000 < result["worker_instructions_per_message"] < 600_000, result
