@@ -558,7 +558,7 @@ def _one_call(run: list[_Call], replied: Callable[[], None]) -> _Call:
     """The calls of ``run`` as one script call whose reply is split among their futures."""
     first_command, _, script, durable = run[0]
     assert script is not None  # a Merge is a script call's
-    verb = "FCALL" if isinstance(script, RedisFunction) else "EVALSHA"  # as _invocation says
+    verb = _invocation(script)[0]
     if len(run) == 1:
         return ((verb, *first_command[1:]), run[0][1], script, durable)
     merge: Merge = first_command[0]
