@@ -17,6 +17,7 @@ from redis.asyncio.cluster import ClusterNode, RedisCluster
 from redis.crc import key_slot
 from redis.exceptions import RedisError
 
+from app.access.quotas import RedisQuotas
 from app.broker.keys import KeyLayout
 from app.broker.redis import RedisBroker
 from app.errors import BrokerUnavailable
@@ -34,6 +35,8 @@ from tests.helpers import (
 from tests.processes import FAILOVER_ENV, AppProcess, ClusterDeployment
 from tests.test_broker_contract import Recorder
 from tests.test_chaos import replicated_chaos_smoke
+from tests.test_join_quota import QUOTAS as JOIN_QUOTAS
+from tests.test_join_quota import assert_join_verdicts
 from tests.test_security import refused_with
 
 pytestmark = pytest.mark.timeout(120)
@@ -310,6 +313,19 @@ async def test_per_user_quotas_hold_across_servers_on_the_cluster(
                 frame = await client.next_frame(skip=("ping", "presence", "message"))
                 answers.append(frame.get("code", frame["type"]))
             assert answers == ["ack", "ack", "ack", "rate_limited"]
+
+
+async def test_a_joins_quotas_on_the_cluster_are_asked_apart(cluster: ClusterDeployment) -> None:
+    """The join's bucket, the new-room bucket and the room's key are in different slots:
+    asked in three calls, each routed to its slot's master, with one Redis' answers."""
+    settings = make_settings(redis_cluster_nodes=cluster.addresses.split(","), **JOIN_QUOTAS)
+    quotas = RedisQuotas(settings)
+    client = cluster_client(settings)
+    try:
+        await assert_join_verdicts(quotas, settings, client)
+    finally:
+        await quotas.close()
+        await close_client(client)
 
 
 async def test_the_broker_resubscribes_every_shard_after_losing_them(

@@ -49,6 +49,15 @@ Rate = Literal[
 ]
 
 
+class JoinVerdict(enum.Enum):
+    """The quotas' answer to a join (:meth:`Quotas.allow_join`)."""
+
+    ADMITTED = "admitted"  # a join token taken; the room exists, or nobody asked
+    NEW_ROOM = "new room"  # a join token and a new-room token taken: the room is new
+    JOIN_RATE = "too many joins"  # nothing taken
+    NEW_ROOM_RATE = "too many new rooms"  # the join token taken, the room is new
+
+
 class Refusal(enum.Enum):
     """Why a connection was not admitted."""
 
@@ -87,6 +96,14 @@ class Quotas(Protocol):
 
     async def allow(self, rate: Rate, user: str) -> bool: ...
 
+    async def allow_join(self, user: str, room_key: str | None) -> JoinVerdict:
+        """Take a join token from ``user``; then, given ``room_key`` (a Redis key that exists
+        while the room does, :meth:`app.broker.Broker.existence_key`), and the room being
+        new, a new-room token too. One round trip on one Redis (three on Redis Cluster,
+        whose keys are in different slots). Fails open, as :meth:`allow`: when Redis is
+        unreachable the room counts as existing (the join then fails at the broker)."""
+        ...
+
     async def ban(self, user: str, duration_s: float, reason: str) -> None: ...
 
     async def unban(self, user: str) -> bool: ...
@@ -117,6 +134,26 @@ def _rates(settings: Settings) -> dict[str, tuple[float, int]]:
 
 # KEYS: bucket   ARGV: rate, burst   -> 1 allowed, 0 refused
 TAKE: Final = NOW + TOKEN_BUCKET + "return take(KEYS[1], tonumber(ARGV[1]), tonumber(ARGV[2]), now)"
+
+# KEYS: join bucket, new-room bucket, the room's existence key ('': not asked)
+# ARGV: join rate, join burst, new-room rate, new-room burst
+# -> 0 join refused, 1 new room refused, 2 admitted, 3 admitted, the room new
+JOIN_GATE: Final = (
+    NOW
+    + TOKEN_BUCKET
+    + """
+if take(KEYS[1], tonumber(ARGV[1]), tonumber(ARGV[2]), now) == 0 then return 0 end
+if KEYS[3] == '' or redis.call('EXISTS', KEYS[3]) == 1 then return 2 end
+if take(KEYS[2], tonumber(ARGV[3]), tonumber(ARGV[4]), now) == 0 then return 1 end
+return 3
+"""
+)
+_JOIN_VERDICTS: Final = (
+    JoinVerdict.JOIN_RATE,
+    JoinVerdict.NEW_ROOM_RATE,
+    JoinVerdict.ADMITTED,
+    JoinVerdict.NEW_ROOM,
+)
 
 # KEYS: ip bucket (or ''), ban, user's connections (sorted set conn -> expiry ms)
 # ARGV: ip rate, ip burst, conn id, max connections, ttl ms
@@ -168,6 +205,7 @@ class RedisQuotas:
         self._pipeline: AutoPipeline | ClusterPipelines = pipelines_for(self._redis, settings)
         self._admit = self._redis.register_script(sharded(ADMIT, self._cluster))
         self._refresh = self._redis.register_script(REFRESH)
+        self._join_gate = self._redis.register_script(JOIN_GATE)
         self._rates = _rates(settings)
         self._ttl_ms = int(settings.presence_ttl_s * 1000)
 
@@ -247,6 +285,34 @@ class RedisQuotas:
         except _ERRORS:
             return True
 
+    async def allow_join(self, user: str, room_key: str | None) -> JoinVerdict:
+        if self._cluster:  # the buckets and the room are in different slots: asked apart
+            return await self._allow_join_apart(user, room_key)
+        join_rate, join_burst = self._rates["join"]
+        new_rate, new_burst = self._rates["new_room"]
+        keys = [self._bucket_key("join", user), self._bucket_key("new_room", user), room_key or ""]
+        try:
+            code = await self._pipeline.call(
+                self._join_gate, keys, [join_rate, join_burst, new_rate, new_burst]
+            )
+        except _ERRORS:
+            return JoinVerdict.ADMITTED
+        return _JOIN_VERDICTS[int(code)]
+
+    async def _allow_join_apart(self, user: str, room_key: str | None) -> JoinVerdict:
+        if not await self.allow("join", user):
+            return JoinVerdict.JOIN_RATE
+        if room_key is None:
+            return JoinVerdict.ADMITTED
+        try:
+            if await self._pipeline.command(room_key, "EXISTS", room_key):
+                return JoinVerdict.ADMITTED
+        except _ERRORS:
+            return JoinVerdict.ADMITTED
+        if not await self.allow("new_room", user):
+            return JoinVerdict.NEW_ROOM_RATE
+        return JoinVerdict.NEW_ROOM
+
     async def ban(self, user: str, duration_s: float, reason: str) -> None:
         key = self._user_key("ban", user)
         await self._redis.set(key, reason, px=max(1, int(duration_s * 1000)))
@@ -310,6 +376,11 @@ class MemoryQuotas:
 
     async def allow(self, rate: Rate, user: str) -> bool:
         return self._buckets.take(rate, user)
+
+    async def allow_join(self, user: str, room_key: str | None) -> JoinVerdict:
+        # No Redis to ask about a room_key: the memory broker names none (its existence_key).
+        assert room_key is None, "one process' quotas cannot tell whether a room exists"
+        return JoinVerdict.ADMITTED if self._buckets.take("join", user) else JoinVerdict.JOIN_RATE
 
     async def ban(self, user: str, duration_s: float, reason: str) -> None:
         self._bans[user] = (reason, time.monotonic() + duration_s)

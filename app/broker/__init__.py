@@ -338,6 +338,12 @@ class Broker(Protocol):
         a join of a room that does not is a room created, which users have a quota of."""
         ...
 
+    def existence_key(self, room: str) -> str | None:
+        """The Redis key that exists while ``room`` has a history (what :meth:`room_exists`
+        reads), for a caller that asks Redis in its own call
+        (:meth:`app.access.quotas.Quotas.allow_join`); None for a broker without Redis."""
+        ...
+
     async def history_before(self, room: str, before: int | None, limit: int) -> list[Message]:
         """Up to ``limit`` stored messages of ``room`` with ids below ``before``, oldest
         first, each as it is now (edited, deleted, reactions); events are not part of it."""

@@ -373,6 +373,9 @@ class MemoryBroker:
         self._running()
         return room in self._logs
 
+    def existence_key(self, room: str) -> str | None:
+        return None
+
     async def history_before(self, room: str, before: int | None, limit: int) -> list[Message]:
         self._running()
         log = self._logs.get(room)

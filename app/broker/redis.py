@@ -1026,8 +1026,11 @@ class RedisBroker:
         return int(await call_redis(lambda: self._pipeline.call(script, keys, args)))
 
     async def room_exists(self, room: str) -> bool:
-        meta = self._room_key(room, "meta")
+        meta = self.existence_key(room)
         return bool(await call_redis(lambda: self._pipeline.command(meta, "EXISTS", meta)))
+
+    def existence_key(self, room: str) -> str:
+        return self._room_key(room, "meta")
 
     async def history_before(self, room: str, before: int | None, limit: int) -> list[Message]:
         """Messages only (the log's events are skipped), each as it is now (its state)."""

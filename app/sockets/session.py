@@ -23,6 +23,7 @@ from app.access.admission import Refused, admit, admit_address, identify
 from app.access.auth import AuthError, Identity
 from app.access.conversations import claim_refusal
 from app.access.hiding import frame_of, visible_history_before, visible_history_since
+from app.access.quotas import JoinVerdict
 from app.access.ratelimit import RateLimiter, Verdict
 from app.broker import Published
 from app.conversations.history import HistoryUnavailable, inbox_entry
@@ -240,11 +241,7 @@ class Session:
                 f"a connection may be in at most {self.settings.max_rooms_per_connection} rooms",
             )
         record = await self._room_for(frame.room)
-        if not await self._state.quotas.allow("join", conn.user):  # rejoins cost the same
-            raise FrameError(ErrorCode.RATE_LIMITED, "too many joins, slow down")
-        creates = not rejoin and not await self._room_exists(frame.room)
-        if creates and not await self._state.quotas.allow("new_room", conn.user):
-            raise FrameError(ErrorCode.RATE_LIMITED, "too many new rooms, slow down")
+        await self._allow_join(frame.room, known=rejoin or frame.room in self._hub.rooms_here)
         if rejoin and frame.since is None:
             presence = await self._presence(frame.room)
             conn.offer(joined_frame(frame.room, None, presence.count, presence.users))
@@ -328,9 +325,23 @@ class Session:
         if positions:
             self.conn.offer(receipts_frame(room, positions))
 
+    async def _allow_join(self, room: str, known: bool) -> None:
+        """Take the join's token (rejoins cost the same), and a new-room token when it brings
+        ``room`` into being; ``known``: the room exists (this worker is in it), no need to
+        ask. Through Redis, the quotas ask whether it exists in the same call."""
+        user, quotas = self.conn.user, self._state.quotas
+        ask = None if known else self._broker.existence_key(room)
+        verdict = await quotas.allow_join(user, ask)
+        if verdict is JoinVerdict.JOIN_RATE:
+            raise FrameError(ErrorCode.RATE_LIMITED, "too many joins, slow down")
+        if verdict is JoinVerdict.ADMITTED and not known and ask is None:  # asked apart
+            creates = not await self._room_exists(room)
+            if creates and not await quotas.allow("new_room", user):
+                verdict = JoinVerdict.NEW_ROOM_RATE
+        if verdict is JoinVerdict.NEW_ROOM_RATE:
+            raise FrameError(ErrorCode.RATE_LIMITED, "too many new rooms, slow down")
+
     async def _room_exists(self, room: str) -> bool:
-        if room in self._hub.rooms_here:
-            return True  # someone here is in it: no round trip
         try:
             return await self._broker.room_exists(room)
         except BrokerUnavailable:
