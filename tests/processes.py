@@ -15,7 +15,7 @@ import signal
 import socket
 import sys
 import tempfile
-from collections.abc import Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
@@ -24,7 +24,7 @@ from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
 from loadtest.collector import JAEGER, jaeger_config
-from tests.helpers import free_port
+from tests.helpers import LiveServer, free_port, make_settings, run_server, wait_until
 
 if TYPE_CHECKING:
     from types_aiobotocore_s3 import S3Client
@@ -95,6 +95,23 @@ class RedisServer:
     async def stop(self) -> None:
         await self.kill()
         shutil.rmtree(self.dir, ignore_errors=True)
+
+
+@contextlib.asynccontextmanager
+async def server_on(broker: str, **settings: Any) -> AsyncIterator[LiveServer]:
+    """A server (:func:`tests.helpers.run_server`, made with ``settings``) on the embedded
+    broker (``"memory"``) or on a redis-server of its own (``"redis"``), its broker ready."""
+    redis = RedisServer() if broker == "redis" else None
+    try:
+        if redis is not None:
+            await redis.start()
+            settings["redis_url"] = redis.url
+        async with run_server(make_settings(**settings)) as live:
+            await wait_until(lambda: live.state.broker.ready)
+            yield live
+    finally:
+        if redis is not None:
+            await redis.stop()
 
 
 # The service's settings for failover tests: acks wait for a replica, and a lost or moved

@@ -15,8 +15,8 @@ from app.access.quotas import JoinVerdict, MemoryQuotas, RedisQuotas
 from app.broker.keys import KeyLayout
 from app.redisio.autopipeline import AutoPipeline
 from app.settings import Settings
-from tests.helpers import ChatClient, make_settings, run_server, wait_until
-from tests.processes import RedisServer
+from tests.helpers import ChatClient, make_settings
+from tests.processes import RedisServer, server_on
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -99,44 +99,33 @@ async def test_joins_of_rooms_the_worker_is_in_cost_a_token_each(broker: str) ->
     tab's, a second tab's of a user present already, one with ``since``. A refused join
     changes nothing: the user is not present, and nothing of the room reaches the refused
     connection."""
-    redis = RedisServer() if broker == "redis" else None
-    if redis is not None:
-        await redis.start()
-    try:
-        overrides: dict[str, object] = {"user_joins_per_s": 0.01, "user_join_burst": 3}
-        if redis is not None:
-            overrides["redis_url"] = redis.url
-        async with run_server(make_settings(**overrides)) as live:
-            await wait_until(lambda: live.state.broker.ready)
-            async with (
-                ChatClient.connect(live.ws_url("host")) as host,
-                ChatClient.connect(live.ws_url("ada")) as tab_1,
-                ChatClient.connect(live.ws_url("ada")) as tab_2,
-                ChatClient.connect(live.ws_url("zed")) as zed,
-            ):
-                for room in ("a", "b", "c"):
-                    await host.join(room)  # the worker is in each
-                answers = []
-                joins: list[tuple[ChatClient, dict[str, Any]]] = [
-                    (tab_1, {"room": "a"}),
-                    (tab_1, {"room": "b"}),
-                    (tab_2, {"room": "a"}),  # ada is present in a already
-                    (tab_2, {"room": "c"}),  # none left
-                    (tab_1, {"room": "c", "since": 0}),
-                ]
-                for client, join in joins:
-                    await client.send({"type": "join", **join})
-                    frame = await client.next_frame()
-                    answers.append(frame["type"] if frame["type"] == "joined" else frame["code"])
-                assert answers == ["joined"] * 3 + ["rate_limited"] * 2
-                assert not await live.state.presence.is_present("c", "ada")
-                assert (await zed.join("c"))["count"] == 2  # host and zed
-                await host.say("c", "for c's members")
-                assert (await zed.expect("message"))["text"] == "for c's members"
-                for tab in (tab_1, tab_2):  # a barrier: nothing of c came before its pong
-                    await tab.send({"type": "ping"})
-                    while (frame := await tab.next_frame(skip=("ping",)))["type"] != "pong":
-                        assert frame.get("room") != "c", frame
-    finally:
-        if redis is not None:
-            await redis.stop()
+    async with server_on(broker, user_joins_per_s=0.01, user_join_burst=3) as live:
+        async with (
+            ChatClient.connect(live.ws_url("host")) as host,
+            ChatClient.connect(live.ws_url("ada")) as tab_1,
+            ChatClient.connect(live.ws_url("ada")) as tab_2,
+            ChatClient.connect(live.ws_url("zed")) as zed,
+        ):
+            for room in ("a", "b", "c"):
+                await host.join(room)  # the worker is in each
+            answers = []
+            joins: list[tuple[ChatClient, dict[str, Any]]] = [
+                (tab_1, {"room": "a"}),
+                (tab_1, {"room": "b"}),
+                (tab_2, {"room": "a"}),  # ada is present in a already
+                (tab_2, {"room": "c"}),  # none left
+                (tab_1, {"room": "c", "since": 0}),
+            ]
+            for client, join in joins:
+                await client.send({"type": "join", **join})
+                frame = await client.next_frame()
+                answers.append(frame["type"] if frame["type"] == "joined" else frame["code"])
+            assert answers == ["joined"] * 3 + ["rate_limited"] * 2
+            assert not await live.state.presence.is_present("c", "ada")
+            assert (await zed.join("c"))["count"] == 2  # host and zed
+            await host.say("c", "for c's members")
+            assert (await zed.expect("message"))["text"] == "for c's members"
+            for tab in (tab_1, tab_2):  # a barrier: nothing of c came before its pong
+                await tab.send({"type": "ping"})
+                while (frame := await tab.next_frame(skip=("ping",)))["type"] != "pong":
+                    assert frame.get("room") != "c", frame

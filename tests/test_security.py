@@ -28,7 +28,7 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus
 from app.errors import CloseCode
 from app.settings import SettingsError, load_settings
 from tests.helpers import ChatClient, LiveServer, make_settings, raw_upgrade, run_server, wait_until
-from tests.processes import AppProcess, NginxServer, RedisServer
+from tests.processes import AppProcess, NginxServer, RedisServer, server_on
 from tests.prom import scrape
 from tests.test_direct_writes import RawReader
 
@@ -788,27 +788,15 @@ async def test_a_user_cannot_fill_redis_with_new_rooms(broker: str) -> None:
     """Each join of a room without a history brings one into being (keys kept for
     CHAT_HISTORY_TTL_S): a user may do that CHAT_USER_NEW_ROOM_BURST times, then joins of
     new rooms are refused (rate_limited) while joins of existing rooms still work."""
-    redis = RedisServer() if broker == "redis" else None
-    if redis is not None:
-        await redis.start()
-    try:
-        overrides: dict[str, Any] = {"user_new_rooms_per_s": 0.01, "user_new_room_burst": 3}
-        if redis is not None:
-            overrides["redis_url"] = redis.url
-        async with run_server(make_settings(**overrides)) as live:
-            await wait_until(lambda: live.state.broker.ready)
-            async with ChatClient.connect(live.ws_url("other")) as other:
-                await other.join("existing")  # other's first new room
-                async with ChatClient.connect(live.ws_url("filler")) as filler:
-                    answers = []
-                    for n in range(5):
-                        await filler.send({"type": "join", "room": f"new-{n}"})
-                        frame = await filler.next_frame()
-                        answers.append(
-                            frame["type"] if frame["type"] == "joined" else frame["code"]
-                        )
-                    assert answers == ["joined"] * 3 + ["rate_limited"] * 2
-                    assert (await filler.join("existing"))["room"] == "existing"
-    finally:
-        if redis is not None:
-            await redis.stop()
+    quotas = {"user_new_rooms_per_s": 0.01, "user_new_room_burst": 3}
+    async with server_on(broker, **quotas) as live:
+        async with ChatClient.connect(live.ws_url("other")) as other:
+            await other.join("existing")  # other's first new room
+            async with ChatClient.connect(live.ws_url("filler")) as filler:
+                answers = []
+                for n in range(5):
+                    await filler.send({"type": "join", "room": f"new-{n}"})
+                    frame = await filler.next_frame()
+                    answers.append(frame["type"] if frame["type"] == "joined" else frame["code"])
+                assert answers == ["joined"] * 3 + ["rate_limited"] * 2
+                assert (await filler.join("existing"))["room"] == "existing"
