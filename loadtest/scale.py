@@ -9,7 +9,10 @@ generator in ``--generators`` processes on the cores left. ``--clients`` clients
 then each room's one writer keeps ``--window`` messages in flight (closed loop: it sends again
 as its own messages come back), so the server runs at saturation; every member counts what
 it receives. Over ``--seconds`` after a warm-up: deliveries a second, the writers' round
-trip p50/p99, and the share of a core that Redis and the server used.
+trip p50/p99, and the share of a core that Redis and the server used. With ``--rate`` the
+writers send at that many messages a second in all instead (open loop, each writer at its
+share of the rate, whatever comes back): the round trips at a given load, as in "50,000
+messages a second at p99 under 5 ms".
 
 The layout is printed with the figures: which cores each part had, and how many the machine
 offered. A machine without the cores for a W skips it and says so; with fewer than W + 2
@@ -27,6 +30,7 @@ import argparse
 import asyncio
 import contextlib
 import os
+import random
 import shutil
 import sys
 import tempfile
@@ -64,16 +68,25 @@ class Writer:
             return orjson.dumps({"id": 10**9 + self.sent, "publish": publish}).decode()
         return orjson.dumps({"type": "send", "room": self.room, "text": TEXT}).decode()
 
-    async def run(self, until: float) -> None:
+    def _count_echoes(self) -> None:
+        """Time the round trips of the messages back since the last call (oldest first)."""
+        back = self.member.received - self.echoed
+        if back:
+            now = time.monotonic()
+            for sent_at in self.sent_at[:back]:
+                self.round_trips_ms.append((now - sent_at) * 1000)
+            del self.sent_at[:back]
+            self.echoed = self.member.received
+
+    async def run(self, until: float, interval_s: float | None = None) -> None:
+        """Send until ``until``: ``window`` in flight (closed loop), or one every
+        ``interval_s`` (open loop)."""
+        if interval_s is not None:
+            await self._run_paced(until, interval_s)
+            return
         member = self.member
         while time.monotonic() < until:
-            back = member.received - self.echoed
-            if back:
-                now = time.monotonic()
-                for sent_at in self.sent_at[:back]:
-                    self.round_trips_ms.append((now - sent_at) * 1000)
-                del self.sent_at[:back]
-                self.echoed = member.received
+            self._count_echoes()
             if len(self.sent_at) < self.window:
                 self.sent_at.append(time.monotonic())
                 self.sent += 1
@@ -83,6 +96,25 @@ class Writer:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(max(0.0, until - time.monotonic())):
                     await member.arrived.wait()
+
+    async def _run_paced(self, until: float, interval_s: float) -> None:
+        """One message every ``interval_s`` from a random phase, the echoes timed as they
+        come: the writer does not wait for them (a slow server piles them up)."""
+        member = self.member
+        due = time.monotonic() + random.uniform(0, interval_s)
+        while (now := time.monotonic()) < until:
+            self._count_echoes()
+            if now >= due:
+                self.sent_at.append(now)
+                self.sent += 1
+                await member.ws.send(self._frame())
+                due += interval_s
+                continue
+            member.arrived.clear()
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(min(due, until) - now):
+                    await member.arrived.wait()
+        self._count_echoes()
 
 
 async def _join(url: str, centrifugo: bool, name: str, room: str) -> Member:
@@ -118,21 +150,28 @@ async def part(args: argparse.Namespace) -> dict[str, Any]:
         Writer(members[r * args.room_size], room, centrifugo, args.window)
         for r, room in enumerate(rooms)
     ]
+    # Open loop (--rate, this process' share of it): each writer at an equal share.
+    interval_s = len(writers) / args.rate if args.rate else None
     warm_until = time.monotonic() + args.warm
-    await asyncio.gather(*(writer.run(warm_until) for writer in writers))
+    await asyncio.gather(*(writer.run(warm_until, interval_s) for writer in writers))
     for writer in writers:
         writer.round_trips_ms.clear()
     received_before = sum(member.received for member in members)
+    sent_before = sum(writer.sent for writer in writers)
     began, cpu_before = time.monotonic(), time.process_time()
-    await asyncio.gather(*(writer.run(began + args.seconds) for writer in writers))
+    await asyncio.gather(*(writer.run(began + args.seconds, interval_s) for writer in writers))
     took = time.monotonic() - began
+    sent = sum(writer.sent for writer in writers) - sent_before
     cpu = time.process_time() - cpu_before
     received = sum(member.received for member in members) - received_before
     round_trips = sorted(ms for writer in writers for ms in writer.round_trips_ms)
     await asyncio.gather(*(member.close() for member in members))
     step = max(1, len(round_trips) // 20_000)  # a sample is enough for percentiles
     sample = [round(ms, 2) for ms in round_trips[::step]]
-    return {"received": received, "took_s": took, "cpu_s": cpu, "round_trips_ms": sample}
+    return {
+        "received": received, "sent": sent, "took_s": took, "cpu_s": cpu,
+        "round_trips_ms": sample,
+    }  # fmt: skip
 
 
 # --- the coordinator's side ------------------------------------------------------------------
@@ -168,9 +207,11 @@ async def _start_server(
         **os.environ, **OPEN_LIMITS, "TMPDIR": tmp, "CHAT_REDIS_URL": redis_url,
         "CHAT_MAX_CONNECTIONS": "1000000",
     }  # fmt: skip
-    gunicorn = str(Path(sys.executable).parent / "gunicorn")
+    # Through the interpreter, not the gunicorn script: where the packages were installed
+    # with pip's --target (a lent machine, see scripts/device-scale.sh) there is none beside it.
     proc = await asyncio.create_subprocess_exec(
-        "taskset", "-c", ",".join(map(str, cores)), gunicorn, "-c", "deploy/gunicorn.conf.py",
+        "taskset", "-c", ",".join(map(str, cores)), sys.executable, "-m", "gunicorn",
+        "-c", "deploy/gunicorn.conf.py",
         "--bind", f"127.0.0.1:{port}", "--workers", str(workers),
         cwd=ROOT, env=env, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
     )  # fmt: skip
@@ -217,6 +258,7 @@ async def run_one(
                 "--first", str(first), "--rooms", str(rooms_here),
                 "--room-size", str(args.room_size), "--window", str(args.window),
                 "--warm", str(args.warm), "--seconds", str(args.seconds),
+                "--rate", str(args.rate * rooms_here / rooms),
                 cwd=ROOT, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
                 limit=2**24,  # its report's line holds up to 20,000 round trips
             ))  # fmt: skip
@@ -248,6 +290,7 @@ async def run_one(
         server_cpu = tree_cpu_s(pid) - server_before
         redis_cpu = cpu_s(redis.proc.pid) - redis_before
         received = sum(output["received"] for output in outputs)
+        sent = sum(output["sent"] for output in outputs)
         round_trips = sorted(ms for output in outputs for ms in output["round_trips_ms"])
         return {
             "target": target, "workers": workers, "cores": cores, "clients": clients,
@@ -255,6 +298,9 @@ async def run_one(
             "server_us_per_join": round(join_cpu / clients * 1e6),
             "deliveries_per_s": round(received / took),
             "messages_per_s": round(received / took / args.room_size),
+            "sent_per_s": round(sent / took),
+            # Open loop: what was offered; 0 for the closed loop (saturation).
+            "offered_per_s": round(args.rate),
             "round_trip_p50_ms": round(_percentile(round_trips, 0.5), 1),
             "round_trip_p99_ms": round(_percentile(round_trips, 0.99), 1),
             "redis_core_share": round(redis_cpu / took, 3),
@@ -294,7 +340,7 @@ async def coordinate(args: argparse.Namespace) -> dict[str, Any]:
     targets = [t for t in args.targets.split(",") if t != "centrifugo" or available()]
     report: dict[str, Any] = {
         "machine_cores": len(cores), "clients": args.clients, "room_size": args.room_size,
-        "window": args.window, "seconds": args.seconds, "targets": targets,
+        "window": args.window, "rate": args.rate, "seconds": args.seconds, "targets": targets,
         "skipped": [], "runs": [],
     }  # fmt: skip
     if "centrifugo" in args.targets and "centrifugo" not in targets:
@@ -319,13 +365,15 @@ async def coordinate(args: argparse.Namespace) -> dict[str, Any]:
 def table(report: dict[str, Any]) -> str:
     """The report as a Markdown table (docs/benchmarks.md)."""
     lines = [
-        "| target | W | deliveries/s | x W=1 | round trip p50 / p99 ms | Redis core | server cores"
-        " | busiest generator | µs/join |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| target | W | deliveries/s | messages/s (offered) | x W=1 | round trip p50 / p99 ms"
+        " | Redis core | server cores | busiest generator | µs/join |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for run in report["runs"]:
+        offered = f" ({run['offered_per_s']:,})" if run["offered_per_s"] else ""
         lines.append(
             f"| {run['target']} | {run['workers']} | {run['deliveries_per_s']:,} "
+            f"| {run['messages_per_s']:,}{offered} "
             f"| {run.get('speedup', 0):.2f} | {run['round_trip_p50_ms']} / "
             f"{run['round_trip_p99_ms']} | {run['redis_core_share']:.0%} "
             f"| {run['server_core_share']:.2f} | {run['busiest_generator_core_share']:.0%} "
@@ -341,6 +389,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--clients", type=int, default=10_000)
     parser.add_argument("--room-size", type=int, default=10)
     parser.add_argument("--window", type=int, default=4, help="messages in flight per writer")
+    parser.add_argument(
+        "--rate", type=float, default=0.0,
+        help="messages a second in all, sent whatever comes back (open loop); 0: --window's "
+        "closed loop, at saturation",
+    )  # fmt: skip
     parser.add_argument("--warm", type=float, default=3.0)
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--generator-cores", type=int, default=7)

@@ -382,6 +382,30 @@ async def test_scale_benchmark_runs(tmp_path: Path) -> None:
 
 
 @pytest.mark.timeout(120)
+async def test_scale_benchmark_offers_a_rate(tmp_path: Path) -> None:
+    """``loadtest.scale --rate``: the writers send that many messages a second in all, whatever
+    comes back (open loop), and the report says what was offered, sent and delivered."""
+    report_path = tmp_path / "scale.json"
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "loadtest.scale", "--workers", "1", "--clients", "40",
+        "--room-size", "2", "--rate", "200", "--targets", "hubbub", "--warm", "0.5",
+        "--seconds", "2", "--json", str(report_path), cwd=ROOT,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+    )  # fmt: skip
+    out, _ = await proc.communicate()
+    assert proc.returncode == 0, out.decode(errors="replace")
+    report = json.loads(report_path.read_text())
+    assert report["rate"] == 200 and report["room_size"] == 2
+    (run,) = report["runs"]
+    assert run["offered_per_s"] == 200, run
+    assert 150 <= run["sent_per_s"] <= 250, run  # 20 writers, each every 0.1 s
+    assert 0.9 * run["sent_per_s"] <= run["messages_per_s"] <= 1.1 * run["sent_per_s"], run
+    assert run["deliveries_per_s"] >= 1.8 * run["messages_per_s"], run  # both members
+    assert 0 < run["round_trip_p50_ms"] <= run["round_trip_p99_ms"], run
+    assert f"| {run['messages_per_s']:,} (200) |" in out.decode()
+
+
+@pytest.mark.timeout(120)
 async def test_the_sdk_soak_runs_and_keeps_the_sdks_promises() -> None:
     """``python -m loadtest.sdk_soak`` (40 Python SDK clients in 4 rooms, 100 sends a second
     for 2 s) against a live server: every send acked, delivered to every member once and in
