@@ -24,7 +24,10 @@ Then it counts again while ``--seconds`` of messages are sent at ``--rate`` and 
 ack and its deliveries) and ``_per_delivery``. Keep the rate to a few hundred a second: the
 server runs some 50 times slower. That figure moves more from run to run (a garbage collection,
 or the presence upkeep every 10 s, lands in the window or not): count 10 s or more, and compare
-medians. The kernel's work for the sockets (accepting, reading,
+medians. Then as long again with no message: ``server_instructions_idle_per_s`` is what the
+server does by the clock (heartbeats, presence upkeep, canaries), which weighs some 50 times
+more in a window under valgrind than at a real rate; ``_per_message_net`` and
+``_per_delivery_net`` leave it out. The kernel's work for the sockets (accepting, reading,
 writing: about the same for every server) is not in it, so a ratio of instructions is larger
 than the ratio of CPU time; and a C function's instructions (hiredis formatting a command
 with ``sprintf``, say) weigh more than its time does.
@@ -325,10 +328,23 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
             await until_delivered(warm * args.room_size, 60)
             before = received()
             await target.instructions("-i on")
+            began = time.monotonic()
             sent = await offer(args.seconds, warm)
             await until_delivered(before + sent * args.room_size, 60)
             await target.instructions("-i off")
-            each = await target.instructions("-d") / max(1, sent)
+            window_s = time.monotonic() - began
+            counted = await target.instructions("-d")
+            each = counted / max(1, sent)
+            # Then as long with no message: what the server does by the clock (heartbeats,
+            # presence upkeep, canaries) whatever the load. Under valgrind a message takes
+            # some 50 times longer, so that work weighs far more in the window than at a real
+            # rate; the net figure leaves it out.
+            await target.instructions("-i on")
+            idle_began = time.monotonic()
+            await asyncio.sleep(window_s)
+            await target.instructions("-i off")
+            idle_per_s = await target.instructions("-d") / (time.monotonic() - idle_began)
+            net = max(0.0, counted - idle_per_s * window_s) / max(1, sent)
             return {
                 "target": args.target,
                 "rooms": args.rooms,
@@ -339,6 +355,10 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
                 "missing": max(0, before + sent * args.room_size - received()),
                 "server_instructions_per_message": round(each),
                 "server_instructions_per_delivery": round(each / args.room_size),
+                "window_s": round(window_s, 2),
+                "server_instructions_idle_per_s": round(idle_per_s),
+                "server_instructions_per_message_net": round(net),
+                "server_instructions_per_delivery_net": round(net / args.room_size),
             }
         join_commands = per_message(await target.redis_commands(), len(members))
         warm = await offer(2.0, 0)
