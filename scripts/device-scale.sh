@@ -45,6 +45,11 @@ if not binary.exists():
     os.chmod(f"{binary}.partial", 0o755)
     os.replace(f"{binary}.partial", binary)
 EOF
+for tool in taskset nproc; do
+  command -v "$tool" >/dev/null || { echo "$tool is missing: loadtest.scale pins with it" >&2; exit 1; }
+done
+# 10,000 sockets: a generator holds some 1,400, the server all of them (it raises its own).
+ulimit -n "$(ulimit -H -n)" 2>/dev/null || true
 export PYTHONPATH="$site:$PWD${PYTHONPATH:+:$PYTHONPATH}" PATH="$redis/bin:$site/bin:$PATH" PYTHONUNBUFFERED=1
 
 echo "== $(nproc) cores; $("$python" --version); $(command -v redis-server):" \
