@@ -399,8 +399,8 @@ async def test_scale_benchmark_offers_a_rate(tmp_path: Path) -> None:
     (run,) = report["runs"]
     assert run["offered_per_s"] == 200, run
     assert 150 <= run["sent_per_s"] <= 250, run  # 20 writers, each every 0.1 s
-    assert 0.9 * run["sent_per_s"] <= run["messages_per_s"] <= 1.1 * run["sent_per_s"], run
-    assert run["deliveries_per_s"] >= 1.8 * run["messages_per_s"], run  # both members
+    # Each message reaches both members of its room (the writer's own copy is its echo).
+    assert 1.8 * run["sent_per_s"] <= run["deliveries_per_s"] <= 2.2 * run["sent_per_s"], run
     assert 0 < run["round_trip_p50_ms"] <= run["round_trip_p99_ms"], run
     assert f"| {run['messages_per_s']:,} (200) |" in out.decode()
 
