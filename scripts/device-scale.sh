@@ -3,8 +3,8 @@
 # package registry, its own Python 3.12), from the bundle `scripts/device-bundle.sh` packs:
 #
 #   device run, carry [".device"]:  sh scripts/device-scale.sh smoke   (~1 min: it all works)
-#                                   sh scripts/device-scale.sh curve   (~6 min: W = 1, 2, 4, 8)
-#                                   sh scripts/device-scale.sh pairs   (~3 min: rooms of 2)
+#                                   sh scripts/device-scale.sh curve   (~6 min, estimated: W = 1, 2, 4, 8)
+#                                   sh scripts/device-scale.sh pairs   (~3 min, estimated: rooms of 2)
 #
 #   smoke  W=1, 200 clients in rooms of 10 for 2 s, Hubbub and Centrifugo.
 #   curve  `make bench-scale`: 10,000 clients in rooms of 10 at saturation, W = 1, 2, 4, 8 on
@@ -14,12 +14,17 @@
 #          then the same at saturation.
 #
 # The JSON reports go to $OUT (the tool brings them back); everything else to /tmp. Locally
-# (to try the bundle as that machine will use it): OUT=/tmp/x PYTHON=python3.12 sh ... smoke
+# (to try the bundle as that machine will use it): OUT=/tmp/x PYTHON=python3.12 sh ... smoke;
+# CLIENTS, RATE and WORKERS scale `curve` and `pairs` down for such a try (defaults 10000,
+# 50000 and, for `pairs`, 8).
 set -eu
 
 phase=${1:-smoke}
 out=${OUT:-/tmp/hubbub-device}
 python=${PYTHON:-python3}
+clients=${CLIENTS:-10000}
+rate=${RATE:-50000}
+workers=${WORKERS:-8}
 mkdir -p "$out"
 cd "$(dirname "$0")/.."
 
@@ -61,10 +66,12 @@ case $phase in
   smoke)
     scale --workers 1 --clients 200 --warm 1 --seconds 2 --json "$out/smoke.json" ;;
   curve)
-    scale --workers 1,2,4,8 --clients 10000 --json "$out/scale.json" ;;
+    scale --workers 1,2,4,8 --clients "$clients" --json "$out/scale.json" ;;
   pairs)
-    scale --workers 8 --clients 10000 --room-size 2 --rate 50000 --json "$out/pairs-50k.json"
-    scale --workers 8 --clients 10000 --room-size 2 --json "$out/pairs-saturated.json" ;;
+    scale --workers "$workers" --clients "$clients" --room-size 2 --rate "$rate" \
+      --json "$out/pairs-offered.json"
+    scale --workers "$workers" --clients "$clients" --room-size 2 \
+      --json "$out/pairs-saturated.json" ;;
   *)
     echo "usage: $0 smoke|curve|pairs" >&2
     exit 2 ;;
