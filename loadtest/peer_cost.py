@@ -25,12 +25,13 @@ ack and its deliveries) and ``_per_delivery``. Keep the rate to a few hundred a 
 server runs some 50 times slower. That figure moves more from run to run (a garbage collection,
 or the presence upkeep every 10 s, lands in the window or not): count 10 s or more, and compare
 medians. Then as long again with no message: ``server_instructions_idle_per_s`` is what the
-server does by the clock (heartbeats, presence upkeep, canaries), which weighs some 50 times
-more in a window under valgrind than at a real rate; ``_per_message_net`` and
-``_per_delivery_net`` leave it out. The kernel's work for the sockets (accepting, reading,
-writing: about the same for every server) is not in it, so a ratio of instructions is larger
-than the ratio of CPU time; and a C function's instructions (hiredis formatting a command
-with ``sprintf``, say) weigh more than its time does.
+server does by the clock (heartbeats, presence upkeep, canaries): as many instructions a second
+under valgrind as without, but shared among the few messages a second valgrind allows (some
+125,000 each at 200 a second, where thousands a second would spread it thin);
+``_per_message_net`` and ``_per_delivery_net`` leave it out. The kernel's work for the
+sockets (accepting, reading, writing: about the same for every server) is not in it, so a
+ratio of instructions is larger than the ratio of CPU time; and a C function's instructions
+(hiredis formatting a command with ``sprintf``, say) weigh more than its time does.
 """
 
 from __future__ import annotations
@@ -336,9 +337,9 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
             counted = await target.instructions("-d")
             each = counted / max(1, sent)
             # Then as long with no message: what the server does by the clock (heartbeats,
-            # presence upkeep, canaries) whatever the load. Under valgrind a message takes
-            # some 50 times longer, so that work weighs far more in the window than at a real
-            # rate; the net figure leaves it out.
+            # presence upkeep, canaries) whatever the load: shared among the few messages
+            # valgrind allows, it weighs far more on each than at a real rate. The net figure
+            # leaves it out.
             await target.instructions("-i on")
             idle_began = time.monotonic()
             await asyncio.sleep(window_s)
