@@ -62,7 +62,7 @@ trap 'rm -rf "$stage"' EXIT
 mkdir -p "$stage/bin" "$stage/lib"
 cp "$(command -v redis-server)" "$stage/lib/redis-server.bin"
 ldd "$(command -v redis-server)" | awk '/=> \// {print $3}' \
-  | grep -Ev '/(libc|libm|libpthread|libdl|librt|ld-linux[^/]*)\.so' \
+  | { grep -Ev '/(libc|libm|libpthread|libdl|librt|ld-linux[^/]*)\.so' || true; } \
   | while read -r library; do cp -L "$library" "$stage/lib/"; done
 cat > "$stage/bin/redis-server" <<'EOF'
 #!/bin/sh
