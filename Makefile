@@ -17,7 +17,7 @@ export UV_SYSTEM_CERTS := 1
 # lets Chromium draw the page's reactions in its screenshots.
 DEB_TEST_DEPS := etcd:etcd-server openssl:openssl curl:curl node:nodejs npm:npm redis-server:redis-server promtool:prometheus nginx:nginx kubectl:kubernetes-client chromium:chromium pg_ctlcluster:postgresql valgrind:valgrind /usr/share/fonts/truetype/noto/NotoColorEmoji.ttf:fonts-noto-color-emoji
 
-.PHONY: help install run test bench bench-core bench-redis bench-scale device-bundle bench-search bench-sse bench-tracing bench-moderation bench-100k chaos attack k8s-deps k8s-check lint typecheck check deb-deps node-deps s3-deps otel-deps docs-config dashboard chart-files clean
+.PHONY: help install run test bench bench-core bench-redis bench-scale bench-ceiling device-bundle bench-search bench-sse bench-tracing bench-moderation bench-100k chaos attack k8s-deps k8s-check lint typecheck check deb-deps node-deps s3-deps otel-deps docs-config dashboard chart-files clean
 
 help:  ## list the targets
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -81,6 +81,9 @@ bench-redis: $(STAMP) deb-deps  ## Redis CPU per message, server CPU per deliver
 
 bench-scale: $(STAMP) deb-deps  ## deliveries/s with W = 1, 2, 4, 8… workers on one Redis, Hubbub vs Centrifugo, 10,000 clients (as the cores allow); writes docs/bench/scale.json
 	$(VENV)/bin/python -m loadtest.scale --json docs/bench/scale.json $(SCALE_ARGS)
+
+bench-ceiling: $(STAMP) deb-deps  ## messages/s one Redis core carries on the publish calls each target sends it, recorded and replayed, Hubbub vs Centrifugo (~8 min); writes docs/bench/redis-ceiling.json
+	$(VENV)/bin/python -m loadtest.redis_ceiling --json docs/bench/redis-ceiling.json
 
 device-bundle: $(STAMP) deb-deps  ## pack .device/ (wheels for Python 3.12, redis-server, Centrifugo) for scripts/device-scale.sh on a lent many-core machine
 	scripts/device-bundle.sh

@@ -44,7 +44,8 @@ def _median(runs: list[dict[str, Any]], figure: str) -> dict[str, float]:
     return {"median": statistics.median(values), "min": min(values), "max": max(values)}
 
 
-def _versions() -> dict[str, str]:
+def versions() -> dict[str, str]:
+    """Python's, Redis' and Centrifugo's versions, and the CPU's model."""
     redis = subprocess.run(["redis-server", "--version"], capture_output=True, text=True)
     return {
         "python": platform.python_version(),
@@ -89,8 +90,8 @@ def main(argv: list[str] | None = None) -> int:
     report = {
         "command": "python -m loadtest.redis_bench " + " ".join(argv or sys.argv[1:]),
         "date": time.strftime("%Y-%m-%d", time.gmtime(began)),
-        "machine": f"{os.cpu_count()} cores, {_versions()['cpu']}",
-        "versions": _versions(),
+        "machine": f"{os.cpu_count()} cores, {versions()['cpu']}",
+        "versions": versions(),
         "rate_per_s": args.rate,
         "seconds": args.seconds,
         "shapes": results,

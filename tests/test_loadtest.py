@@ -405,6 +405,39 @@ async def test_scale_benchmark_offers_a_rate(tmp_path: Path) -> None:
     assert f"| {run['messages_per_s']:,} (200) |" in out.decode()
 
 
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("target", ["hubbub", "centrifugo"])
+async def test_redis_ceiling_benchmark_replays_what_was_recorded(target: str) -> None:
+    """``python -m loadtest.redis_ceiling``, tiny: 2,000 messages in 20 rooms, 2 listeners,
+    recorded and replayed once. Every message is replayed and published (none a duplicate or
+    over its quota), each reaches both subscribers of its room's channel, the calls are
+    grouped as recorded (Hubbub's 4 sends a loop pass merged into one call), and Redis' CPU
+    is measured. Centrifugo's side runs where its anchor is on this machine."""
+    if target == "centrifugo" and not centrifugo.available():
+        pytest.skip("the Centrifugo anchor is not on this machine")
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "loadtest.redis_ceiling", "--cases", f"{target}:4:1",
+        "--rooms", "20", "--workers", "2", "--messages", "2000", "--rounds", "1",
+        "--connections", "2", cwd=ROOT, stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    out, err = await _finished(proc, 200)
+    assert proc.returncode == 0, err.decode()
+    *table, last = out.decode().strip().splitlines()
+    (result,) = json.loads(last)["cases"]
+    assert result["case"] == f"{target}:4:1" and f"| {target} |" in table[-1], table
+    (run,) = result["rounds"]
+    assert run["messages"] == 2000 and run["refused"] == 0 and run["errors"] == 0, run
+    assert run["deliveries_per_message"] == 2.0, run
+    # Hubbub merges a loop pass's sends into one script call; Centrifugo calls once each.
+    assert result["recorded_calls"] == (500 if target == "hubbub" else 2000), result
+    assert result["channels"] >= 20 and result["left_out"], result
+    assert 0 < run["redis_core_share"] <= 1.1, run
+    assert run["redis_us_per_message"] > 0 and run["messages_per_s"] > 0, run
+    assert abs(run["ceiling_messages_per_s"] * run["redis_us_per_message"] / 1e6 - 1) < 0.01, run
+    assert result["median"]["ceiling_messages_per_s"] == run["ceiling_messages_per_s"]
+
+
 @pytest.mark.timeout(120)
 async def test_the_sdk_soak_runs_and_keeps_the_sdks_promises() -> None:
     """``python -m loadtest.sdk_soak`` (40 Python SDK clients in 4 rooms, 100 sends a second
