@@ -39,8 +39,10 @@ import asyncio
 import collections
 import json
 import os
+import shutil
 import statistics
 import sys
+import tempfile
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -57,7 +59,7 @@ from app.settings import Settings
 from loadtest.centrifugo import Centrifugo
 from loadtest.centrifugo import available as centrifugo_available
 from loadtest.redis_bench import versions
-from loadtest.redis_cost import Counter, cpu_s, per_message
+from loadtest.redis_cost import Counter, callgrind, cpu_s, per_message
 from tests.processes import RedisServer
 
 TEXT = "x" * 40
@@ -382,6 +384,8 @@ class _Tally:
         self._marks = [writes // 10, writes * 9 // 10]
         self._pid = pid
         self.window: list[tuple[float, float, int, float]] = []  # (wall, redis cpu, messages, own)
+        loop = asyncio.get_running_loop()
+        self.marked = [loop.create_future(), loop.create_future()]  # each end, once reached
 
     def reply(self, reply: Any) -> None:
         if isinstance(reply, hiredis.ReplyError):
@@ -398,6 +402,18 @@ class _Tally:
             self.window.append(
                 (time.monotonic(), cpu_s(self._pid), self.messages, time.process_time())
             )
+            self.marked[len(self.window) - 1].set_result(None)
+
+
+async def _instructions(tally: _Tally, pid: int, dumps: Path) -> tuple[int, int]:
+    """Under callgrind: Redis' instructions between the window's ends, and the messages
+    answered meanwhile (each count read once callgrind has done as asked, at both ends)."""
+    await tally.marked[0]
+    await callgrind(pid, "-z", dumps)
+    first = tally.messages
+    await tally.marked[1]
+    instructions = await callgrind(pid, "-d", dumps)
+    return instructions, tally.messages - first
 
 
 def _hubbub_count(reply: Any) -> tuple[int, int]:
@@ -412,8 +428,15 @@ def _one_each(reply: Any) -> tuple[int, int]:
 
 
 async def replay(args: argparse.Namespace, case: Case, recording: Recording) -> dict[str, Any]:
-    """Replay ``recording`` on a fresh server pinned to ``--redis-core`` (step 2)."""
-    server = RedisServer()
+    """Replay ``recording`` on a fresh server pinned to ``--redis-core`` (step 2); under
+    callgrind with ``--callgrind``, which counts its instructions instead of its time."""
+    dumps = Path(tempfile.mkdtemp(prefix="hubbub-ceiling-"))
+    under: tuple[str, ...] = ()
+    if args.callgrind:
+        out = f"--callgrind-out-file={dumps}/callgrind.%p"
+        log = f"--log-file={dumps}/valgrind.log"
+        under = ("valgrind", "--tool=callgrind", out, log, "--dump-line=no")
+    server = RedisServer(under=under)
     await server.start()
     assert server.proc is not None
     os.sched_setaffinity(server.proc.pid, {args.redis_core})
@@ -455,6 +478,9 @@ async def replay(args: argparse.Namespace, case: Case, recording: Recording) -> 
             for rank in range(args.connections)
         ]
         await admin.config_resetstat()
+        counting = asyncio.ensure_future(
+            _instructions(tally, server.proc.pid, dumps) if args.callgrind else asyncio.sleep(0)
+        )
         began = time.monotonic()
         for replayer in replayers:
             transport, _ = await loop.create_connection(
@@ -474,9 +500,18 @@ async def replay(args: argparse.Namespace, case: Case, recording: Recording) -> 
                     break
                 delivered = now
         commandstats = await admin.info("commandstats")
+        counted = await counting
         (wall0, cpu0, msg0, own0), (wall1, cpu1, msg1, own1) = tally.window
         window_s, redis_cpu, messages = wall1 - wall0, cpu1 - cpu0, max(1, msg1 - msg0)
         us_per_message = redis_cpu / messages * 1e6
+        if counted is not None:  # valgrind's time says nothing of Redis': its count does
+            instructions, counted_messages = counted
+            return {
+                "messages": tally.messages, "refused": tally.refused, "errors": tally.errors,
+                "deliveries_per_message": round(delivered / max(1, tally.messages), 2),
+                "redis_instructions_per_message": round(instructions / max(1, counted_messages)),
+                "commands_per_message": per_message(commandstats, max(1, tally.messages)),
+            }  # fmt: skip
         return {
             "messages": tally.messages,
             "refused": tally.refused,
@@ -495,6 +530,7 @@ async def replay(args: argparse.Namespace, case: Case, recording: Recording) -> 
             transport.abort()
         await admin.aclose()
         await server.stop()
+        shutil.rmtree(dumps, ignore_errors=True)
 
 
 def _pack(command: Sequence[bytes]) -> bytes:
@@ -537,10 +573,11 @@ class Case:
 
 
 # Hubbub at 1, 8 and 32 sends a loop pass; Centrifugo (each publish its own call) as its
-# client wrote them and eight to a write, as it pipelines at saturation.
-CASES = "hubbub:1:1,hubbub:8:1,hubbub:32:1,centrifugo:32:1,centrifugo:32:8"
+# client wrote them, and 8 and 32 to a write, as it pipelines at saturation.
+CASES = "hubbub:1:1,hubbub:8:1,hubbub:32:1,centrifugo:32:1,centrifugo:32:8,centrifugo:32:32"
 FIGURES = ("messages_per_s", "redis_core_share", "redis_us_per_message", "ceiling_messages_per_s",
            "generator_core_share")  # fmt: skip
+CALLGRIND_FIGURES = ("redis_instructions_per_message",)
 
 
 async def measure(args: argparse.Namespace) -> dict[str, Any]:
@@ -572,13 +609,17 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
             "channels": len(recording.channels),
             "subscribers_per_channel": round(statistics.mean(subscribers), 2) if subscribers else 0,
             "left_out": recording.left_out, "rounds": rounds[case],
-            "median": {f: statistics.median(r[f] for r in rounds[case]) for f in FIGURES},
+            "median": {
+                f: statistics.median(r[f] for r in rounds[case])
+                for f in (CALLGRIND_FIGURES if args.callgrind else FIGURES)
+            },
         })  # fmt: skip
     return {
         "command": "python -m loadtest.redis_ceiling " + " ".join(args.argv),
         "rooms": args.rooms, "workers": args.workers, "messages": args.messages,
         "history": args.history, "connections": args.connections, "depth": args.depth,
         "redis_core": args.redis_core, "generator_core": args.generator_core,
+        "callgrind": args.callgrind,
         "machine": f"{os.cpu_count()} cores, {versions()['cpu']}", "versions": versions(),
         "cases": out, "skipped_for_want_of_the_anchor": skipped,
     }  # fmt: skip
@@ -591,10 +632,19 @@ def table(result: dict[str, Any]) -> str:
         "| Redis µs a message | ceiling, msg/s |",
         "|---|---|---|---|---|---|---|",
     ]
+    if result["callgrind"]:
+        lines = ["| target | sends a call | calls a write | Redis instructions a message |",
+                 "|---|---|---|---|"]  # fmt: skip
     for case in result["cases"]:
         m = case["median"]
         calls_per_write = case["calls_per_write"] * case["per_write"]
         sends = case["together"] if case["target"] == "hubbub" else 1
+        if result["callgrind"]:
+            instructions = m["redis_instructions_per_message"]
+            lines.append(
+                f"| {case['target']} | {sends} | {calls_per_write:g} | {instructions:,.0f} |"
+            )
+            continue
         lines.append(
             f"| {case['target']} | {sends} | {calls_per_write:g} | {m['messages_per_s']:,.0f} "
             f"| {m['redis_core_share']:.0%} | {m['redis_us_per_message']:.2f} "
@@ -619,6 +669,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--redis-core", type=int, default=0)
     parser.add_argument("--generator-core", type=int, default=1)
+    parser.add_argument(
+        "--callgrind", action="store_true",
+        help="count Redis' instructions a message under callgrind instead (one round will do)",
+    )  # fmt: skip
     parser.add_argument("--json", help="also write the result here")
     args = parser.parse_args(argv)
     args.argv = argv if argv is not None else sys.argv[1:]

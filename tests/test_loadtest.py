@@ -438,6 +438,38 @@ async def test_redis_ceiling_benchmark_replays_what_was_recorded(target: str) ->
     assert result["median"]["ceiling_messages_per_s"] == run["ceiling_messages_per_s"]
 
 
+@pytest.mark.timeout(240)
+async def test_redis_ceiling_benchmark_counts_instructions_under_callgrind() -> None:
+    """``loadtest.redis_ceiling --callgrind``: the replaying Redis runs under callgrind, and
+    its instructions a message are counted between the window's ends, every message replayed
+    and published all the same."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "loadtest.redis_ceiling", "--cases", "hubbub:4:1,hubbub:1:1",
+        "--rooms", "20", "--workers", "2", "--messages", "2000", "--rounds", "1",
+        "--connections", "2", "--callgrind", cwd=ROOT, stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    out, err = await _finished(proc, 200)
+    assert proc.returncode == 0, err.decode()
+    *table, last = out.decode().strip().splitlines()
+    result = json.loads(last)
+    assert result["callgrind"] and "Redis instructions a message" in table[0], table
+    merged, alone = result["cases"]
+    for case in (merged, alone):
+        (run,) = case["rounds"]
+        assert run["messages"] == 2000 and run["refused"] == 0 and run["errors"] == 0, run
+        assert 10_000 < run["redis_instructions_per_message"] < 1_000_000, run
+        assert (
+            case["median"]["redis_instructions_per_message"]
+            == run["redis_instructions_per_message"]
+        )
+    # Four sends in one script call share its run's fixed work: fewer instructions each.
+    assert (
+        merged["median"]["redis_instructions_per_message"]
+        < alone["median"]["redis_instructions_per_message"]
+    ), result
+
+
 @pytest.mark.timeout(120)
 async def test_the_sdk_soak_runs_and_keeps_the_sdks_promises() -> None:
     """``python -m loadtest.sdk_soak`` (40 Python SDK clients in 4 rooms, 100 sends a second
