@@ -82,7 +82,7 @@ bench-redis: $(STAMP) deb-deps  ## Redis CPU per message, server CPU per deliver
 bench-scale: $(STAMP) deb-deps  ## deliveries/s with W = 1, 2, 4, 8… workers on one Redis, Hubbub vs Centrifugo, 10,000 clients (as the cores allow); writes docs/bench/scale.json
 	$(VENV)/bin/python -m loadtest.scale --json docs/bench/scale.json $(SCALE_ARGS)
 
-bench-ceiling: $(STAMP) deb-deps  ## messages/s one Redis core carries on the publish calls each target sends it, recorded and replayed, Hubbub vs Centrifugo (~8 min); writes docs/bench/redis-ceiling.json
+bench-ceiling: $(STAMP) deb-deps  ## messages/s one Redis core carries on the publish calls each target sends it, recorded and replayed, Hubbub vs Centrifugo (~5 min); writes docs/bench/redis-ceiling.json
 	$(VENV)/bin/python -m loadtest.redis_ceiling --json docs/bench/redis-ceiling.json
 
 device-bundle: $(STAMP) deb-deps  ## pack .device/ (wheels for Python 3.12, redis-server, Centrifugo) for scripts/device-scale.sh on a lent many-core machine
