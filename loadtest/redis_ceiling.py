@@ -56,10 +56,9 @@ from redis.asyncio import Redis
 from app.broker import Published
 from app.broker.redis import RedisBroker
 from app.settings import Settings
-from loadtest.centrifugo import Centrifugo
 from loadtest.centrifugo import available as centrifugo_available
 from loadtest.redis_bench import versions
-from loadtest.redis_cost import Counter, callgrind, cpu_s, per_message
+from loadtest.redis_cost import Counter, callgrind, centrifugo_publishing, cpu_s, per_message
 from tests.processes import RedisServer
 
 TEXT = "x" * 40
@@ -252,27 +251,9 @@ async def record_hubbub(args: argparse.Namespace, together: int, url: str, look:
 
 
 async def record_centrifugo(args: argparse.Namespace, together: int, url: str, look: Look) -> None:
-    """Centrifugo's publishes, as :mod:`loadtest.redis_cost` makes them, ``--together`` in
+    """Centrifugo's publishes, as :mod:`loadtest.redis_cost` makes them, ``together`` in
     flight: ``--workers`` nodes, each with a client subscribed to every room."""
-    from loadtest.redis_cost import _CentrifugoClient
-
-    nodes = [
-        Centrifugo(url, {args.generator_core}, history_size=args.history)
-        for _ in range(args.workers)
-    ]
-    clients: list[_CentrifugoClient] = []
-    try:
-        for node in nodes:
-            await node.start()
-        rooms = [f"chat:room-{n}" for n in range(args.rooms)]
-        for node in nodes:
-            listener = await _CentrifugoClient.open(node.ws_url)
-            clients.append(listener)
-            await asyncio.gather(
-                *(listener.command({"subscribe": {"channel": room}}) for room in rooms)
-            )
-        publisher = await _CentrifugoClient.open(nodes[0].ws_url)
-        clients.append(publisher)
+    async with centrifugo_publishing(args, url) as (publisher, _, rooms):
         for first in range(0, args.messages, together):
             await asyncio.gather(
                 *(
@@ -283,11 +264,6 @@ async def record_centrifugo(args: argparse.Namespace, together: int, url: str, l
                 )
             )
         await look()
-    finally:
-        for client in clients:
-            await client.close()
-        for node in nodes:
-            await node.stop()
 
 
 async def record(args: argparse.Namespace, target: str, together: int) -> Recording:
@@ -381,7 +357,10 @@ class _Tally:
         self._count = count  # reply -> (messages published, messages refused or failed)
         self.messages = self.refused = self.errors = 0
         self._answered = 0
-        self._marks = [writes // 10, writes * 9 // 10]
+        if writes < 2:
+            raise ValueError("a replay measures between two of its writes: record more messages")
+        first = max(1, writes // 10)
+        self._marks = [first, max(first + 1, writes * 9 // 10)]  # two ends, both reached
         self._pid = pid
         self.window: list[tuple[float, float, int, float]] = []  # (wall, redis cpu, messages, own)
         loop = asyncio.get_running_loop()

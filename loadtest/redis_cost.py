@@ -26,7 +26,7 @@ import json
 import os
 import tempfile
 import time
-from collections.abc import Collection
+from collections.abc import AsyncIterator, Collection
 from pathlib import Path
 from typing import Any
 
@@ -240,7 +240,7 @@ async def _hubbub(args: argparse.Namespace, redis: RedisServer, admin: Redis) ->
         await publisher.stop()
 
 
-class _CentrifugoClient:
+class CentrifugoClient:
     """A connection to a Centrifugo node speaking its JSON protocol: numbered commands,
     answers matched by ``id``, pushes counted."""
 
@@ -253,7 +253,7 @@ class _CentrifugoClient:
         self.reader = asyncio.create_task(self._read())
 
     @classmethod
-    async def open(cls, url: str) -> _CentrifugoClient:
+    async def open(cls, url: str) -> CentrifugoClient:
         client = cls(await connect(url, max_size=None, compression=None))
         await client.command({"connect": {}})
         return client
@@ -292,24 +292,40 @@ class _CentrifugoClient:
         await self.ws.close()
 
 
-async def _centrifugo(args: argparse.Namespace, redis: RedisServer, admin: Redis) -> dict[str, Any]:
+@contextlib.asynccontextmanager
+async def centrifugo_publishing(
+    args: argparse.Namespace, redis_url: str
+) -> AsyncIterator[tuple[CentrifugoClient, list[CentrifugoClient], list[str]]]:
+    """``args.workers`` Centrifugo nodes on ``redis_url`` (pinned to ``args.generator_core``,
+    history ``args.history``), each with a client subscribed to every one of ``args.rooms``
+    rooms, and a publishing client on the first node: (publisher, listeners, rooms)."""
     nodes = [
-        Centrifugo(redis.url, {args.generator_core}, history_size=args.history)
+        Centrifugo(redis_url, {args.generator_core}, history_size=args.history)
         for _ in range(args.workers)
     ]
-    clients: list[_CentrifugoClient] = []
+    clients: list[CentrifugoClient] = []
     try:
         for node in nodes:
             await node.start()
         rooms = [f"chat:room-{n}" for n in range(args.rooms)]
-        listeners = [await _CentrifugoClient.open(node.ws_url) for node in nodes]
+        listeners = [await CentrifugoClient.open(node.ws_url) for node in nodes]
         clients += listeners
         for listener in listeners:
             await asyncio.gather(
                 *(listener.command({"subscribe": {"channel": room}}) for room in rooms)
             )
-        publisher = await _CentrifugoClient.open(nodes[0].ws_url)
+        publisher = await CentrifugoClient.open(nodes[0].ws_url)
         clients.append(publisher)
+        yield publisher, listeners, rooms
+    finally:
+        for client in clients:
+            await client.close()
+        for node in nodes:
+            await node.stop()
+
+
+async def _centrifugo(args: argparse.Namespace, redis: RedisServer, admin: Redis) -> dict[str, Any]:
+    async with centrifugo_publishing(args, redis.url) as (publisher, listeners, rooms):
         load = Load(args, redis, admin)
 
         async def publish(n: int) -> None:
@@ -323,11 +339,6 @@ async def _centrifugo(args: argparse.Namespace, redis: RedisServer, admin: Redis
                 load.published += 1
 
         return await load.measure(publish, lambda: sum(c.pushes for c in listeners))
-    finally:
-        for client in clients:
-            await client.close()
-        for node in nodes:
-            await node.stop()
 
 
 def main(argv: list[str] | None = None) -> int:
