@@ -9,15 +9,16 @@ target sends it, in two steps:
 1. **Record.** The target (Hubbub's :class:`~app.broker.redis.RedisBroker`, or Centrifugo
    nodes, as :mod:`loadtest.redis_cost` runs them) publishes ``--messages`` messages over
    ``--rooms`` rooms through a recording proxy in front of a first ``redis-server``, with
-   ``--workers`` listeners subscribed to every room (each stands for a worker or node whose
-   clients are in the rooms). Hubbub's sends come ``--together`` per loop iteration, each
-   with a client message id (deduplication) and its sender's quota; Centrifugo's publisher
-   keeps ``--together`` publishes in flight. Everything each connection sent is kept.
+   ``--workers`` listeners, each a worker or node subscribed to the rooms its clients are in
+   when each room's ``--room-size`` members land on workers at random (:func:`placement`).
+   Hubbub's sends come ``together`` per loop pass, each with a client message id
+   (deduplication) and its sender's quota; Centrifugo's publisher keeps ``together``
+   publishes in flight. Everything each connection sent is kept.
 2. **Replay.** A fresh ``redis-server`` pinned to ``--redis-core`` gets the recorded script
    calls that publish (the script called most often; each ``FUNCTION LOAD`` / ``SCRIPT LOAD``
    first), as they were grouped in the recorded writes, from ``--connections`` connections
    of this process (pinned to ``--generator-core``) with ``--depth`` writes in flight each,
-   as fast as Redis answers (``--per-write`` recorded writes as one: a client that pipelines
+   as fast as Redis answers (``per_write`` recorded writes as one: a client that pipelines
    its calls at saturation, as Centrifugo's does, sends many in one write). As many
    subscribers as each recorded channel had read everything Redis pushes them. Between a
    tenth and nine tenths of the replay, Redis' CPU time (``/proc``), the messages answered
@@ -28,8 +29,10 @@ target sends it, in two steps:
 A replayed call is the recorded call: the same keys, arguments and batching, with nothing
 that was refused (every Hubbub message's outcome is checked to be "published", not a
 duplicate nor over its quota). What it leaves out: whatever else a deployment asks Redis
-(joins, presence, heartbeats), and how the batching grows with the load (``--together`` sets
-it). ``--rounds`` replays the same recording on as many fresh servers.
+(joins, presence, heartbeats), and how the batching grows with the load (``together`` sets
+it). ``--cases`` lists ``target:together:per_write``; each case replays on a fresh server,
+the cases in turn, ``--rounds`` times. ``--callgrind`` counts Redis' instructions a message
+under callgrind instead of its time.
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ import asyncio
 import collections
 import json
 import os
+import random
 import shutil
 import statistics
 import sys
@@ -211,6 +215,21 @@ def _as_bytes(name: bytes | str) -> bytes:
     return name.encode() if isinstance(name, str) else name
 
 
+def placement(args: argparse.Namespace) -> list[list[int]]:
+    """The rooms each of the ``--workers`` listeners serves: those one of its clients is in,
+    when each room's ``--room-size`` members land on workers at random (seeded: the same for
+    both targets); ``--room-size 0``: every room. A worker's subscription to a room's channel
+    is what Redis writes each of the room's messages to."""
+    if args.room_size <= 0:
+        return [list(range(args.rooms)) for _ in range(args.workers)]
+    chance = random.Random(34)
+    served: list[list[int]] = [[] for _ in range(args.workers)]
+    for room in range(args.rooms):
+        for worker in sorted({chance.randrange(args.workers) for _ in range(args.room_size)}):
+            served[worker].append(room)
+    return served
+
+
 Look = Callable[[], Awaitable[None]]
 
 
@@ -231,8 +250,8 @@ async def record_hubbub(args: argparse.Namespace, together: int, url: str, look:
         async with asyncio.timeout(30):
             while not all(b.ready for b in (publisher, *listeners)):
                 await asyncio.sleep(0.05)
-        for listener in listeners:
-            await asyncio.gather(*(listener.subscribe_room(room) for room in rooms))
+        for listener, served in zip(listeners, placement(args), strict=True):
+            await asyncio.gather(*(listener.subscribe_room(rooms[n]) for n in served))
         loop = asyncio.get_running_loop()
         for first in range(0, args.messages, together):
             answers: list[asyncio.Future[Published | Exception]] = []
@@ -253,7 +272,7 @@ async def record_hubbub(args: argparse.Namespace, together: int, url: str, look:
 async def record_centrifugo(args: argparse.Namespace, together: int, url: str, look: Look) -> None:
     """Centrifugo's publishes, as :mod:`loadtest.redis_cost` makes them, ``together`` in
     flight: ``--workers`` nodes, each with a client subscribed to every room."""
-    async with centrifugo_publishing(args, url) as (publisher, _, rooms):
+    async with centrifugo_publishing(args, url, placement(args)) as (publisher, _, rooms):
         for first in range(0, args.messages, together):
             await asyncio.gather(
                 *(
@@ -595,7 +614,9 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
         })  # fmt: skip
     return {
         "command": "python -m loadtest.redis_ceiling " + " ".join(args.argv),
-        "rooms": args.rooms, "workers": args.workers, "messages": args.messages,
+        "rooms": args.rooms, "room_size": args.room_size, "workers": args.workers,
+        "subscribers_per_room": round(sum(map(len, placement(args))) / args.rooms, 2),
+        "messages": args.messages,
         "history": args.history, "connections": args.connections, "depth": args.depth,
         "redis_core": args.redis_core, "generator_core": args.generator_core,
         "callgrind": args.callgrind,
@@ -640,7 +661,11 @@ def main(argv: list[str] | None = None) -> int:
         help=f"target:together:per_write, comma-separated (default {CASES})",
     )  # fmt: skip
     parser.add_argument("--rooms", type=int, default=1000)
-    parser.add_argument("--workers", type=int, default=8, help="listeners subscribed to every room")
+    parser.add_argument("--workers", type=int, default=8, help="listeners (workers or nodes)")
+    parser.add_argument(
+        "--room-size", type=int, default=10,
+        help="members a room, placed on workers at random (0: every worker in every room)",
+    )  # fmt: skip
     parser.add_argument("--messages", type=int, default=200_000)
     parser.add_argument("--history", type=int, default=100, help="messages each room keeps")
     parser.add_argument("--connections", type=int, default=8, help="replaying connections")

@@ -294,11 +294,12 @@ class CentrifugoClient:
 
 @contextlib.asynccontextmanager
 async def centrifugo_publishing(
-    args: argparse.Namespace, redis_url: str
+    args: argparse.Namespace, redis_url: str, served: list[list[int]] | None = None
 ) -> AsyncIterator[tuple[CentrifugoClient, list[CentrifugoClient], list[str]]]:
     """``args.workers`` Centrifugo nodes on ``redis_url`` (pinned to ``args.generator_core``,
     history ``args.history``), each with a client subscribed to every one of ``args.rooms``
-    rooms, and a publishing client on the first node: (publisher, listeners, rooms)."""
+    rooms (or, with ``served``, node ``i`` to the rooms numbered in ``served[i]``), and a
+    publishing client on the first node: (publisher, listeners, rooms)."""
     nodes = [
         Centrifugo(redis_url, {args.generator_core}, history_size=args.history)
         for _ in range(args.workers)
@@ -310,9 +311,10 @@ async def centrifugo_publishing(
         rooms = [f"chat:room-{n}" for n in range(args.rooms)]
         listeners = [await CentrifugoClient.open(node.ws_url) for node in nodes]
         clients += listeners
-        for listener in listeners:
+        for rank, listener in enumerate(listeners):
+            mine = rooms if served is None else [rooms[n] for n in served[rank]]
             await asyncio.gather(
-                *(listener.command({"subscribe": {"channel": room}}) for room in rooms)
+                *(listener.command({"subscribe": {"channel": room}}) for room in mine)
             )
         publisher = await CentrifugoClient.open(nodes[0].ws_url)
         clients.append(publisher)

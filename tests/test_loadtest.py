@@ -3,6 +3,7 @@ every scenario, briefly, against a real server; the figures must add up."""
 
 from __future__ import annotations
 
+import argparse
 import ast
 import asyncio
 import json
@@ -14,6 +15,7 @@ from typing import Any
 import pytest
 
 from loadtest import centrifugo
+from loadtest.redis_ceiling import placement
 from tests.helpers import make_settings, run_server
 from tests.processes import ROOT, AppProcess
 
@@ -408,27 +410,33 @@ async def test_scale_benchmark_offers_a_rate(tmp_path: Path) -> None:
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("target", ["hubbub", "centrifugo"])
 async def test_redis_ceiling_benchmark_replays_what_was_recorded(target: str) -> None:
-    """``python -m loadtest.redis_ceiling``, tiny: 2,000 messages in 20 rooms, 2 listeners,
-    recorded and replayed once. Every message is replayed and published (none a duplicate or
-    over its quota), each reaches both subscribers of its room's channel, the calls are
-    grouped as recorded (Hubbub's 4 sends a loop pass merged into one call), and Redis' CPU
-    is measured. Centrifugo's side runs where its anchor is on this machine."""
+    """``python -m loadtest.redis_ceiling``, tiny: 2,000 messages in 20 rooms of 3 members on
+    4 listeners, recorded and replayed once. Every message is replayed and published (none a
+    duplicate or over its quota), each reaches every listener serving its room and no other,
+    the calls are grouped as recorded (Hubbub's 4 sends a loop pass merged into one call),
+    and Redis' CPU is measured. Centrifugo's side runs where its anchor is on this machine."""
     if target == "centrifugo" and not centrifugo.available():
         pytest.skip("the Centrifugo anchor is not on this machine")
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "loadtest.redis_ceiling", "--cases", f"{target}:4:1",
-        "--rooms", "20", "--workers", "2", "--messages", "2000", "--rounds", "1",
-        "--connections", "2", cwd=ROOT, stdout=asyncio.subprocess.PIPE,
+        "--rooms", "20", "--room-size", "3", "--workers", "4", "--messages", "2000",
+        "--rounds", "1", "--connections", "2", cwd=ROOT, stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
     )  # fmt: skip
     out, err = await _finished(proc, 200)
     assert proc.returncode == 0, err.decode()
     *table, last = out.decode().strip().splitlines()
-    (result,) = json.loads(last)["cases"]
+    report = json.loads(last)
+    (result,) = report["cases"]
     assert result["case"] == f"{target}:4:1" and f"| {target} |" in table[-1], table
     (run,) = result["rounds"]
     assert run["messages"] == 2000 and run["refused"] == 0 and run["errors"] == 0, run
-    assert run["deliveries_per_message"] == 2.0, run
+    # Each room had 100 messages, each pushed to the listeners serving the room: 1 to 3.
+    served = placement(argparse.Namespace(rooms=20, room_size=3, workers=4))
+    per_room = [sum(room in rooms for rooms in served) for room in range(20)]
+    assert min(per_room) >= 1 and max(per_room) <= 3 and len(set(per_room)) > 1, per_room
+    assert report["subscribers_per_room"] == round(sum(per_room) / 20, 2)
+    assert run["deliveries_per_message"] == report["subscribers_per_room"], run
     # Hubbub merges a loop pass's sends into one script call; Centrifugo calls once each.
     assert result["recorded_calls"] == (500 if target == "hubbub" else 2000), result
     assert result["channels"] >= 20 and result["left_out"], result
