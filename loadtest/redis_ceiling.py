@@ -90,7 +90,9 @@ class Recorder:
         port = self._server.sockets[0].getsockname()[1]
         return f"redis://127.0.0.1:{port}/0"
 
-    async def _serve(self, client_in: asyncio.StreamReader, client_out: Any) -> None:
+    async def _serve(
+        self, client_in: asyncio.StreamReader, client_out: asyncio.StreamWriter
+    ) -> None:
         server_in, server_out = await asyncio.open_connection("127.0.0.1", self.upstream_port)
         kept: list[bytes] = []
         self.sent.append(kept)
@@ -234,8 +236,9 @@ Look = Callable[[], Awaitable[None]]
 
 
 async def record_hubbub(args: argparse.Namespace, together: int, url: str, look: Look) -> None:
-    """Hubbub's publishes, as :mod:`loadtest.publish_path` makes them: ``--together`` a loop
-    iteration, each in its own room, from its room's writer, with a client message id."""
+    """Hubbub's publishes, as :mod:`loadtest.publish_path` makes them: ``together`` a loop
+    pass, each in its own room, from its room's writer, with a client message id; each of
+    ``--workers`` listeners subscribed to the rooms :func:`placement` gives it."""
     settings = Settings(  # type: ignore[call-arg]
         redis_url=url, auth_mode="guest", history_size=args.history,
         user_messages_per_s=1e9, user_message_burst=1_000_000_000,
@@ -271,7 +274,8 @@ async def record_hubbub(args: argparse.Namespace, together: int, url: str, look:
 
 async def record_centrifugo(args: argparse.Namespace, together: int, url: str, look: Look) -> None:
     """Centrifugo's publishes, as :mod:`loadtest.redis_cost` makes them, ``together`` in
-    flight: ``--workers`` nodes, each with a client subscribed to every room."""
+    flight: ``--workers`` nodes, each with a client subscribed to the rooms :func:`placement`
+    gives it."""
     async with centrifugo_publishing(args, url, placement(args)) as (publisher, _, rooms):
         for first in range(0, args.messages, together):
             await asyncio.gather(
