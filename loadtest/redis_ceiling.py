@@ -151,10 +151,14 @@ class Recording:
     """What the target sent, ready to replay."""
 
     loads: list[Command]  # FUNCTION LOAD / SCRIPT LOAD, each once
-    writes: list[bytes]  # the publishing calls of each recorded write, packed
-    calls: int  # publishing calls in ``writes``
+    writes: list[tuple[bytes, int]]  # each recorded write's publishing calls: packed, how many
     channels: dict[bytes, tuple[bool, int]]  # channel -> (sharded, subscribers)
     left_out: dict[str, int] = field(default_factory=dict)  # other commands, by name
+
+    @property
+    def calls(self) -> int:
+        """The publishing calls recorded."""
+        return sum(calls for _, calls in self.writes)
 
 
 def recording_of(sent: list[list[bytes]], channels: dict[bytes, tuple[bool, int]]) -> Recording:
@@ -172,9 +176,8 @@ def recording_of(sent: list[list[bytes]], channels: dict[bytes, tuple[bool, int]
         raise RuntimeError("the target made no script call")
     publishing = scripts.most_common(1)[0][0]
     loads: list[Command] = []
-    packed: list[bytes] = []
+    packed: list[tuple[bytes, int]] = []
     left_out: collections.Counter[str] = collections.Counter()
-    calls = 0
     for writes in connections:
         for write in writes:
             kept = []
@@ -190,9 +193,8 @@ def recording_of(sent: list[list[bytes]], channels: dict[bytes, tuple[bool, int]
                 else:
                     left_out[name.decode()] += 1
             if kept:
-                calls += len(kept)
-                packed.append(b"".join(_pack(c) for c in kept))
-    return Recording(loads, packed, calls, channels, dict(left_out))
+                packed.append((b"".join(_pack(c) for c in kept), len(kept)))
+    return Recording(loads, packed, channels, dict(left_out))
 
 
 async def channels_of(admin: Redis) -> dict[bytes, tuple[bool, int]]:
@@ -467,11 +469,11 @@ async def replay(args: argparse.Namespace, case: Case, recording: Recording) -> 
             async with asyncio.timeout(30):
                 while listener.confirmed < len(mine):
                     await asyncio.sleep(0.01)
-        writes = [(packed, _calls_in(packed)) for packed in recording.writes]
-        writes = [  # --per-write recorded writes in one, as a client pipelines at saturation
-            (b"".join(w[0] for w in writes[at : at + case.per_write]),
-             sum(w[1] for w in writes[at : at + case.per_write]))
-            for at in range(0, len(writes), case.per_write)
+        recorded = recording.writes
+        writes = [  # per_write recorded writes in one, as a client pipelines at saturation
+            (b"".join(w[0] for w in recorded[at : at + case.per_write]),
+             sum(w[1] for w in recorded[at : at + case.per_write]))
+            for at in range(0, len(recorded), case.per_write)
         ]  # fmt: skip
         count = _hubbub_count if case.target == "hubbub" else _one_each
         tally = _Tally(count, len(writes), server.proc.pid)
@@ -480,8 +482,10 @@ async def replay(args: argparse.Namespace, case: Case, recording: Recording) -> 
             for rank in range(args.connections)
         ]
         await admin.config_resetstat()
-        counting = asyncio.ensure_future(
-            _instructions(tally, server.proc.pid, dumps) if args.callgrind else asyncio.sleep(0)
+        counting = (
+            asyncio.ensure_future(_instructions(tally, server.proc.pid, dumps))
+            if args.callgrind
+            else None
         )
         began = time.monotonic()
         for replayer in replayers:
@@ -502,7 +506,7 @@ async def replay(args: argparse.Namespace, case: Case, recording: Recording) -> 
                     break
                 delivered = now
         commandstats = await admin.info("commandstats")
-        counted = await counting
+        counted = await counting if counting is not None else None
         (wall0, cpu0, msg0, own0), (wall1, cpu1, msg1, own1) = tally.window
         window_s, redis_cpu, messages = wall1 - wall0, cpu1 - cpu0, max(1, msg1 - msg0)
         us_per_message = redis_cpu / messages * 1e6
@@ -542,16 +546,6 @@ def _pack(command: Sequence[bytes]) -> bytes:
 
 def _factory(protocol: asyncio.Protocol) -> Callable[[], asyncio.Protocol]:
     return lambda: protocol
-
-
-def _calls_in(packed: bytes) -> int:
-    """How many commands a packed write holds: the RESP arrays at its top level."""
-    reader = hiredis.Reader()
-    reader.feed(packed)
-    calls = 0
-    while reader.gets() is not False:
-        calls += 1
-    return calls
 
 
 @dataclass(frozen=True)
