@@ -377,12 +377,16 @@ async def test_a_rejoin_with_since_replays_again(world: World) -> None:
 async def test_heartbeat_pings_are_spread_over_the_interval(world: World) -> None:
     """Each connection is pinged once per interval, by slices: no tick pings every socket at
     once (that burst, and the pongs it brings back, stalled the worker); one that has not had
-    its `hello` yet is not pinged."""
+    its `hello` yet is not pinged; a tick visits its slice's connections only, and a closed
+    connection leaves its slice."""
     from app.sockets.heartbeat import SLICES, _tick
 
-    sockets = [world.connect(f"u{n}")[1] for n in range(900)]
+    sockets = [world.connect(f"u{n}")[1] for n in range(3 * SLICES)]
     waiting, not_greeted = world.connect("still-authenticating")
     waiting.greeted = False  # its `hello` is not sent yet: nothing may come before it
+    groups = [world.hub.slices.group(part) for part in range(SLICES)]
+    assert sum(map(len, groups)) == len(world.hub.connections) == 3 * SLICES + 1
+    assert max(map(len, groups)) - min(map(len, groups)) <= 1  # dealt in turn
 
     def pinged() -> int:
         return sum(len(socket.of_type("ping")) for socket in sockets)
@@ -396,8 +400,57 @@ async def test_heartbeat_pings_are_spread_over_the_interval(world: World) -> Non
         sizes.append(pinged() - before)
     assert all(len(socket.of_type("ping")) == 1 for socket in sockets)
     assert not not_greeted.frames
-    assert sum(sizes) == 900
-    assert max(sizes) <= 3 * 900 // SLICES, sizes
+    assert sizes == [len(group) - (waiting in group) for group in groups]
+
+    await world.hub.remove(waiting)
+    assert world.hub.slices.part_of(waiting) is None
+    assert all(waiting not in world.hub.slices.group(part) for part in range(SLICES))
+
+
+async def test_snapshot_counts_memberships_and_the_bytes_queued(world: World) -> None:
+    """The gauges' figures, kept as connections come and go rather than counted by walking
+    them: memberships follow joins (a join again counts once), leaves and removals; the bytes
+    queued are every outbox's, and the most one holds; none once they are written."""
+    ada, _ = world.connect("ada")
+    bob, _ = world.connect("bob")
+    for conn, room in ((ada, "r"), (ada, "s"), (bob, "r"), (ada, "r")):
+        await world.hub.join(conn, room, None)
+    snapshot = world.hub.snapshot()
+    assert snapshot.memberships == 3 == sum(len(c.rooms) for c in world.hub.connections)
+    for _ in range(5):  # the `joined` frames are written
+        await asyncio.sleep(0)
+    assert (world.hub.snapshot().queued_bytes, world.hub.snapshot().max_queued_bytes) == (0, 0)
+    big, small = '{"type":"x","pad":"' + "a" * 80 + '"}', '{"type":"y"}'
+    ada.offer(big)
+    bob.offer(small)
+    snapshot = world.hub.snapshot()
+    assert (snapshot.queued_bytes, snapshot.max_queued_bytes) == (len(big) + len(small), len(big))
+    await world.hub.leave(ada, "s")
+    await world.hub.leave(ada, "s")  # not in it: nothing to count
+    assert world.hub.snapshot().memberships == 2
+    await world.hub.remove(bob)
+    assert world.hub.snapshot().memberships == 1 == len(ada.rooms)
+
+
+async def test_heartbeat_closes_the_silent_of_the_slice_it_checks(world: World) -> None:
+    """A tick closes (4009) the greeted connections of a checked slice that sent nothing
+    since its ping; one heard from since, or in another slice, or not greeted, stays."""
+    from app.sockets.heartbeat import SLICES, _tick
+
+    conns = [world.connect(f"u{n}")[0] for n in range(2 * SLICES)]
+    silent = conns[0]
+    part = world.hub.slices.part_of(silent)
+    assert part is not None
+    same = [conn for conn in world.hub.slices.group(part) if conn is not silent]
+    assert same  # two connections a slice
+    other = next(conn for conn in conns if world.hub.slices.part_of(conn) != part)
+    pinged_at = max(conn.last_seen for conn in conns) + 1.0
+    for conn in same:
+        conn.last_seen = pinged_at + 0.5  # a pong came after the ping
+    _tick(world.hub, (part + 1) % SLICES, {part: pinged_at}, 15)
+    assert silent.closing
+    assert not any(conn.closing for conn in same)
+    assert not other.closing
 
 
 async def test_hidden_senders_are_filtered_live_in_replays_and_direct_messages(
