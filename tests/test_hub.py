@@ -432,6 +432,50 @@ async def test_snapshot_counts_memberships_and_the_bytes_queued(world: World) ->
     assert world.hub.snapshot().memberships == 1 == len(ada.rooms)
 
 
+async def test_token_expiry_looks_at_every_connection_a_chunk_at_a_time(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each pass asks every connection whose token is due for a refresh once and closes
+    (4002) every one whose token has expired, over more connections than one chunk, letting
+    the loop run between chunks; connections without a token are left alone."""
+    from app.access import token_expiry
+    from app.access.auth import Identity
+
+    monkeypatch.setattr(token_expiry, "CHECK_INTERVAL_S", 0.01)
+    monkeypatch.setattr(token_expiry, "CHUNK", 100)
+    now = time.time()
+    due: list[RecordingSocket] = []
+    expired: list[RecordingSocket] = []
+    plain: list[RecordingSocket] = []
+    for n in range(250):
+        conn, socket = world.connect(f"u{n}")
+        if n % 3 == 0:
+            plain.append(socket)
+            continue
+        expires_at = now + 30 if n % 3 == 1 else now - 1
+        conn.identity = Identity(conn.user, expires_at=expires_at)
+        (due if n % 3 == 1 else expired).append(socket)
+    passes: list[int] = []
+    original = token_expiry.check_tokens
+
+    def check_tokens(conns: list[Connection], refresh_before_s: float, now: float) -> None:
+        passes.append(len(conns))
+        original(conns, refresh_before_s, now)
+
+    monkeypatch.setattr(token_expiry, "check_tokens", check_tokens)
+    task = asyncio.create_task(token_expiry.run_token_expiry(world.hub, 60.0))
+    try:
+        await wait_until(lambda: all(socket.closed for socket in expired))
+        await wait_until(lambda: all(socket.of_type("refresh") for socket in due))
+        await wait_until(lambda: len(passes) >= 6)
+    finally:
+        task.cancel()
+    assert max(passes) == 100 and 50 in passes  # 250 a pass: 100, 100, 50
+    assert {socket.closed for socket in expired} == {4002}
+    assert all(len(socket.of_type("refresh")) == 1 and not socket.closed for socket in due)
+    assert not any(socket.frames or socket.closed for socket in plain)
+
+
 async def test_heartbeat_closes_the_silent_of_the_slice_it_checks(world: World) -> None:
     """A tick closes (4009) the greeted connections of a checked slice that sent nothing
     since its ping; one heard from since, or in another slice, or not greeted, stays."""

@@ -2,23 +2,32 @@
 
 Once a second it looks at every connection with a token: ``CHAT_TOKEN_REFRESH_BEFORE_S``
 before expiry the connection gets one ``{"type":"refresh","exp":…}`` frame; a connection whose
-token has expired without an ``auth`` frame bringing a new one is closed with 4002.
+token has expired without an ``auth`` frame bringing a new one is closed with 4002. It looks
+at :data:`CHUNK` connections at a time, letting the loop run between: one walk of 10,000 held
+it about a millisecond, which every message of that moment waited for.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Final
 
 from app.errors import CloseCode
 from app.protocol import refresh_frame
 from app.sockets.hub import Hub
 
+if TYPE_CHECKING:
+    from app.sockets.connection import Connection
+
 CHECK_INTERVAL_S = 1.0
+CHUNK: Final = 1000
 
 
-def check_tokens(hub: Hub, refresh_before_s: float, now: float) -> None:
-    for conn in list(hub.connections):
+def check_tokens(conns: Iterable[Connection], refresh_before_s: float, now: float) -> None:
+    """Ask ``conns`` due for a refresh for one; close those whose token has expired."""
+    for conn in conns:
         expires_at = conn.identity.expires_at
         if expires_at is None or conn.closing:
             continue
@@ -33,4 +42,8 @@ async def run_token_expiry(hub: Hub, refresh_before_s: float) -> None:
     """Run until cancelled."""
     while True:
         await asyncio.sleep(CHECK_INTERVAL_S)
-        check_tokens(hub, refresh_before_s, time.time())
+        conns = list(hub.connections)
+        for start in range(0, len(conns), CHUNK):
+            if start:
+                await asyncio.sleep(0)
+            check_tokens(conns[start : start + CHUNK], refresh_before_s, time.time())
