@@ -105,7 +105,7 @@ async def measure(connections: int, room_size: int, repeat: int) -> dict[str, An
         part = n % heartbeat.SLICES
         checked = (part + heartbeat.SLICES // 2) % heartbeat.SLICES
         before, began = writes(), time.process_time()
-        heartbeat._tick(hub, part, {checked: 0.0}, nbytes)  # every one heard from since
+        heartbeat._tick(hub, [part], {checked: 0.0}, nbytes)  # every one heard from since
         await _flushed()
         ticks.append((time.process_time() - began) * 1000)
         pings.append(writes() - before)

@@ -118,7 +118,7 @@ async def world(request: pytest.FixtureRequest) -> AsyncIterator[World]:
     pacing = Pacing.of(settings)
     if buffer is not None:
         pacing = Pacing(pacing.budget, pacing.page, buffer)
-    hub = Hub(broker, presence, 1000, Metrics(), pacing, newest_known_for_s=newest_known_for_s)
+    hub = Hub(broker, presence, 5000, Metrics(), pacing, newest_known_for_s=newest_known_for_s)
     await broker.start(hub)
     world = World(hub, broker, settings)
     try:
@@ -394,7 +394,7 @@ async def test_heartbeat_pings_are_spread_over_the_interval(world: World) -> Non
     sizes = []
     for part in range(SLICES):
         before = pinged()
-        _tick(world.hub, part, {}, 15)
+        _tick(world.hub, [part], {}, 15)
         for _ in range(3):  # the flusher writes in a later loop iteration
             await asyncio.sleep(0)
         sizes.append(pinged() - before)
@@ -476,6 +476,37 @@ async def test_token_expiry_looks_at_every_connection_a_chunk_at_a_time(
     assert not any(socket.frames or socket.closed for socket in plain)
 
 
+async def test_heartbeat_under_a_short_interval_takes_several_slices_a_tick(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An interval too short for a tick a slice (0.2 s over 1,024 slices: 0.2 ms apart) gets
+    ticks of MIN_TICK_S, each taking the next slices: every connection is pinged within an
+    interval, and one that stays silent is closed (4009) once its timeout has passed."""
+    from app.sockets import heartbeat
+
+    sockets = [world.connect(f"u{n}")[1] for n in range(300)]
+    taken: list[int] = []
+    tick = heartbeat._tick
+
+    def counting(hub: Hub, parts: list[int], checks: dict[int, float], nbytes: int) -> None:
+        taken.append(len(parts))
+        tick(hub, parts, checks, nbytes)
+
+    monkeypatch.setattr(heartbeat, "_tick", counting)
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    task = asyncio.create_task(heartbeat.run_heartbeat(world.hub, 0.2, 0.1))
+    try:
+        await wait_until(lambda: all(socket.of_type("ping") for socket in sockets), timeout=5)
+        pinged = loop.time() - started
+        await wait_until(lambda: all(socket.closed for socket in sockets), timeout=5)
+    finally:
+        task.cancel()
+    assert pinged < 1.0, pinged  # within an interval, but for a slow machine's lag
+    assert set(taken) == {52}  # ceil(1,024 x 0.01 / 0.2) slices a tick
+    assert {socket.closed for socket in sockets} == {4009}
+
+
 async def test_heartbeat_closes_the_silent_of_the_slice_it_checks(world: World) -> None:
     """A tick closes (4009) the greeted connections of a checked slice that sent nothing
     since its ping; one heard from since, or in another slice, or not greeted, stays."""
@@ -491,7 +522,7 @@ async def test_heartbeat_closes_the_silent_of_the_slice_it_checks(world: World) 
     pinged_at = max(conn.last_seen for conn in conns) + 1.0
     for conn in same:
         conn.last_seen = pinged_at + 0.5  # a pong came after the ping
-    _tick(world.hub, (part + 1) % SLICES, {part: pinged_at}, 15)
+    _tick(world.hub, [(part + 1) % SLICES], {part: pinged_at}, 15)
     assert silent.closing
     assert not any(conn.closing for conn in same)
     assert not other.closing

@@ -196,14 +196,15 @@ async def test_the_delivery_cost_smoke() -> None:
 
 
 async def test_the_upkeep_cost_smoke() -> None:
-    """``python -m loadtest.upkeep_cost``, tiny: a heartbeat tick pings its slice's
-    connections only (600 over 256 slices: 2 or 3) and closes none heard from, every
+    """``python -m loadtest.upkeep_cost``, small: a heartbeat tick pings its slice's
+    connections only (2,100 over 1,024 slices: 2 or 3) and closes none heard from, every
     membership is counted, and each cost comes out."""
     result = await _module_json(
-        "loadtest.upkeep_cost", "--connections", "600", "--room-size", "3", "--repeat", "256",
+        "loadtest.upkeep_cost", "--connections", "2100", "--room-size", "3", "--repeat", "100",
         timeout_s=60,
     )  # fmt: skip
-    assert result["memberships"] == 600 and result["closed"] == 0, result
+    assert result["slices"] == 1024, result
+    assert result["memberships"] == 2100 and result["closed"] == 0, result
     assert result["pings_per_tick"] == {"min": 2, "max": 3}, result
     for cost in ("tick_ms", "snapshot_ms", "token_pass_ms", "token_chunk_ms"):
         assert result[cost] > 0, result

@@ -9,18 +9,23 @@ connections that have their ``hello`` are pinged (sockets still to authenticate 
 own timeout, see :mod:`app.access.pending`).
 
 The pings are spread over the interval: the worker keeps its connections in :data:`SLICES`
-groups (:class:`Slices`), and each tick of ``interval / SLICES`` pings one
-group and checks the group pinged ``timeout`` before, visiting those groups' connections
-only. A worker with 10,000 sockets sends ~40 pings a tick (every ~0.1 s at the default 25 s),
-and gets as many pongs back. Pinging every socket in one loop iteration stalled every
+groups (:class:`Slices`), and each tick of ``interval / SLICES`` (at least
+:data:`MIN_TICK_S`: several groups a tick under a short interval) pings one group and checks
+the group pinged ``timeout`` before, visiting those groups' connections only. A worker with
+10,000 sockets sends ~10 pings a tick (every ~24 ms at the default 25 s), and gets as many
+pongs back, which arrive together: each costs what any frame read costs, so the pings of a
+tick are what the loop is held for. Pinging every socket in one loop iteration stalled every
 message of that moment ~100 ms (the small-rooms benchmark); 50 slices, each tick walking every
-connection, still held the loop a few ms three times a second, the p99 of small rooms.
+connection, still held the loop a few ms three times a second, the p99 of small rooms; 256
+slices, a tick's 40 pongs.
 """
 
 from __future__ import annotations
 
 import asyncio
+import math
 from collections import deque
+from collections.abc import Collection
 from typing import TYPE_CHECKING, Final
 
 from app.errors import CloseCode
@@ -30,7 +35,8 @@ if TYPE_CHECKING:
     from app.sockets.connection import Connection
     from app.sockets.hub import Hub
 
-SLICES: Final = 256
+SLICES: Final = 1024
+MIN_TICK_S: Final = 0.01
 
 
 class Slices:
@@ -69,11 +75,13 @@ class Slices:
 async def run_heartbeat(hub: Hub, interval_s: float, timeout_s: float) -> None:
     """Run until cancelled. Requires ``timeout_s < interval_s``.
 
-    Every ``interval_s / SLICES`` the next group of connections is pinged, and those of the
-    groups pinged ``timeout_s`` ago that stayed silent are closed."""
+    Every ``interval_s / SLICES`` the next group of connections is pinged (the next groups,
+    as many as make a tick :data:`MIN_TICK_S` long), and those of the groups pinged
+    ``timeout_s`` ago that stayed silent are closed."""
     loop = asyncio.get_running_loop()
     nbytes = len(PING_FRAME)
-    tick = interval_s / SLICES
+    per_tick = max(1, math.ceil(SLICES * MIN_TICK_S / interval_s))
+    tick = interval_s * per_tick / SLICES
     due: deque[tuple[float, int, float]] = deque()  # (check at, slice, pinged at)
     part = 0
     while True:
@@ -83,24 +91,26 @@ async def run_heartbeat(hub: Hub, interval_s: float, timeout_s: float) -> None:
         while due and due[0][0] <= now:
             _, checked, pinged_at = due.popleft()
             checks[checked] = pinged_at
-        _tick(hub, part, checks, nbytes)
-        due.append((now + timeout_s, part, now))
-        part = (part + 1) % SLICES
+        parts = [(part + n) % SLICES for n in range(per_tick)]
+        _tick(hub, parts, checks, nbytes)
+        due.extend((now + timeout_s, pinged, now) for pinged in parts)
+        part = (part + per_tick) % SLICES
 
 
-def _tick(hub: Hub, part: int, checks: dict[int, float], nbytes: int) -> None:
-    """Ping group ``part``; close the connections of the groups in ``checks`` silent since
+def _tick(hub: Hub, parts: Collection[int], checks: dict[int, float], nbytes: int) -> None:
+    """Ping the groups ``parts``; close the connections of the groups in ``checks`` silent since
     their ping. A function of its own, so that no connection stays referenced by a loop
     variable between ticks (a closed connection must be freed at once).
 
     Only greeted connections count. One greeted after its group's ping was not pinged, and
     its ``last_seen`` (set at its greeting) is after that ping: it is spared."""
     for checked, pinged_at in checks.items():
-        if checked == part:  # pinged again now (a timeout of a whole interval): not judged
+        if checked in parts:  # pinged again now (a timeout of a whole interval): not judged
             continue
         for conn in hub.slices.group(checked):
             if conn.greeted and conn.last_seen < pinged_at:
                 conn.close(CloseCode.HEARTBEAT_TIMEOUT, "heartbeat timeout")
-    for conn in hub.slices.group(part):
-        if conn.greeted:
-            conn.offer(PING_FRAME, nbytes)
+    for part in parts:
+        for conn in hub.slices.group(part):
+            if conn.greeted:
+                conn.offer(PING_FRAME, nbytes)
