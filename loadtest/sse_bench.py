@@ -253,7 +253,7 @@ async def _case(
 def measure(args: argparse.Namespace) -> dict[str, Any]:
     rows: dict[str, dict[str, list[dict[str, Any]]]] = {}
     order = ["websocket", "sse"]
-    # No pings to answer during a measurement: a slice is pinged every 337 s.
+    # No pings to answer during a measurement: a slice is pinged every 84 s.
     env = {"CHAT_HEARTBEAT_INTERVAL_S": "86400"}
     for round_ in range(args.rounds):
         for transport in order if round_ % 2 == 0 else order[::-1]:

@@ -36,7 +36,7 @@ from app.ops.metrics import Metrics
 from app.presence.memory import MemoryPresence
 from app.protocol import PING_FRAME
 from app.settings import Settings
-from app.sockets import heartbeat
+from app.sockets import heartbeat, slices
 from app.sockets.connection import Connection
 from app.sockets.hub import Hub
 from app.sockets.replay import Pacing
@@ -102,8 +102,8 @@ async def measure(connections: int, room_size: int, repeat: int) -> dict[str, An
     nbytes = len(PING_FRAME)
     ticks, pings = [], []
     for n in range(repeat):
-        part = n % heartbeat.SLICES
-        checked = (part + heartbeat.SLICES // 2) % heartbeat.SLICES
+        part = n % slices.SLICES
+        checked = (part + slices.SLICES // 2) % slices.SLICES
         before, began = writes(), time.process_time()
         heartbeat._tick(hub, [part], {checked: 0.0}, nbytes)  # every one heard from since
         await _flushed()
@@ -123,11 +123,11 @@ async def measure(connections: int, room_size: int, repeat: int) -> dict[str, An
         chunks.append(max(took))
     snapshot = hub.snapshot()
     tick_ms = statistics.median(ticks)
-    ticks_per_s = heartbeat.SLICES / DEFAULT_INTERVAL_S
+    ticks_per_s = slices.SLICES / DEFAULT_INTERVAL_S
     return {
         "connections": connections,
         "memberships": snapshot.memberships,
-        "slices": heartbeat.SLICES,
+        "slices": slices.SLICES,
         "pings_per_tick": {"min": min(pings), "max": max(pings)},
         "closed": connections - len(hub.connections),
         "tick_ms": round(tick_ms, 3),

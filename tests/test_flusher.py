@@ -114,8 +114,8 @@ async def test_acks_leave_with_the_senders_own_messages_through_redis(
     app = AppProcess(
         {
             "CHAT_REDIS_URL": redis_server.url,
-            # No pings among the writes counted: the first slice is pinged after 337 s (the
-            # interval over heartbeat.SLICES), past this test's timeout.
+            # No pings among the writes counted: the first slice is pinged after 84 s (the
+            # interval over slices.SLICES), past this test's timeout.
             "CHAT_HEARTBEAT_INTERVAL_S": "86400",
             "CHAT_RATE_LIMIT_FRAMES_PER_S": "10000",
             "CHAT_RATE_LIMIT_BURST": "10000",

@@ -379,7 +379,8 @@ async def test_heartbeat_pings_are_spread_over_the_interval(world: World) -> Non
     once (that burst, and the pongs it brings back, stalled the worker); one that has not had
     its `hello` yet is not pinged; a tick visits its slice's connections only, and a closed
     connection leaves its slice."""
-    from app.sockets.heartbeat import SLICES, _tick
+    from app.sockets.heartbeat import _tick
+    from app.sockets.slices import SLICES
 
     sockets = [world.connect(f"u{n}")[1] for n in range(3 * SLICES)]
     waiting, not_greeted = world.connect("still-authenticating")
@@ -510,7 +511,8 @@ async def test_heartbeat_under_a_short_interval_takes_several_slices_a_tick(
 async def test_heartbeat_closes_the_silent_of_the_slice_it_checks(world: World) -> None:
     """A tick closes (4009) the greeted connections of a checked slice that sent nothing
     since its ping; one heard from since, or in another slice, or not greeted, stays."""
-    from app.sockets.heartbeat import SLICES, _tick
+    from app.sockets.heartbeat import _tick
+    from app.sockets.slices import SLICES
 
     conns = [world.connect(f"u{n}")[0] for n in range(2 * SLICES)]
     silent = conns[0]

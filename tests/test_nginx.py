@@ -168,7 +168,7 @@ async def test_idle_socket_outlives_the_proxy_read_timeout(redis_server: RedisSe
 async def test_without_heartbeats_the_proxy_cuts_idle_sockets(redis_server: RedisServer) -> None:
     """The control for the test above: with heartbeats far apart, nginx's 3 s read timeout
     does close an idle socket — so the timeout is real and the heartbeat is what saves it."""
-    # Pings a slice of the sockets every interval / heartbeat.SLICES: every 337 s, none here.
+    # Pings a slice of the sockets every interval / slices.SLICES: every 84 s, none here.
     slow = {"CHAT_HEARTBEAT_INTERVAL_S": "86400", "CHAT_HEARTBEAT_TIMEOUT_S": "10"}
     async with stack(redis_server, slow, workers=1) as s:
         async with connect(s.nginx.ws_url("idle"), open_timeout=5) as ws:

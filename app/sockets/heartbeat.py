@@ -8,8 +8,8 @@ closed with 4009. One task serves every connection: no per-connection timer. Onl
 connections that have their ``hello`` are pinged (sockets still to authenticate have their
 own timeout, see :mod:`app.access.pending`).
 
-The pings are spread over the interval: the worker keeps its connections in :data:`SLICES`
-groups (:class:`Slices`), and each tick of ``interval / SLICES`` (at least
+The pings are spread over the interval: the worker keeps its connections in ``SLICES``
+groups (:class:`app.sockets.slices.Slices`), and each tick of ``interval / SLICES`` (at least
 :data:`MIN_TICK_S`: several groups a tick under a short interval) pings one group and checks
 the group pinged ``timeout`` before, visiting those groups' connections only. A worker with
 10,000 sockets sends ~10 pings a tick (every ~24 ms at the default 25 s), and gets as many
@@ -30,46 +30,12 @@ from typing import TYPE_CHECKING, Final
 
 from app.errors import CloseCode
 from app.protocol import PING_FRAME
+from app.sockets.slices import SLICES
 
 if TYPE_CHECKING:
-    from app.sockets.connection import Connection
     from app.sockets.hub import Hub
 
-SLICES: Final = 1024
 MIN_TICK_S: Final = 0.01
-
-
-class Slices:
-    """A worker's open connections in :data:`SLICES` groups, dealt in turn as they come (an
-    identity hash would not do: connections, all of one size, allocated one after the other,
-    have addresses that fall into a few of the groups)."""
-
-    __slots__ = ("_groups", "_next", "_part_of")
-
-    def __init__(self) -> None:
-        self._groups: list[set[Connection]] = [set() for _ in range(SLICES)]
-        self._part_of: dict[Connection, int] = {}
-        self._next = 0
-
-    def add(self, conn: Connection) -> None:
-        """Put ``conn`` in the next group (no-op when it is in one)."""
-        if conn not in self._part_of:
-            self._part_of[conn] = part = self._next
-            self._groups[part].add(conn)
-            self._next = (part + 1) % SLICES
-
-    def discard(self, conn: Connection) -> None:
-        part = self._part_of.pop(conn, None)
-        if part is not None:
-            self._groups[part].discard(conn)
-
-    def part_of(self, conn: Connection) -> int | None:
-        """The group ``conn`` is in, None when it is in none."""
-        return self._part_of.get(conn)
-
-    def group(self, part: int) -> list[Connection]:
-        """The connections of group ``part`` now (a copy: closing one may remove it)."""
-        return list(self._groups[part])
 
 
 async def run_heartbeat(hub: Hub, interval_s: float, timeout_s: float) -> None:

@@ -42,8 +42,8 @@ from app.ops.tracing import Tracing
 from app.presence import Presence
 from app.protocol import error_frame, joined_frame, left_frame, sender_of
 from app.sockets.connection import Connection
-from app.sockets.heartbeat import Slices
 from app.sockets.replay import HistoryPages, HistorySource, Pacing, Replay, retrieve_exception
+from app.sockets.slices import Slices
 from app.transport.budget import OutboxBudget
 
 logger = logging.getLogger(__name__)
