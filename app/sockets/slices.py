@@ -36,10 +36,6 @@ class Slices:
         if part is not None:
             self._groups[part].discard(conn)
 
-    def part_of(self, conn: Connection) -> int | None:
-        """The group ``conn`` is in, None when it is in none."""
-        return self._part_of.get(conn)
-
     def group(self, part: int) -> list[Connection]:
         """The connections of group ``part`` now (a copy: closing one may remove it)."""
         return list(self._groups[part])
