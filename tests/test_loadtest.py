@@ -211,6 +211,22 @@ async def test_the_upkeep_cost_smoke() -> None:
     assert result["token_chunk_ms"] <= result["token_pass_ms"]
 
 
+async def test_the_redis_upkeep_smoke() -> None:
+    """``python -m loadtest.redis_upkeep``, small: the presence upkeep makes one script call a
+    room (refresh and sweep in one), the connection counts one a batch of 500, every user is
+    still present after the passes, and each cost comes out."""
+    result = await _module_json(
+        "loadtest.redis_upkeep", "--connections", "600", "--room-size", "3", "--repeat", "2",
+        timeout_s=90,
+    )  # fmt: skip
+    assert result["rooms"] == 200, result
+    assert result["presence"]["script_calls"] == 200, result
+    assert result["connection_counts"]["script_calls"] == 2, result
+    assert result["present_users"] == 600, result
+    for upkeep in ("presence", "connection_counts"):
+        assert result[upkeep]["cpu_ms"] > 0 and result[upkeep]["longest_hold_ms"] > 0, result
+
+
 @pytest.mark.timeout(150)
 async def test_the_sse_benchmark_smoke(tmp_path: Path) -> None:
     """``python -m loadtest.sse_bench`` (``make bench-sse``), tiny: each transport's fan-out

@@ -16,7 +16,7 @@ from app.broker.memory import MemoryBroker
 from app.broker.redis import RedisBroker
 from app.presence import Presence, RoomPresence
 from app.presence.memory import MemoryPresence
-from app.presence.redis import RedisPresence
+from app.presence.redis import UPKEEP_CHUNK, RedisPresence
 from tests.helpers import make_settings, wait_until
 from tests.processes import RedisServer, redis_deployment
 from tests.test_broker_contract import Recorder
@@ -140,9 +140,9 @@ async def test_a_dead_workers_users_leave_when_their_entries_expire() -> None:
 
 
 async def test_the_upkeep_of_many_rooms_refreshes_and_sweeps_each() -> None:
-    """More rooms than the upkeep has calls in flight at once: every room's entries are
-    refreshed (the live user stays past the ttl) and every room's sweep announces its own
-    departures (the dead worker's user leaves each room, once)."""
+    """Many more rooms than the upkeep takes at a time: every room's entries are refreshed
+    (the live user stays past the ttl) and every room's sweep announces its own departures
+    (the dead worker's user leaves each room, once)."""
     server = RedisServer()
     await server.start()
     try:
@@ -164,7 +164,7 @@ async def test_the_upkeep_of_many_rooms_refreshes_and_sweeps_each() -> None:
 
             await wait_until(lambda: len(departed()) == len(rooms), 10)
             assert sorted(departed()) == sorted(orjson.dumps(f"zed-{r}") for r in rooms)
-            for room in (rooms[0], rooms[255], rooms[256], rooms[-1]):
+            for room in (rooms[0], rooms[UPKEEP_CHUNK - 1], rooms[UPKEEP_CHUNK], rooms[-1]):
                 assert (await alive.of(room)).users == ["ada"]
         finally:
             await dead.stop()

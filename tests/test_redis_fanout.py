@@ -404,7 +404,7 @@ async def test_periodic_scripts_are_in_redis_from_the_start(
     from app.access import quotas
     from app.presence import redis as presence
 
-    scripts = (presence.REFRESH, presence.SWEEP, quotas.REFRESH)
+    scripts = (presence.UPKEEP, quotas.REFRESH)
     shas = [hashlib.sha1(script.encode()).hexdigest() for script in scripts]
     async with run_server(make_settings(redis_url=redis_server.url)):
         async with asyncio.timeout(10):

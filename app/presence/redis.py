@@ -17,7 +17,6 @@ from collections.abc import Awaitable, Callable
 from typing import Any, Final
 
 from redis.asyncio import Redis
-from redis.commands.core import AsyncScript
 
 from app.broker import Broker
 from app.broker.keys import KeyLayout
@@ -37,9 +36,11 @@ from app.settings import Settings
 
 logger = logging.getLogger(__name__)
 
-# The upkeep's script calls in flight at once (every room's refresh, then every room's sweep,
-# each ttl/3): pipelined, they leave in a few batches instead of a round trip each.
-_UPKEEP_IN_FLIGHT: Final = 256
+# Rooms the upkeep takes at a time: their script calls are made and sent together, and the
+# next chunk waits for their replies, so the loop is held for one chunk's making (about a
+# millisecond), not for every room's at once (tens of milliseconds with thousands of rooms:
+# docs/benchmarks.md, "the presence upkeep").
+UPKEEP_CHUNK: Final = 32
 
 # Presence, per room: ``present`` is a sorted set user -> expiry (ms) of the user's freshest
 # entry; ``tabs:<user>`` a sorted set worker -> expiry. A user is present while its ``present``
@@ -67,26 +68,23 @@ local changed = redis.call('ZREM', KEYS[1], ARGV[1])
 return {changed, redis.call('ZCOUNT', KEYS[1], ARGV[3], '+inf')}
 """
 
-# Refresh this worker's entries in one room: the user of KEYS[i] (i >= 2) is ARGV[i + 2].
-REFRESH: Final = """
--- KEYS: present, tabs1, tabs2, ...   ARGV: worker, expires_ms, ttl_ms, user1, user2, ...
+# A room's upkeep, every ttl/3: refresh this worker's entries (the user of KEYS[i], i >= 2, is
+# ARGV[i + 4]), then remove the users whose every entry expired (their workers died), with
+# their tabs keys: returns those users. The tabs keys share the room's hash tag, so this stays
+# within one cluster slot.
+UPKEEP: Final = """
+-- KEYS: present, tabs1, tabs2, ...
+-- ARGV: worker, expires_ms, ttl_ms, now_ms, tabs key prefix, user1, user2, ...
 for i = 2, #KEYS do
   redis.call('ZADD', KEYS[i], ARGV[2], ARGV[1])
   redis.call('PEXPIRE', KEYS[i], ARGV[3])
-  redis.call('ZADD', KEYS[1], 'GT', ARGV[2], ARGV[i + 2])
+  redis.call('ZADD', KEYS[1], 'GT', ARGV[2], ARGV[i + 4])
 end
 redis.call('PEXPIRE', KEYS[1], ARGV[3])
-return 1
-"""
-
-# Remove users whose every entry expired (their workers died); returns those users. The tabs
-# keys it deletes share the room's hash tag, so this stays within one cluster slot.
-SWEEP: Final = """
--- KEYS: present   ARGV: now_ms, tabs key prefix
-local gone = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', '(' .. ARGV[1])
+local gone = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', '(' .. ARGV[4])
 for _, user in ipairs(gone) do
   redis.call('ZREM', KEYS[1], user)
-  redis.call('DEL', ARGV[2] .. user)
+  redis.call('DEL', ARGV[5] .. user)
 end
 return gone
 """
@@ -103,12 +101,11 @@ class RedisPresence:
         self.worker_id = secrets.token_hex(6)
         self._redis: Redis = command_client(settings)
         # Joins and leaves, counts and lists go through a pipeline (a reconnect storm is
-        # thousands of them a second); the upkeep, every few seconds, through redis-py.
+        # thousands of them a second), and so does the upkeep, a chunk of rooms at a time.
         self._pipeline: AutoPipeline | ClusterPipelines = pipelines_for(self._redis, settings)
         self._join = self._redis.register_script(JOIN)
         self._leave = self._redis.register_script(LEAVE)
-        self._refresh = self._redis.register_script(REFRESH)
-        self._sweep = self._redis.register_script(SWEEP)
+        self._upkeep_script = self._redis.register_script(UPKEEP)
         self._present: dict[str, set[str]] = {}  # room -> users present through this worker
         self._upkeep: asyncio.Task[None] | None = None
         self._announcer = PresenceAnnouncer(
@@ -206,68 +203,50 @@ class RedisPresence:
         return self._presence(int(count), users)
 
     async def _keep_up(self) -> None:
-        """Refresh this worker's entries and sweep out users of dead workers, every ttl/3."""
-        await preload(self._redis, self._refresh, self._sweep)
+        """Keep this worker's entries up and sweep out users of dead workers, every ttl/3."""
+        await preload(self._redis, self._upkeep_script)
         while True:
             await asyncio.sleep(self._settings.presence_ttl_s / 3)
             try:
-                await self._refresh_entries()
-                await self._sweep_rooms()
+                await self.upkeep()
             except (*REDIS_ERRORS, BrokerUnavailable) as exc:
                 logger.warning("presence upkeep failed: %r", exc)
 
-    async def _refresh_entries(self) -> None:
-        now = int(time.time() * 1000)
+    async def upkeep(self) -> None:
+        """One pass of the upkeep over the rooms this worker has users in: each room's
+        entries of this worker refreshed, then the departure of its users whose every entry
+        expired announced (each room is swept by every worker with a user there). One script
+        call a room, ``UPKEEP_CHUNK`` rooms at a time; a room left meanwhile is skipped.
+        Raises the first call's error once every room has been tried."""
         ttl = int(self._settings.presence_ttl_s * 1000)
-        calls: list[tuple[list[str], list[Any]]] = []
-        for room, users in list(self._present.items()):
-            ordered = sorted(users)
-            keys = [self._room_key(room, "present")]
-            keys += [self._room_key(room, f"tabs:{u}") for u in ordered]
-            calls.append((keys, [self.worker_id, now + ttl, ttl, *ordered]))
-        error = _first_error(await self._run_all(self._refresh, calls))
-        if error is not None:
-            raise error
-
-    async def _sweep_rooms(self) -> None:
-        """Announce the departure of users whose every entry expired, in the rooms this
-        worker has users in (each room is swept by every worker with a user there)."""
-        now = int(time.time() * 1000)
         rooms = list(self._present)
-        calls: list[tuple[list[str], list[Any]]] = [
-            ([self._room_key(room, "present")], [now, self._room_key(room, "tabs:")])
-            for room in rooms
-        ]
-        replies = await self._run_all(self._sweep, calls)
-        for room, gone in zip(rooms, replies, strict=True):
-            if not isinstance(gone, BaseException):
+        error: BaseException | None = None
+        for start in range(0, len(rooms), UPKEEP_CHUNK):
+            now = int(time.time() * 1000)
+            chunk: list[str] = []
+            replies: list[asyncio.Future[Any]] = []
+            for room in rooms[start : start + UPKEEP_CHUNK]:
+                users = self._present.get(room)
+                if not users:
+                    continue
+                ordered = list(users)
+                tabs = self._room_key(room, "tabs:")
+                keys = [self._room_key(room, "present"), *(tabs + user for user in ordered)]
+                args = [self.worker_id, now + ttl, ttl, now, tabs, *ordered]
+                chunk.append(room)
+                replies.append(self._pipeline.submit(self._upkeep_script, keys, args))
+            answers = await asyncio.gather(*replies, return_exceptions=True)
+            for room, gone in zip(chunk, answers, strict=True):
+                if isinstance(gone, BaseException):
+                    error = error or gone
+                    continue
                 for user in gone:
                     await self._announcer.announce(room, "leave", user.decode())
-        error = _first_error(replies)
         if error is not None:
             raise error
-
-    async def _run_all(
-        self, script: AsyncScript, calls: list[tuple[list[str], list[Any]]]
-    ) -> list[Any]:
-        """``script`` for each (keys, args) through the pipelines, ``_UPKEEP_IN_FLIGHT`` at a
-        time (one batch a loop iteration, not one round trip each): the replies in order,
-        an error in place of the reply of each call that failed."""
-        replies: list[Any] = []
-        for start in range(0, len(calls), _UPKEEP_IN_FLIGHT):
-            chunk = calls[start : start + _UPKEEP_IN_FLIGHT]
-            replies += await asyncio.gather(
-                *(self._pipeline.call(script, keys, args) for keys, args in chunk),
-                return_exceptions=True,
-            )
-        return replies
 
     async def _withdraw(self) -> None:
         """On a clean stop, leave every room at once instead of waiting for expiry."""
         for room, users in list(self._present.items()):
             for user in list(users):
                 await self.leave(room, user)
-
-
-def _first_error(replies: list[Any]) -> BaseException | None:
-    return next((reply for reply in replies if isinstance(reply, BaseException)), None)

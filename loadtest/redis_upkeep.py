@@ -1,0 +1,158 @@
+"""``python -m loadtest.redis_upkeep``: what a worker's periodic upkeep in Redis costs it, and
+how long it holds the worker's loop at once, with ``--connections`` connections in rooms of
+``--room-size``: every message arriving meanwhile waits, so a long hold is the tail of
+delivery (docs/benchmarks.md, issue 34, "the presence upkeep").
+
+In one process, on the app's own classes and a real ``redis-server`` (pinned to
+``--redis-core``; this process to ``--worker-core``), each pass ``--repeat`` times:
+
+- the presence upkeep (:meth:`app.presence.redis.RedisPresence.upkeep`, every third of
+  ``CHAT_PRESENCE_TTL_S``): each room's entries of this worker refreshed and its dead
+  workers' users swept out, for ``connections / room_size`` rooms of ``room_size`` users;
+- the connection counts' refresh (:meth:`app.access.quotas.RedisQuotas.refresh`, as often),
+  one entry a connection.
+
+For each: its CPU time (``time.process_time``, median) and Redis' (``/proc``), the longest
+the loop was held at once during it (median over the passes, and the largest; a task that
+yields to the loop again and again measures it, so that pass' CPU is not counted), and Redis'
+script calls a pass. Then ``present_users``: the users still present in all rooms (each pass
+refreshed them: none swept out). Prints one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import uvloop
+from redis.asyncio import Redis
+
+from app.access.quotas import RedisQuotas
+from app.broker.redis import RedisBroker
+from app.presence.redis import RedisPresence
+from app.settings import Settings
+from loadtest.redis_cost import cpu_s
+from tests.processes import RedisServer
+
+
+async def _cpu_ms(run: Callable[[], Awaitable[None]]) -> float:
+    began = time.process_time()
+    await run()
+    return (time.process_time() - began) * 1000
+
+
+async def _longest_hold_ms(run: Callable[[], Awaitable[None]]) -> float:
+    """The longest pass of the loop while ``run`` runs: a task beside it yields at every pass
+    and notes the time between two of its turns."""
+    longest, done = 0.0, False
+
+    async def probe() -> None:
+        nonlocal longest
+        last = time.perf_counter()
+        while not done:
+            await asyncio.sleep(0)
+            now = time.perf_counter()
+            longest, last = max(longest, now - last), now
+
+    prober = asyncio.create_task(probe())
+    await asyncio.sleep(0)
+    try:
+        await run()
+    finally:
+        done = True
+        await prober
+    return longest * 1000
+
+
+async def _script_calls(admin: Redis) -> int:
+    stats = await admin.info("commandstats")
+    return sum(
+        int(stats.get(f"cmdstat_{name}", {}).get("calls", 0)) for name in ("evalsha", "eval")
+    )
+
+
+async def _measure_pass(
+    run: Callable[[], Awaitable[None]], admin: Redis, redis_pid: int, repeat: int
+) -> dict[str, Any]:
+    cpu, redis_cpu, holds, calls = [], [], [], []
+    for _ in range(repeat):
+        before, redis_before = await _script_calls(admin), cpu_s(redis_pid)
+        cpu.append(await _cpu_ms(run))
+        redis_cpu.append((cpu_s(redis_pid) - redis_before) * 1000)
+        calls.append(await _script_calls(admin) - before)
+        holds.append(await _longest_hold_ms(run))
+    return {
+        "cpu_ms": round(statistics.median(cpu), 3),
+        "redis_cpu_ms": round(statistics.median(redis_cpu), 3),
+        "longest_hold_ms": round(statistics.median(holds), 3),
+        "longest_hold_ms_max": round(max(holds), 3),
+        "script_calls": max(calls),
+    }
+
+
+async def measure(
+    connections: int, room_size: int, repeat: int, redis_core: int | None = None
+) -> dict[str, Any]:
+    server = RedisServer()
+    await server.start()
+    assert server.proc is not None
+    if redis_core is not None:
+        os.sched_setaffinity(server.proc.pid, {redis_core})
+    admin = Redis.from_url(server.url)
+    settings = Settings(redis_url=server.url, auth_mode="names")  # type: ignore[call-arg]
+    broker = RedisBroker(settings)
+    presence = RedisPresence(settings, broker)
+    quotas = RedisQuotas(settings)
+    try:
+        rooms = connections // room_size
+        users = [f"u{n}" for n in range(connections)]
+        await asyncio.gather(
+            *(presence.join(f"room{n // room_size}", user) for n, user in enumerate(users))
+        )
+        await quotas.prepare()
+        conns = [(user, f"c{n}") for n, user in enumerate(users)]
+
+        async def refresh_counts() -> None:
+            await quotas.refresh(conns)
+
+        pid = server.proc.pid
+        result = {
+            "connections": connections,
+            "rooms": rooms,
+            "presence": await _measure_pass(presence.upkeep, admin, pid, repeat),
+            "connection_counts": await _measure_pass(refresh_counts, admin, pid, repeat),
+        }
+        # Every user is still present after the passes: refreshed, none swept out.
+        present = await asyncio.gather(*(presence.of(f"room{n}") for n in range(rooms)))
+        result["present_users"] = sum(room.count for room in present)
+        return result
+    finally:
+        await quotas.close()
+        await presence.stop()
+        await admin.aclose()
+        await server.stop()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--connections", type=int, default=10_000)
+    parser.add_argument("--room-size", type=int, default=2)
+    parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--redis-core", type=int, default=None)
+    parser.add_argument("--worker-core", type=int, default=None)
+    args = parser.parse_args(argv)
+    if args.worker_core is not None:
+        os.sched_setaffinity(0, {args.worker_core})
+    result = uvloop.run(measure(args.connections, args.room_size, args.repeat, args.redis_core))
+    print(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
