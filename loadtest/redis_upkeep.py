@@ -9,14 +9,16 @@ In one process, on the app's own classes and a real ``redis-server`` (pinned to
 - the presence upkeep (:meth:`app.presence.redis.RedisPresence.upkeep`, every third of
   ``CHAT_PRESENCE_TTL_S``): each room's entries of this worker refreshed and its dead
   workers' users swept out, for ``connections / room_size`` rooms of ``room_size`` users;
-- the connection counts' refresh (:meth:`app.access.quotas.RedisQuotas.refresh`, as often),
-  one entry a connection.
+- the connection counts' refresh (:func:`app.access.quotas.refresh_counts`, as often), one
+  entry a connection.
 
-For each: its CPU time (``time.process_time``, median) and Redis' (``/proc``), the longest
-the loop was held at once during it (median over the passes, and the largest; a task that
-yields to the loop again and again measures it, so that pass' CPU is not counted), and Redis'
-script calls a pass. Then ``present_users``: the users still present in all rooms (each pass
-refreshed them: none swept out). Prints one JSON object.
+Each pass runs at once here (a worker spreads it over half its interval: the longest hold
+is what one chunk of it costs). For each: its CPU time (``time.process_time``, median) and
+Redis' (``/proc``), the longest the loop was held at once during it (median over the
+passes, and the largest; a task that yields to the loop again and again measures it, so
+that pass' CPU is not counted), and Redis' script calls a pass. Then ``present_users``: the
+users still present in all rooms (each pass refreshed them: none swept out). Prints one
+JSON object.
 """
 
 from __future__ import annotations
@@ -28,17 +30,24 @@ import os
 import statistics
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 import uvloop
 from redis.asyncio import Redis
 
-from app.access.quotas import RedisQuotas
+from app.access.quotas import RedisQuotas, refresh_counts
 from app.broker.redis import RedisBroker
 from app.presence.redis import RedisPresence
 from app.settings import Settings
 from loadtest.redis_cost import cpu_s
 from tests.processes import RedisServer
+
+
+@dataclass
+class _Conn:
+    user: str
+    id: str
 
 
 async def _cpu_ms(run: Callable[[], Awaitable[None]]) -> float:
@@ -116,17 +125,17 @@ async def measure(
             *(presence.join(f"room{n // room_size}", user) for n, user in enumerate(users))
         )
         await quotas.prepare()
-        conns = [(user, f"c{n}") for n, user in enumerate(users)]
+        conns = [_Conn(user, f"c{n}") for n, user in enumerate(users)]
 
-        async def refresh_counts() -> None:
-            await quotas.refresh(conns)
+        async def counts() -> None:
+            await refresh_counts(quotas, conns)
 
         pid = server.proc.pid
         result = {
             "connections": connections,
             "rooms": rooms,
             "presence": await _measure_pass(presence.upkeep, admin, pid, repeat),
-            "connection_counts": await _measure_pass(refresh_counts, admin, pid, repeat),
+            "connection_counts": await _measure_pass(counts, admin, pid, repeat),
         }
         # Every user is still present after the passes: refreshed, none swept out.
         present = await asyncio.gather(*(presence.of(f"room{n}") for n in range(rooms)))

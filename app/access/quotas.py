@@ -16,7 +16,7 @@ import contextlib
 import enum
 import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final, Literal, Protocol
 
@@ -27,6 +27,7 @@ from app.broker.redis_scripts import ABSENT, NOW, TOKEN_BUCKET, sharded
 from app.redisio.autopipeline import AutoPipeline
 from app.redisio.clients import REDIS_ERRORS, close_client, command_client, preload
 from app.redisio.cluster import ClusterPipelines, pipelines_for
+from app.redisio.spread import spread
 from app.settings import Settings
 
 if TYPE_CHECKING:
@@ -187,6 +188,9 @@ return #KEYS
 
 _REFUSALS: Final = {1: Refusal.BANNED, 2: Refusal.TOO_MANY_CONNECTIONS, 3: Refusal.IP_RATE}
 _REFRESH_BATCH: Final = 500
+# Connections a call of the counts' upkeep refreshes (keep_counts): a few hundred commands for
+# Redis at a time, the calls spread over half the interval.
+COUNTS_CHUNK: Final = 100
 _ERRORS: Final = REDIS_ERRORS
 
 
@@ -257,23 +261,21 @@ class RedisQuotas:
             await self._pipeline.command(key, "ZREM", key, conn_id)
 
     async def refresh(self, conns: Iterable[tuple[str, str]]) -> None:
+        """Push back the expiry of each (user, connection id) of ``conns`` (up to
+        ``_REFRESH_BATCH`` a script call); raises Redis' error."""
         pairs = list(conns)
         for start in range(0, len(pairs), _REFRESH_BATCH):
             batch = pairs[start : start + _REFRESH_BATCH]
             keys = [self._user_key("conns", user) for user, _ in batch]
-            try:
-                if self._cluster:  # one call per user's slot, pipelined per master
-                    await asyncio.gather(
-                        *(
-                            self._pipeline.call(self._refresh, [key], [self._ttl_ms, conn])
-                            for key, (_, conn) in zip(keys, batch, strict=True)
-                        )
+            if self._cluster:  # one call per user's slot, pipelined per master
+                await asyncio.gather(
+                    *(
+                        self._pipeline.call(self._refresh, [key], [self._ttl_ms, conn])
+                        for key, (_, conn) in zip(keys, batch, strict=True)
                     )
-                else:
-                    await self._refresh(keys=keys, args=[self._ttl_ms, *(c for _, c in batch)])
-            except _ERRORS as exc:
-                logger.warning("could not refresh connection counts: %r", exc)
-                return
+                )
+            else:
+                await self._refresh(keys=keys, args=[self._ttl_ms, *(c for _, c in batch)])
 
     async def allow(self, rate: Rate, user: str) -> bool:
         per_s, burst = self._rates[rate]
@@ -405,13 +407,35 @@ class MemoryQuotas:
         return None
 
 
+class _Counted(Protocol):
+    """A connection, as its count knows it."""
+
+    user: str
+    id: str
+
+
+async def refresh_counts(quotas: Quotas, conns: Sequence[_Counted], spread_s: float = 0.0) -> None:
+    """One pass of :func:`keep_counts`: the counts of ``conns`` refreshed ``COUNTS_CHUNK``
+    connections a call, the calls spread over ``spread_s``
+    (:func:`~app.redisio.spread.spread`); a connection with no user yet is left out.
+    Raises the first error (the pass stops there)."""
+    chunks = range(0, len(conns), COUNTS_CHUNK)
+    async for k in spread(len(chunks), spread_s):
+        chunk = conns[chunks[k] : chunks[k] + COUNTS_CHUNK]
+        await quotas.refresh([(conn.user, conn.id) for conn in chunk if conn.user])
+
+
 async def keep_counts(quotas: Quotas, hub: Hub, interval_s: float) -> None:
-    """Refresh this worker's connection counts every ``interval_s`` until cancelled (so those
-    of a worker that died expire)."""
+    """Refresh this worker's connection counts (so those of a worker that died expire) until
+    cancelled: a pass every ``interval_s`` after the last one ended, spread over half of
+    that, so that a count is refreshed at most 1.5 ``interval_s`` after the last time."""
     await quotas.prepare()
     while True:
         await asyncio.sleep(interval_s)
-        await quotas.refresh([(conn.user, conn.id) for conn in hub.connections if conn.user])
+        try:
+            await refresh_counts(quotas, list(hub.connections), interval_s / 2)
+        except _ERRORS as exc:
+            logger.warning("could not refresh connection counts: %r", exc)
 
 
 def create_quotas(settings: Settings) -> Quotas:

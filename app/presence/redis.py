@@ -32,13 +32,15 @@ from app.redisio.clients import (
     preload,
 )
 from app.redisio.cluster import ClusterPipelines, pipelines_for
+from app.redisio.spread import spread
 from app.settings import Settings
 
 logger = logging.getLogger(__name__)
 
 # Rooms the upkeep takes at a time: their script calls are made and sent together, and the
-# next chunk waits for their replies, so the loop is held for one chunk's making (about a
-# millisecond), not for every room's at once (tens of milliseconds with thousands of rooms:
+# next chunk waits for their replies (and its turn: the chunks are spread over half the
+# interval), so the loop is held for one chunk's making (a fraction of a millisecond), and
+# Redis for one chunk's calls, not for every room's at once (over 100 ms with 5,000 rooms:
 # docs/benchmarks.md, "the presence upkeep").
 UPKEEP_CHUNK: Final = 32
 
@@ -203,26 +205,31 @@ class RedisPresence:
         return self._presence(int(count), users)
 
     async def _keep_up(self) -> None:
-        """Keep this worker's entries up and sweep out users of dead workers, every ttl/3."""
+        """Keep this worker's entries up and sweep out users of dead workers: a pass every
+        ttl/3 after the last one ended, spread over half of that. An entry is thus refreshed
+        at most half the ttl after the last time: it never expires while its worker lives."""
         await preload(self._redis, self._upkeep_script)
+        interval = self._settings.presence_ttl_s / 3
         while True:
-            await asyncio.sleep(self._settings.presence_ttl_s / 3)
+            await asyncio.sleep(interval)
             try:
-                await self.upkeep()
+                await self.upkeep(spread_s=interval / 2)
             except (*REDIS_ERRORS, BrokerUnavailable) as exc:
                 logger.warning("presence upkeep failed: %r", exc)
 
-    async def upkeep(self) -> None:
+    async def upkeep(self, spread_s: float = 0.0) -> None:
         """One pass of the upkeep over the rooms this worker has users in: each room's
         entries of this worker refreshed, then the departure of its users whose every entry
         expired announced (each room is swept by every worker with a user there). One script
-        call a room, ``UPKEEP_CHUNK`` rooms at a time; a room left meanwhile is skipped.
-        Raises the first call's error once every room has been tried."""
+        call a room, ``UPKEEP_CHUNK`` rooms at a time, the chunks spread over ``spread_s``
+        (:func:`~app.redisio.spread.spread`); a room left meanwhile is skipped. Raises the
+        first call's error once every room has been tried."""
         ttl = int(self._settings.presence_ttl_s * 1000)
         rooms = list(self._present)
         error: BaseException | None = None
-        for start in range(0, len(rooms), UPKEEP_CHUNK):
-            now = int(time.time() * 1000)
+        chunks = range(0, len(rooms), UPKEEP_CHUNK)
+        async for k in spread(len(chunks), spread_s):
+            start, now = chunks[k], int(time.time() * 1000)
             chunk: list[str] = []
             replies: list[asyncio.Future[Any]] = []
             for room in rooms[start : start + UPKEEP_CHUNK]:
