@@ -174,6 +174,37 @@ async def test_the_upkeep_of_many_rooms_refreshes_and_sweeps_each() -> None:
         await server.stop()
 
 
+async def test_a_clean_stop_sends_the_announcements_still_waiting() -> None:
+    """Stopping withdraws the worker's users and sends what waits in its coalescing window
+    (their departures among it) before the broker stops, rather than dropping it: the other
+    workers' members see them leave."""
+    server = RedisServer()
+    await server.start()
+    try:
+        settings = make_settings(redis_url=server.url, presence_coalesce_s=5.0)
+        broker = RedisBroker(settings)
+        recorder = Recorder()
+        await broker.start(recorder)
+        await wait_until(lambda: broker.ready)
+        await broker.subscribe_room("r")
+        presence = RedisPresence(settings, broker)
+        await presence.start()
+        try:
+            await presence.join("r", "ada")
+            await presence.join("r", "bob")
+        finally:
+            await presence.stop()  # well within the window
+        expected = [(b'"join"', b'"ada"'), (b'"join"', b'"bob"')]
+        expected += [(b'"leave"', b'"ada"'), (b'"leave"', b'"bob"')]
+        await wait_until(lambda: sorted(_events(recorder)) == sorted(expected))
+        assert _events(recorder)[:2] == expected[:2]  # in order, in one broadcast
+        assert len(recorder.rooms) == 1
+        assert (await RedisPresence(settings, broker).of("r")).users == []
+        await broker.stop()
+    finally:
+        await server.stop()
+
+
 def _events(recorder: Recorder) -> list[tuple[bytes, bytes]]:
     found = []
     frames = [orjson.loads(line) for _, _, p in recorder.rooms for line in p.split(b"\n")]

@@ -275,7 +275,9 @@ class RedisQuotas:
                     )
                 )
             else:
-                await self._refresh(keys=keys, args=[self._ttl_ms, *(c for _, c in batch)])
+                await self._pipeline.call(
+                    self._refresh, keys, [self._ttl_ms, *(c for _, c in batch)]
+                )
 
     async def allow(self, rate: Rate, user: str) -> bool:
         per_s, burst = self._rates[rate]

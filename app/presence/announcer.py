@@ -84,9 +84,11 @@ class PresenceAnnouncer:
         every announcement: a lost one is corrected by the next ``joined`` or count)."""
         try:
             await asyncio.sleep(self._coalesce_s)
-        finally:
+        finally:  # cancelled: close() sends what waits
             self._senders.pop(room, None)
-            frames = self._waiting.pop(room, [])
+        await self._send_waiting(room, self._waiting.pop(room, []))
+
+    async def _send_waiting(self, room: str, frames: list[bytes]) -> None:
         if frames:
             try:
                 await self._publish(room, b"\n".join(frames))
@@ -111,9 +113,15 @@ class PresenceAnnouncer:
         self._last_count_sent.pop(room, None)
 
     async def close(self) -> None:
+        """Stop: the frames waiting in their window are sent now (best effort), the count
+        updates held back by the interval are dropped (the next ``joined`` is right)."""
         tasks = [*self._trailing.values(), *self._senders.values()]
         for task in tasks:
             task.cancel()
         for task in tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+        waiting, self._waiting = self._waiting, {}
+        await asyncio.gather(
+            *(self._send_waiting(room, frames) for room, frames in waiting.items())
+        )

@@ -125,7 +125,8 @@ class RedisPresence:
         self._upkeep = asyncio.create_task(self._keep_up(), name="redis-presence")
 
     async def stop(self) -> None:
-        await self._announcer.close()
+        """Withdraw this worker's entries, then send the announcements still waiting (the
+        departures among them), before the broker stops."""
         if self._upkeep is not None:
             self._upkeep.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -134,6 +135,7 @@ class RedisPresence:
             await self._withdraw()
         except (*REDIS_ERRORS, BrokerUnavailable) as exc:  # the entries expire by themselves
             logger.warning("could not withdraw presence on stop: %r", exc)
+        await self._announcer.close()
         await self._pipeline.close()
         await close_client(self._redis)
 
