@@ -8,7 +8,9 @@ In one process, on the app's own classes and a real ``redis-server`` (pinned to
 
 - the presence upkeep (:meth:`app.presence.redis.RedisPresence.upkeep`, every third of
   ``CHAT_PRESENCE_TTL_S``): each room's entries of this worker refreshed and its dead
-  workers' users swept out, for ``connections / room_size`` rooms of ``room_size`` users;
+  workers' users swept out, for ``connections / room_size`` rooms of ``room_size`` users
+  (with ``--visible``, every user also in the internal room of those whose chat page is
+  visible, :data:`app.notify.VISIBLE_ROOM`, as the chat page's users are);
 - the connection counts' refresh (:func:`app.access.quotas.refresh_counts`, as often), one
   entry a connection.
 
@@ -38,10 +40,14 @@ from redis.asyncio import Redis
 
 from app.access.quotas import RedisQuotas, refresh_counts
 from app.broker.redis import RedisBroker
+from app.notify import VISIBLE_ROOM
+from app.ops.gc_tuning import GcTuning, keep_freezing
 from app.presence.redis import RedisPresence
 from app.settings import Settings
 from loadtest.redis_cost import cpu_s
 from tests.processes import RedisServer
+
+GC_FREEZE_INTERVAL_S = Settings.model_fields["gc_freeze_interval_s"].default
 
 
 @dataclass
@@ -106,7 +112,11 @@ async def _measure_pass(
 
 
 async def measure(
-    connections: int, room_size: int, repeat: int, redis_core: int | None = None
+    connections: int,
+    room_size: int,
+    repeat: int,
+    redis_core: int | None = None,
+    visible: bool = False,
 ) -> dict[str, Any]:
     server = RedisServer()
     await server.start()
@@ -124,7 +134,15 @@ async def measure(
         await asyncio.gather(
             *(presence.join(f"room{n // room_size}", user) for n, user in enumerate(users))
         )
+        if visible:  # every user also in the worker's internal room of visible ones
+            await asyncio.gather(*(presence.join(VISIBLE_ROOM, user) for user in users))
         await quotas.prepare()
+        # What a worker does once its state is built (app.ops.gc_tuning, at the default
+        # CHAT_GC_FREEZE_INTERVAL_S): without it, a full collection of the whole process
+        # lands in some pass and is counted.
+        gc_tuning = GcTuning([], freezing=True)
+        gc_tuning.start()
+        freezing = asyncio.create_task(keep_freezing(GC_FREEZE_INTERVAL_S))
         conns = [_Conn(user, f"c{n}") for n, user in enumerate(users)]
 
         async def counts() -> None:
@@ -140,6 +158,8 @@ async def measure(
         # Every user is still present after the passes: refreshed, none swept out.
         present = await asyncio.gather(*(presence.of(f"room{n}") for n in range(rooms)))
         result["present_users"] = sum(room.count for room in present)
+        freezing.cancel()
+        gc_tuning.stop()
         return result
     finally:
         await quotas.close()
@@ -155,10 +175,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--redis-core", type=int, default=None)
     parser.add_argument("--worker-core", type=int, default=None)
+    parser.add_argument(
+        "--visible", action="store_true",
+        help="every user is also in the internal room of users with a visible chat page",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     if args.worker_core is not None:
         os.sched_setaffinity(0, {args.worker_core})
-    result = uvloop.run(measure(args.connections, args.room_size, args.repeat, args.redis_core))
+    result = uvloop.run(
+        measure(args.connections, args.room_size, args.repeat, args.redis_core, args.visible)
+    )
     print(json.dumps(result))
     return 0
 

@@ -301,7 +301,9 @@ async def test_redis_outage_loses_nothing_silently(redis_server: RedisServer) ->
             assert sorted(resyncs) == ["steady", "to:sender"]
 
 
-async def test_deaf_subscription_is_detected_and_healed(redis_server: RedisServer) -> None:
+async def test_deaf_subscription_is_detected_and_healed(
+    redis_server: RedisServer, redis: Redis
+) -> None:
     """If a worker's subscription silently stops delivering, the canary notices, the worker
     resubscribes, delivers what its clients missed meanwhile from history, in order and once,
     and live delivery resumes."""
@@ -321,6 +323,12 @@ async def test_deaf_subscription_is_detected_and_healed(redis_server: RedisServe
             await pub.say("c", "before")
             assert (await sub.expect("message"))["text"] == "before"
             broker._subscription.unsubscribe()  # from every channel
+            # Once Redis has taken it (b writes it in its next loop pass, on a connection of
+            # its own): only a's subscription to the room is left.
+            channel = broker._room_channel("c")
+            async with asyncio.timeout(5):
+                while (await redis.pubsub_numsub(channel))[0][1] != 1:
+                    await asyncio.sleep(0.01)
             for k in range(3):  # published fine through a, never heard live by b
                 await pub.say("c", f"during{k}")
             await pub.messages_until("during2")

@@ -6,6 +6,7 @@ What each chunk did is read back from Redis: the expiry each entry was given."""
 from __future__ import annotations
 
 import asyncio
+import time
 from dataclasses import dataclass
 
 import pytest
@@ -14,9 +15,9 @@ from redis.asyncio import Redis
 from app.access.quotas import COUNTS_CHUNK, RedisQuotas, refresh_counts
 from app.broker.keys import KeyLayout
 from app.broker.redis import RedisBroker
-from app.presence.redis import UPKEEP_CHUNK, RedisPresence
+from app.presence.redis import UPKEEP_CHUNK, UPKEEP_USERS, RedisPresence
 from app.redisio.spread import spread
-from tests.helpers import make_settings
+from tests.helpers import make_settings, wait_until
 from tests.processes import RedisServer
 
 pytestmark = pytest.mark.timeout(60)
@@ -100,4 +101,35 @@ async def test_the_presence_upkeep_is_spread_a_chunk_of_rooms_at_a_time() -> Non
     finally:
         await admin.aclose()
         await presence.stop()
+        await server.stop()
+
+
+async def test_a_room_of_many_users_takes_several_calls_and_one_sweep() -> None:
+    """A room with more users than a call refreshes (the internal rooms hold every user of a
+    worker) is refreshed in several calls, all before its sweep, in the last: none of them
+    is swept out, and a dead worker's user is."""
+    server = RedisServer()
+    await server.start()
+    settings = make_settings(redis_url=server.url, presence_ttl_s=0.3)
+    broker = RedisBroker(settings)
+    alive, dead = RedisPresence(settings, broker), RedisPresence(settings, broker)
+    admin = Redis.from_url(server.url)
+    present = KeyLayout.of(settings).room("big", "present")
+    try:
+        users = [f"u{n}" for n in range(2 * UPKEEP_USERS + 1)]
+        await asyncio.gather(*(alive.join("big", user) for user in users))
+        await dead.join("big", "zed")
+        zed = await admin.zscore(present, "zed")
+        assert zed is not None
+        await wait_until(lambda: time.time() * 1000 > zed + 50)  # every entry has expired
+        stats = await admin.info("commandstats")
+        before = stats["cmdstat_evalsha"]["calls"]
+        await alive.upkeep()
+        stats = await admin.info("commandstats")
+        assert stats["cmdstat_evalsha"]["calls"] - before == 3
+        assert set(await admin.zrange(present, 0, -1)) == {user.encode() for user in users}
+        assert (await alive.of("big")).count == len(users)
+    finally:
+        await admin.aclose()
+        await alive.stop()
         await server.stop()

@@ -13,7 +13,8 @@ import contextlib
 import logging
 import secrets
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
+from itertools import islice
 from typing import Any, Final
 
 from redis.asyncio import Redis
@@ -37,12 +38,14 @@ from app.settings import Settings
 
 logger = logging.getLogger(__name__)
 
-# Rooms the upkeep takes at a time: their script calls are made and sent together, and the
-# next chunk waits for their replies (and its turn: the chunks are spread over half the
-# interval), so the loop is held for one chunk's making (a fraction of a millisecond), and
-# Redis for one chunk's calls, not for every room's at once (over 100 ms with 5,000 rooms:
-# docs/benchmarks.md, "the presence upkeep").
+# Script calls the upkeep makes and sends at a time: the next chunk waits for their replies
+# (and its turn: the chunks are spread over half the interval), so the loop is held for one
+# chunk's making (a fraction of a millisecond), and Redis for one chunk's calls, not for
+# every room's at once (over 100 ms with 5,000 rooms: docs/benchmarks.md, "the presence
+# upkeep"). A call refreshes one room's entries of at most UPKEEP_USERS users: a room with
+# more (the internal rooms hold every user of the worker) takes several, swept in its last.
 UPKEEP_CHUNK: Final = 32
+UPKEEP_USERS: Final = 100
 
 # Presence, per room: ``present`` is a sorted set user -> expiry (ms) of the user's freshest
 # entry; ``tabs:<user>`` a sorted set worker -> expiry. A user is present while its ``present``
@@ -71,18 +74,19 @@ return {changed, redis.call('ZCOUNT', KEYS[1], ARGV[3], '+inf')}
 """
 
 # A room's upkeep, every ttl/3: refresh this worker's entries (the user of KEYS[i], i >= 2, is
-# ARGV[i + 4]), then remove the users whose every entry expired (their workers died), with
-# their tabs keys: returns those users. The tabs keys share the room's hash tag, so this stays
-# within one cluster slot.
+# ARGV[i + 4]), then (given the tabs keys' prefix, not '') remove the users whose every entry
+# expired (their workers died), with their tabs keys: returns those users. The tabs keys
+# share the room's hash tag, so this stays within one cluster slot.
 UPKEEP: Final = """
 -- KEYS: present, tabs1, tabs2, ...
--- ARGV: worker, expires_ms, ttl_ms, now_ms, tabs key prefix, user1, user2, ...
+-- ARGV: worker, expires_ms, ttl_ms, now_ms, tabs key prefix or '', user1, user2, ...
 for i = 2, #KEYS do
   redis.call('ZADD', KEYS[i], ARGV[2], ARGV[1])
   redis.call('PEXPIRE', KEYS[i], ARGV[3])
   redis.call('ZADD', KEYS[1], 'GT', ARGV[2], ARGV[i + 4])
 end
 redis.call('PEXPIRE', KEYS[1], ARGV[3])
+if ARGV[5] == '' then return {} end
 local gone = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', '(' .. ARGV[4])
 for _, user in ipairs(gone) do
   redis.call('ZREM', KEYS[1], user)
@@ -222,37 +226,51 @@ class RedisPresence:
     async def upkeep(self, spread_s: float = 0.0) -> None:
         """One pass of the upkeep over the rooms this worker has users in: each room's
         entries of this worker refreshed, then the departure of its users whose every entry
-        expired announced (each room is swept by every worker with a user there). One script
-        call a room, ``UPKEEP_CHUNK`` rooms at a time, the chunks spread over ``spread_s``
-        (:func:`~app.redisio.spread.spread`); a room left meanwhile is skipped. Raises the
-        first call's error once every room has been tried."""
+        expired announced (each room is swept by every worker with a user there). A script
+        call a room (or a hundred users of one), ``UPKEEP_CHUNK`` calls at a time, the chunks
+        spread over ``spread_s`` (:func:`~app.redisio.spread.spread`); a room left meanwhile
+        is skipped. Raises the first call's error once every room has been tried."""
         ttl = int(self._settings.presence_ttl_s * 1000)
-        rooms = list(self._present)
+        calls = sum(-(-len(users) // UPKEEP_USERS) for users in self._present.values())
+        work = self._upkeep_calls(list(self._present))
         error: BaseException | None = None
-        chunks = range(0, len(rooms), UPKEEP_CHUNK)
-        async for k in spread(len(chunks), spread_s):
-            start, now = chunks[k], int(time.time() * 1000)
-            chunk: list[str] = []
-            replies: list[asyncio.Future[Any]] = []
-            for room in rooms[start : start + UPKEEP_CHUNK]:
-                users = self._present.get(room)
-                if not users:
-                    continue
-                ordered = list(users)
-                tabs = self._room_key(room, "tabs:")
-                keys = [self._room_key(room, "present"), *(tabs + user for user in ordered)]
-                args = [self.worker_id, now + ttl, ttl, now, tabs, *ordered]
-                chunk.append(room)
-                replies.append(self._pipeline.submit(self._upkeep_script, keys, args))
-            answers = await asyncio.gather(*replies, return_exceptions=True)
-            for room, gone in zip(chunk, answers, strict=True):
-                if isinstance(gone, BaseException):
-                    error = error or gone
-                    continue
-                for user in gone:
-                    await self._announcer.announce(room, "leave", user.decode())
+        async for _ in spread(-(-calls // UPKEEP_CHUNK), spread_s):
+            error = await self._upkeep_chunk(list(islice(work, UPKEEP_CHUNK)), ttl) or error
+        while chunk := list(islice(work, UPKEEP_CHUNK)):  # users who came meanwhile
+            error = await self._upkeep_chunk(chunk, ttl) or error
         if error is not None:
             raise error
+
+    def _upkeep_calls(self, rooms: list[str]) -> Iterator[tuple[str, list[str], bool]]:
+        """(room, users, whether the room's last) for each upkeep call over ``rooms``, a
+        room's users read when its turn comes."""
+        for room in rooms:
+            users = list(self._present.get(room, ()))
+            for start in range(0, len(users), UPKEEP_USERS):
+                last = start + UPKEEP_USERS >= len(users)
+                yield room, users[start : start + UPKEEP_USERS], last
+
+    async def _upkeep_chunk(
+        self, calls: list[tuple[str, list[str], bool]], ttl: int
+    ) -> BaseException | None:
+        """Make and send ``calls`` together, announce the departures their sweeps found;
+        -> the first call's error."""
+        now = int(time.time() * 1000)
+        replies: list[asyncio.Future[Any]] = []
+        for room, users, last in calls:
+            tabs = self._room_key(room, "tabs:")
+            keys = [self._room_key(room, "present"), *(tabs + user for user in users)]
+            args = [self.worker_id, now + ttl, ttl, now, tabs if last else "", *users]
+            replies.append(self._pipeline.submit(self._upkeep_script, keys, args))
+        answers = await asyncio.gather(*replies, return_exceptions=True)
+        error: BaseException | None = None
+        for (room, _, _), gone in zip(calls, answers, strict=True):
+            if isinstance(gone, BaseException):
+                error = error or gone
+                continue
+            for user in gone:
+                await self._announcer.announce(room, "leave", user.decode())
+        return error
 
     async def _withdraw(self) -> None:
         """On a clean stop, leave every room at once instead of waiting for expiry."""
