@@ -12,7 +12,7 @@ In one process, on the app's own classes and a real ``redis-server`` (pinned to
   (with ``--visible``, every user also in the internal room of those whose chat page is
   visible, :data:`app.notify.VISIBLE_ROOM`, as the chat page's users are);
 - the connection counts' refresh (:func:`app.access.quotas.refresh_counts`, as often), one
-  entry a connection.
+  entry a connection, each admitted first.
 
 Each pass runs at once here (a worker spreads it over half its interval: the longest hold
 is what one chunk of it costs). For each: its CPU time (``time.process_time``, median) and
@@ -136,6 +136,8 @@ async def measure(
         )
         if visible:  # every user also in the worker's internal room of visible ones
             await asyncio.gather(*(presence.join(VISIBLE_ROOM, user) for user in users))
+        conns = [_Conn(user, f"c{n}") for n, user in enumerate(users)]
+        await asyncio.gather(*(quotas.admit(conn.user, conn.id, None) for conn in conns))
         await quotas.prepare()
         # What a worker does once its state is built (app.ops.gc_tuning, at the default
         # CHAT_GC_FREEZE_INTERVAL_S): without it, a full collection of the whole process
@@ -143,7 +145,6 @@ async def measure(
         gc_tuning = GcTuning([], freezing=True)
         gc_tuning.start()
         freezing = asyncio.create_task(keep_freezing(GC_FREEZE_INTERVAL_S))
-        conns = [_Conn(user, f"c{n}") for n, user in enumerate(users)]
 
         async def counts() -> None:
             await refresh_counts(quotas, conns)
