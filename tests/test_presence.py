@@ -17,6 +17,7 @@ from app.broker.redis import RedisBroker
 from app.presence import Presence, RoomPresence
 from app.presence.memory import MemoryPresence
 from app.presence.redis import UPKEEP_CHUNK, RedisPresence
+from app.settings import Settings
 from tests.helpers import make_settings, wait_until
 from tests.processes import RedisServer, redis_deployment
 from tests.test_broker_contract import Recorder
@@ -111,18 +112,33 @@ async def test_big_rooms_are_announced_as_throttled_counts(opened_of: OpenedFact
         assert await opened.presence.of("r") == RoomPresence(50, None)
 
 
-async def test_a_dead_workers_users_leave_when_their_entries_expire() -> None:
-    """A worker that stops refreshing (it died) leaves nothing behind: once its entries
-    expire, a live worker's sweep announces its users' departure."""
+@asynccontextmanager
+async def recorded_broker(
+    rooms: list[str], **overrides: object
+) -> AsyncIterator[tuple[Settings, RedisBroker, Recorder]]:
+    """A fresh redis-server and a RedisBroker on it (``overrides`` to the settings),
+    subscribed to ``rooms``, whose broadcasts ``Recorder`` records."""
     server = RedisServer()
     await server.start()
     try:
-        settings = make_settings(redis_url=server.url, presence_ttl_s=0.6)
+        settings = make_settings(redis_url=server.url, **overrides)
         broker = RedisBroker(settings)
         recorder = Recorder()
         await broker.start(recorder)
-        await wait_until(lambda: broker.ready)
-        await broker.subscribe_room("r")
+        try:
+            await wait_until(lambda: broker.ready)
+            await asyncio.gather(*(broker.subscribe_room(room) for room in rooms))
+            yield settings, broker, recorder
+        finally:
+            await broker.stop()
+    finally:
+        await server.stop()
+
+
+async def test_a_dead_workers_users_leave_when_their_entries_expire() -> None:
+    """A worker that stops refreshing (it died) leaves nothing behind: once its entries
+    expire, a live worker's sweep announces its users' departure."""
+    async with recorded_broker(["r"], presence_ttl_s=0.6) as (settings, broker, recorder):
         alive, dead = RedisPresence(settings, broker), RedisPresence(settings, broker)
         await alive.start()  # refreshes and sweeps every ttl/3; `dead` never does
         try:
@@ -134,25 +150,14 @@ async def test_a_dead_workers_users_leave_when_their_entries_expire() -> None:
         finally:
             await dead.stop()  # only now: its connections are closed
             await alive.stop()
-            await broker.stop()
-    finally:
-        await server.stop()
 
 
 async def test_the_upkeep_of_many_rooms_refreshes_and_sweeps_each() -> None:
     """Many more rooms than the upkeep takes at a time: every room's entries are refreshed
     (the live user stays past the ttl) and every room's sweep announces its own departures
     (the dead worker's user leaves each room, once)."""
-    server = RedisServer()
-    await server.start()
-    try:
-        settings = make_settings(redis_url=server.url, presence_ttl_s=0.9)
-        broker = RedisBroker(settings)
-        recorder = Recorder()
-        await broker.start(recorder)
-        await wait_until(lambda: broker.ready)
-        rooms = [f"r{n}" for n in range(300)]
-        await asyncio.gather(*(broker.subscribe_room(room) for room in rooms))
+    rooms = [f"r{n}" for n in range(300)]
+    async with recorded_broker(rooms, presence_ttl_s=0.9) as (settings, broker, recorder):
         alive, dead = RedisPresence(settings, broker), RedisPresence(settings, broker)
         await alive.start()
         try:
@@ -169,24 +174,13 @@ async def test_the_upkeep_of_many_rooms_refreshes_and_sweeps_each() -> None:
         finally:
             await dead.stop()
             await alive.stop()
-            await broker.stop()
-    finally:
-        await server.stop()
 
 
 async def test_a_clean_stop_sends_the_announcements_still_waiting() -> None:
     """Stopping withdraws the worker's users and sends what waits in its coalescing window
     (their departures among it) before the broker stops, rather than dropping it: the other
     workers' members see them leave."""
-    server = RedisServer()
-    await server.start()
-    try:
-        settings = make_settings(redis_url=server.url, presence_coalesce_s=5.0)
-        broker = RedisBroker(settings)
-        recorder = Recorder()
-        await broker.start(recorder)
-        await wait_until(lambda: broker.ready)
-        await broker.subscribe_room("r")
+    async with recorded_broker(["r"], presence_coalesce_s=5.0) as (settings, broker, recorder):
         presence = RedisPresence(settings, broker)
         await presence.start()
         try:
@@ -200,9 +194,6 @@ async def test_a_clean_stop_sends_the_announcements_still_waiting() -> None:
         assert _events(recorder)[:2] == expected[:2]  # in order, in one broadcast
         assert len(recorder.rooms) == 1
         assert (await RedisPresence(settings, broker).of("r")).users == []
-        await broker.stop()
-    finally:
-        await server.stop()
 
 
 def _events(recorder: Recorder) -> list[tuple[bytes, bytes]]:
