@@ -18,9 +18,10 @@ Each pass runs at once here (a worker spreads it over half its interval: the lon
 is what one chunk of it costs). For each: its CPU time (``time.process_time``, median) and
 Redis' (``/proc``), the longest the loop was held at once during it (median over the
 passes, and the largest; a task that yields to the loop again and again measures it, so
-that pass' CPU is not counted), and Redis' script calls a pass. Then ``present_users``: the
-users still present in all rooms (each pass refreshed them: none swept out). Prints one
-JSON object.
+that pass' CPU is not counted), Redis' script calls a pass and the longest of them (its
+slow log: Redis runs one command at a time, so every worker's messages wait for it). Then
+``present_users``: the users still present in all rooms (each pass refreshed them: none
+swept out). Prints one JSON object.
 """
 
 from __future__ import annotations
@@ -48,6 +49,9 @@ from loadtest.redis_cost import cpu_s
 from tests.processes import RedisServer
 
 GC_FREEZE_INTERVAL_S = Settings.model_fields["gc_freeze_interval_s"].default
+# Redis' slow log keeps the calls of a pass over this long (its longest is reported).
+_SLOWLOG_FROM_US = 200
+_SLOWLOG_LENGTH = 10_000
 
 
 @dataclass
@@ -95,12 +99,15 @@ async def _script_calls(admin: Redis) -> int:
 async def _measure_pass(
     run: Callable[[], Awaitable[None]], admin: Redis, redis_pid: int, repeat: int
 ) -> dict[str, Any]:
-    cpu, redis_cpu, holds, calls = [], [], [], []
+    cpu, redis_cpu, holds, calls, longest_calls = [], [], [], [], []
     for _ in range(repeat):
+        await admin.slowlog_reset()
         before, redis_before = await _script_calls(admin), cpu_s(redis_pid)
         cpu.append(await _cpu_ms(run))
         redis_cpu.append((cpu_s(redis_pid) - redis_before) * 1000)
         calls.append(await _script_calls(admin) - before)
+        logged = await admin.slowlog_get(_SLOWLOG_LENGTH)
+        longest_calls.append(max((entry["duration"] for entry in logged), default=0) / 1000)
         holds.append(await _longest_hold_ms(run))
     return {
         "cpu_ms": round(statistics.median(cpu), 3),
@@ -108,6 +115,8 @@ async def _measure_pass(
         "longest_hold_ms": round(statistics.median(holds), 3),
         "longest_hold_ms_max": round(max(holds), 3),
         "script_calls": max(calls),
+        # Redis runs one command at a time: every worker's messages wait for this one.
+        "redis_longest_call_ms": round(statistics.median(longest_calls), 3),
     }
 
 
@@ -124,6 +133,8 @@ async def measure(
     if redis_core is not None:
         os.sched_setaffinity(server.proc.pid, {redis_core})
     admin = Redis.from_url(server.url)
+    await admin.config_set("slowlog-log-slower-than", _SLOWLOG_FROM_US)
+    await admin.config_set("slowlog-max-len", _SLOWLOG_LENGTH)
     settings = Settings(redis_url=server.url, auth_mode="names")  # type: ignore[call-arg]
     broker = RedisBroker(settings)
     presence = RedisPresence(settings, broker)
