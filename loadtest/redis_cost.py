@@ -180,16 +180,33 @@ class Load:
         }
 
 
+# callgrind_control's options -> the monitor commands it would send through vgdb.
+_MONITOR_COMMANDS = {
+    "-z": "zero",
+    "-d": "dump",
+    "-i on": "instrumentation on",
+    "-i off": "instrumentation off",
+}
+
+
 async def callgrind(pid: int, command: str, dumps: Path) -> int:
-    """``callgrind_control`` on a server run under callgrind, its dumps into ``dumps``:
+    """A monitor command to a server run under callgrind, its dumps into ``dumps``:
     ``-z`` zeroes its counts, ``-i on`` / ``-i off`` starts and stops counting, ``-d`` dumps
     them; -> for ``-d``, the instructions counted (user space only: the kernel's work for its
-    sockets is not counted), from the dump."""
+    sockets is not counted), from the dump.
+
+    Sent with ``vgdb --pid`` itself, not ``callgrind_control``: that one first lists the
+    valgrind processes and, where it does not find the one asked for, prints so on its
+    standard output and exits 0, as it does when vgdb fails; a command not carried out is an
+    error here. vgdb forces a process blocked in a system call (an idle Go server) to take the
+    command after 100 ms; one not answering in 60 s is an error too."""
     done = await asyncio.create_subprocess_exec(
-        "callgrind_control", *command.split(), str(pid), stdout=asyncio.subprocess.DEVNULL
-    )
-    if await done.wait() != 0:
-        raise RuntimeError(f"callgrind_control {command} {pid} failed")
+        "vgdb", f"--pid={pid}", "--cmd-time-out=60", *_MONITOR_COMMANDS[command].split(),
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+    )  # fmt: skip
+    said, _ = await done.communicate()
+    if done.returncode != 0:
+        raise RuntimeError(f"vgdb {_MONITOR_COMMANDS[command]!r} to {pid} failed: {said.decode()}")
     return _dumped_instructions(pid, dumps) if command == "-d" else 0
 
 
@@ -201,6 +218,8 @@ def _dumped_instructions(pid: int, folder: Path) -> int:
         folder.glob(f"callgrind.{pid}.*"),
         key=lambda path: path.stat().st_mtime,
     )
+    if not dumps:
+        raise RuntimeError(f"no callgrind dump of {pid} in {folder}")
     lines = dumps[-1].read_text().splitlines()
     for dump in dumps:
         dump.unlink()
