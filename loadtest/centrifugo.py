@@ -96,13 +96,25 @@ class Centrifugo:
         assert self.proc is not None
         return self.proc.pid
 
+    @property
+    def log(self) -> Path:
+        """Its standard error (and valgrind's, ``under`` it), until :meth:`stop`."""
+        return self.dir / "stderr.log"
+
+    def log_tail(self, chars: int = 2000) -> str:
+        """The end of :attr:`log`, and how it exited if it has: for errors."""
+        text = self.log.read_text(errors="replace")[-chars:] if self.log.exists() else ""
+        exited = self.proc.returncode if self.proc is not None else None
+        return f"exit status {exited}; its stderr ends: {text}"
+
     async def start(self) -> None:
         env = {**os.environ, "GOMAXPROCS": str(len(self.cores))}
-        self.proc = await asyncio.create_subprocess_exec(
-            "taskset", "-c", ",".join(map(str, sorted(self.cores))), *self.under,
-            str(binary()), "-c", str(self.dir / "config.json"),
-            env=env, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
-        )  # fmt: skip
+        with self.log.open("wb") as log:  # a file: a pipe no one reads would block it when full
+            self.proc = await asyncio.create_subprocess_exec(
+                "taskset", "-c", ",".join(map(str, sorted(self.cores))), *self.under,
+                str(binary()), "-c", str(self.dir / "config.json"),
+                env=env, stdout=asyncio.subprocess.DEVNULL, stderr=log,
+            )  # fmt: skip
         await wait_healthy(self.proc, self.port, "/health", "centrifugo", 300 if self.under else 20)
 
     async def stop(self) -> None:

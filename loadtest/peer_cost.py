@@ -258,7 +258,12 @@ class Target:
         """``callgrind_control`` on the server (``--callgrind``): ``-i on`` counts from now,
         ``-i off`` stops; ``-d`` dumps -> the instructions counted."""
         assert self.dumps is not None
-        return await callgrind(self.server_pid, command, Path(self.dumps.name))
+        try:
+            return await callgrind(self.server_pid, command, Path(self.dumps.name))
+        except RuntimeError as error:
+            if self.centrifugo is None:
+                raise
+            raise RuntimeError(f"{error}; centrifugo: {self.centrifugo.log_tail()}") from error
 
     async def stop(self) -> None:
         if self.proc is not None:
