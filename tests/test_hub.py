@@ -432,6 +432,43 @@ async def test_snapshot_counts_memberships_and_the_bytes_queued(world: World) ->
     assert world.hub.snapshot().memberships == 1 == len(ada.rooms)
 
 
+async def test_snapshot_counts_the_memberships_behind_and_forgets_rooms_caught_up(
+    world: World,
+) -> None:
+    """`memberships_behind`: a join replaying counts until it is live; after a lost
+    subscription every member counts, in every room, until each has caught up; and rooms
+    where none is behind any more are not walked again (the gauges read it every second)."""
+    missed = [await world.say(f"m{n}") for n in range(3)]
+    ada, _ = world.connect("ada")
+    bob, _ = world.connect("bob")
+    await world.hub.join(bob, "s", None)
+    await world.say("live", "s")
+    await wait_until(lambda: world.hub.behind("s") == 0)
+    world.broker.gate.clear()
+    joining = asyncio.create_task(world.hub.join(ada, "r", missed[0]))
+    await wait_until(lambda: world.broker.reads == 1)
+    assert world.hub.snapshot().memberships_behind == 1
+    world.broker.gate.set()
+    await joining
+    assert world.hub.snapshot().memberships_behind == 0  # replayed: it waits to hear one live
+    await world.say("live")
+    await wait_until(lambda: world.hub.behind("r") == 0)
+    assert world.hub.snapshot().memberships_behind == 0 and not world.hub._rooms_catching_up
+
+    world.broker.gate.clear()
+    world.hub.link_lost()
+    assert world.hub.snapshot().memberships_behind == 2  # ada in r, bob in s
+    world.hub.resubscribed()
+    await wait_until(lambda: world.broker.reads >= 2)
+    assert world.hub.snapshot().memberships_behind == 2  # their history reads wait
+    world.broker.gate.set()
+    await wait_until(lambda: world.hub.snapshot().memberships_behind == 0)
+    assert world.hub.behind("r") == world.hub.behind("s") == 0
+    assert not world.hub._rooms_catching_up
+    await world.hub.leave(ada, "r")
+    assert world.hub.snapshot().memberships_behind == 0
+
+
 async def test_token_expiry_looks_at_every_connection_a_chunk_at_a_time(
     world: World, monkeypatch: pytest.MonkeyPatch
 ) -> None:
