@@ -54,7 +54,7 @@ from websockets.exceptions import ConnectionClosed
 
 from loadtest.bench import OPEN_LIMITS, free_port
 from loadtest.centrifugo import Centrifugo, terminate
-from loadtest.redis_cost import TEXT, callgrind, cpu_s, per_message
+from loadtest.redis_cost import TEXT, callgrind, cpu_s, per_message, valgrind
 from tests.processes import ROOT, RedisServer
 
 TARGETS = ("hubbub-redis", "hubbub", "centrifugo", "tutorial")
@@ -172,8 +172,7 @@ class Target:
         under: tuple[str, ...] = ()
         if getattr(self.args, "callgrind", False):
             self.dumps = tempfile.TemporaryDirectory(prefix="hubbub-callgrind-")
-            out = f"--callgrind-out-file={self.dumps.name}/callgrind.%p"
-            under = ("valgrind", "--tool=callgrind", "--instr-atstart=no", out, "--dump-line=no")
+            under = valgrind(Path(self.dumps.name), "--instr-atstart=no")
         if self.kind == "centrifugo":
             assert self.redis is not None
             self.centrifugo = Centrifugo(self.redis.url, {self.args.server_core}, under=under)

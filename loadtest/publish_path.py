@@ -31,7 +31,7 @@ import uvloop
 from app.broker import Published
 from app.broker.redis import RedisBroker
 from app.settings import Settings
-from loadtest.redis_cost import Counter, callgrind
+from loadtest.redis_cost import Counter, callgrind, valgrind
 from tests.processes import RedisServer
 
 TEXT = "hello there, how are you"
@@ -136,8 +136,7 @@ async def under_callgrind(argv: list[str]) -> dict[str, Any]:
         dumps = Path(folder)
         marker = dumps / "marker"
         child = await asyncio.create_subprocess_exec(
-            "valgrind", "--tool=callgrind", "--instr-atstart=no",
-            f"--callgrind-out-file={folder}/callgrind.%p",
+            *valgrind(dumps, "--instr-atstart=no"),
             sys.executable, "-m", "loadtest.publish_path", *argv, "--marker", str(marker),
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL,
         )  # fmt: skip

@@ -62,7 +62,14 @@ from app.broker.redis import RedisBroker
 from app.settings import Settings
 from loadtest.centrifugo import available as centrifugo_available
 from loadtest.redis_bench import versions
-from loadtest.redis_cost import Counter, callgrind, centrifugo_publishing, cpu_s, per_message
+from loadtest.redis_cost import (
+    Counter,
+    callgrind,
+    centrifugo_publishing,
+    cpu_s,
+    per_message,
+    valgrind,
+)
 from tests.processes import RedisServer
 
 TEXT = "x" * 40
@@ -437,9 +444,7 @@ async def replay(args: argparse.Namespace, case: Case, recording: Recording) -> 
     dumps = Path(tempfile.mkdtemp(prefix="hubbub-ceiling-"))
     under: tuple[str, ...] = ()
     if args.callgrind:
-        out = f"--callgrind-out-file={dumps}/callgrind.%p"
-        log = f"--log-file={dumps}/valgrind.log"
-        under = ("valgrind", "--tool=callgrind", out, log, "--dump-line=no")
+        under = valgrind(dumps, f"--log-file={dumps}/valgrind.log")
     server = RedisServer(under=under)
     await server.start()
     assert server.proc is not None

@@ -103,8 +103,7 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
         under: tuple[str, ...] = ()
         if args.callgrind:
             args.callgrind_dumps = Path(dumps)
-            out = f"--callgrind-out-file={dumps}/callgrind.%p"
-            under = ("valgrind", "--tool=callgrind", out, "--dump-line=no")
+            under = valgrind(Path(dumps))
         redis = RedisServer(under=under)
         await redis.start()
         assert redis.proc is not None
@@ -180,6 +179,16 @@ class Load:
         }
 
 
+def valgrind(dumps: Path, *options: str) -> tuple[str, ...]:
+    """The command line to run a server under callgrind with: its dumps into ``dumps``
+    (``callgrind.<pid>.<n>``), and its vgdb pipes there too, so that :func:`callgrind` talks
+    to it alone (not through ``/tmp``, which others share)."""
+    return (
+        "valgrind", "--tool=callgrind", f"--callgrind-out-file={dumps}/callgrind.%p",
+        f"--vgdb-prefix={dumps}/vgdb-pipe", "--dump-line=no", *options,
+    )  # fmt: skip
+
+
 # callgrind_control's options -> the monitor commands it would send through vgdb.
 _MONITOR_COMMANDS = {
     "-z": "zero",
@@ -195,13 +204,16 @@ async def callgrind(pid: int, command: str, dumps: Path) -> int:
     them; -> for ``-d``, the instructions counted (user space only: the kernel's work for its
     sockets is not counted), from the dump.
 
-    Sent with ``vgdb --pid`` itself, not ``callgrind_control``: that one first lists the
-    valgrind processes and, where it does not find the one asked for, prints so on its
-    standard output and exits 0, as it does when vgdb fails; a command not carried out is an
-    error here. vgdb forces a process blocked in a system call (an idle Go server) to take the
-    command after 100 ms; one not answering in 60 s is an error too."""
+    The server runs as :func:`valgrind` says. Sent with ``vgdb --pid`` itself, not
+    ``callgrind_control``: that one first lists the valgrind processes and, where it does not
+    find the one asked for, prints so on its standard output and exits 0, as it does when
+    vgdb fails; a command not carried out is an error here. vgdb forces a process blocked in
+    a system call (an idle Go server) to take the command after 100 ms (where it may not, the
+    process takes it at its next wake-up: about a second for an idle Centrifugo); one not
+    answering in 60 s is an error too."""
     done = await asyncio.create_subprocess_exec(
-        "vgdb", f"--pid={pid}", "--cmd-time-out=60", *_MONITOR_COMMANDS[command].split(),
+        "vgdb", f"--vgdb-prefix={dumps}/vgdb-pipe", f"--pid={pid}", "--cmd-time-out=60",
+        *_MONITOR_COMMANDS[command].split(),
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
     )  # fmt: skip
     said, _ = await done.communicate()
