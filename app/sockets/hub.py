@@ -120,7 +120,8 @@ class Hub:
         self.slices = Slices()  # the same connections, in the heartbeat's groups
         self._memberships = 0  # connection-in-room pairs: the sum of len(conn.rooms)
         # Every room with a connection behind in it, and perhaps some no longer (pruned by
-        # behind_count): what the gauges walk each second, not every room.
+        # behind_count): what the gauges walk each second, not every room. Only rooms here:
+        # a room's name goes with it.
         self._rooms_catching_up: set[str] = set()
         self._sse_connections = 0  # of them over the HTTP fallback (counted as they come and go)
         self.draining = False
@@ -664,6 +665,7 @@ class Hub:
                 was_present = replay.joined
             if not state:
                 del self._rooms[room]
+                self._rooms_catching_up.discard(room)
         return was_present
 
     async def _after_leave(self, conn: Connection, room: str, was_present: bool) -> None:
