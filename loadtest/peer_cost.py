@@ -257,12 +257,7 @@ class Target:
         """``callgrind_control`` on the server (``--callgrind``): ``-i on`` counts from now,
         ``-i off`` stops; ``-d`` dumps -> the instructions counted."""
         assert self.dumps is not None
-        try:
-            return await callgrind(self.server_pid, command, Path(self.dumps.name))
-        except RuntimeError as error:
-            if self.centrifugo is None:
-                raise
-            raise RuntimeError(f"{error}; centrifugo: {self.centrifugo.log_tail()}") from error
+        return await callgrind(self.server_pid, command, Path(self.dumps.name))
 
     async def stop(self) -> None:
         if self.proc is not None:
@@ -395,6 +390,10 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
             "redis_commands_per_message": commands,
             "redis_commands_per_join": join_commands,
         }
+    except BaseException:
+        if target.centrifugo is not None:  # what it said, before its folder goes
+            sys.stderr.write(f"centrifugo: {target.centrifugo.log_tail()}\n")
+        raise
     finally:
         await asyncio.gather(*(member.close() for member in [*warm_clients, *members]))
         await target.stop()
