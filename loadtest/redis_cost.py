@@ -207,12 +207,15 @@ async def callgrind(pid: int, command: str, dumps: Path) -> int:
     The server runs as :func:`valgrind` says. Sent with ``vgdb --pid`` itself, not
     ``callgrind_control``: that one first lists the valgrind processes and, where it does not
     find the one asked for, prints so on its standard output and exits 0, as it does when
-    vgdb fails; a command not carried out is an error here. vgdb forces a process blocked in
-    a system call (an idle Go server) to take the command after 100 ms (where it may not, the
-    process takes it at its next wake-up: about a second for an idle Centrifugo); one not
-    answering in 60 s is an error too."""
+    vgdb fails; a command not carried out is an error here. vgdb is not let interrupt a
+    process blocked in a system call to make it take the command (``--max-invoke-ms=0``: it
+    would attach to every thread with ptrace, and an idle Centrifugo so interrupted closed a
+    client's socket in one run and was gone in another, CI's): the process takes it when it
+    next wakes, within about a second for an idle Centrifugo (its timers), 0.1 s for Redis
+    (its ``hz``). One not answering in 60 s is an error."""
     done = await asyncio.create_subprocess_exec(
-        "vgdb", f"--vgdb-prefix={dumps}/vgdb-pipe", f"--pid={pid}", "--cmd-time-out=60",
+        "vgdb", f"--vgdb-prefix={dumps}/vgdb-pipe", f"--pid={pid}", "--max-invoke-ms=0",
+        "--cmd-time-out=60",
         *_MONITOR_COMMANDS[command].split(),
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
     )  # fmt: skip
