@@ -257,7 +257,9 @@ class Target:
         """``callgrind_control`` on the server (``--callgrind``): ``-i on`` counts from now,
         ``-i off`` stops; ``-d`` dumps -> the instructions counted."""
         assert self.dumps is not None
-        return await callgrind(self.server_pid, command, Path(self.dumps.name))
+        # Centrifugo is not interrupted with ptrace to take the command (see callgrind).
+        interrupt = self.centrifugo is None
+        return await callgrind(self.server_pid, command, Path(self.dumps.name), interrupt)
 
     async def stop(self) -> None:
         if self.proc is not None:
