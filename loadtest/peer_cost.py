@@ -254,8 +254,8 @@ class Target:
         return member.ws.send(orjson.dumps(frame).decode())
 
     async def instructions(self, command: str) -> int:
-        """``callgrind_control`` on the server (``--callgrind``): ``-i on`` counts from now,
-        ``-i off`` stops; ``-d`` dumps -> the instructions counted."""
+        """A callgrind command to the server (``--callgrind``, see :func:`callgrind`): ``-i on``
+        counts from now, ``-i off`` stops; ``-d`` dumps -> the instructions counted."""
         assert self.dumps is not None
         # Centrifugo is not interrupted with ptrace to take the command (see callgrind).
         interrupt = self.centrifugo is None
