@@ -787,6 +787,13 @@ class Settings(BaseSettings):
         description="Longest token lifetime accepted: `exp - iat` (`exp - now` without `iat`); "
         "a longer-lived token is refused, so a leaked one is not good for long.",
     )
+    jwt_cache_size: int = Field(
+        10_000,
+        ge=0,
+        description="Tokens each worker remembers as verified until they expire, the oldest "
+        "forgotten first, so that a client's next request or reconnection with the same token "
+        "skips the signature check (0: check every time).",
+    )
     auth_timeout_s: float = Field(
         5.0,
         gt=0,

@@ -264,6 +264,23 @@ async def test_the_tracing_cost_benchmark_smoke(tmp_path: Path) -> None:
         assert f"| {setting} |" in result["report"]
 
 
+async def test_the_token_cost_benchmark_smoke(tmp_path: Path) -> None:
+    """``python -m loadtest.token_cost``, tiny: both cases (every token checked, tokens
+    remembered) let every client in twice and answer every history read (the tool fails on
+    any refusal), with ES256 tokens, and a cost comes out for each phase."""
+    out = tmp_path / "tokens.json"
+    await run_module(
+        "loadtest.token_cost", "--algorithm", "ES256", "--rounds", "1", "--clients", "30",
+        "--requests", "30", "--json", str(out), timeout=90,
+    )  # fmt: skip
+    result = json.loads(out.read_text())
+    assert result["algorithm"] == "ES256" and result["clients"] == 30
+    for case in ("unremembered", "remembered"):
+        (run,) = result["rounds"][case]
+        assert set(run) == {"first", "again", "http"}, run
+        assert all(cost > 0 for cost in run.values()), run
+
+
 @pytest.mark.timeout(150)
 async def test_the_moderation_cost_benchmark_smoke(tmp_path: Path) -> None:
     """``python -m loadtest.moderation_cost`` (``make bench-moderation``), tiny: messages flow
