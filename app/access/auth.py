@@ -7,14 +7,13 @@ verify are accepted, so a token signed with another algorithm (``none``, or HS25
 public key as secret) is refused. A token must carry ``sub`` (the user name) and ``exp``; the
 optional rooms claim limits which rooms the user may join and send to.
 
-A token verified once is remembered, per worker, until it expires
-(``CHAT_JWT_CACHE_SIZE`` of them, the oldest forgotten first): a client's next request or
-reconnection with it costs a dictionary lookup and an expiry check instead of PyJWT's
-decoding, signature and claims checks (about 50 µs for HS256, 100 for RS256, 155 for ES256:
-``loadtest.token_cost``). Only a token that
-passed every check is remembered, and only its expiry can change its verdict later: ``nbf``,
-``iat`` and the lifetime limit hold more surely as time passes. A refused token is checked
-in full each time.
+A token verified once is remembered, per worker, until it expires (``CHAT_JWT_CACHE_SIZE``
+of them, the oldest forgotten first): a client's next request or reconnection with it costs
+a dictionary lookup and an expiry check instead of PyJWT's decoding, signature and claims
+checks (about 50 µs for HS256, 100 for RS256, 155 for ES256: ``docs/benchmarks.md``). Only a
+token that passed every check is remembered, and only its expiry can change its verdict
+later: ``nbf``, ``iat`` and the lifetime limit hold more surely as time passes. A refused
+token is checked in full each time.
 """
 
 from __future__ import annotations
