@@ -663,6 +663,15 @@ class Settings(BaseSettings):
         description="Arrivals and departures a worker announces in one room within this long "
         "go out in one broadcast (0: each at once).",
     )
+    presence_leave_grace_s: float = Field(
+        5.0,
+        ge=0,
+        le=60,
+        description="A user whose last connection in a room ends without leaving it (a reload, "
+        "a lost network, a drained worker) stays present this long: back in time, on any "
+        "worker or pod, nothing is announced; else the departure is, this late. An explicit "
+        "`leave` is announced at once (0: every departure at once).",
+    )
     drain_window_s: float = Field(
         10.0,
         ge=0,

@@ -29,6 +29,8 @@ def make_settings(**overrides: object) -> Settings:
     base: dict[str, object] = {
         # Tests connect as named users (?name=); the identity modes are tested on their own.
         "auth_mode": "names",
+        # A departure is announced when the socket ends: tests of the grace set it themselves.
+        "presence_leave_grace_s": 0.0,
         "rate_limit_frames_per_s": 10_000.0,
         "rate_limit_burst": 10_000,
         # Tests open many connections and send fast from one address and a few names.

@@ -33,7 +33,9 @@ class Presence(Protocol):
       workers is announced with a ``presence`` frame on the room (only the count above
       ``CHAT_PRESENCE_MAX_MEMBERS``, throttled, see :mod:`app.presence.announcer`).
     - A worker that dies leaves nothing behind for longer than ``CHAT_PRESENCE_TTL_S``: its
-      entries expire, and the survivors announce those users' departure.
+      entries expire, and the survivors announce those users' departure. A user lingering
+      (see :meth:`leave`) on a worker that stops or dies is swept out the same way once its
+      grace has passed.
     - Calls raise :class:`~app.errors.BrokerUnavailable` when the backend cannot be reached.
     """
 
@@ -50,7 +52,13 @@ class Presence(Protocol):
         would say (with Redis, read in the same call)."""
         ...
 
-    async def leave(self, room: str, user: str) -> None: ...
+    async def leave(self, room: str, user: str, linger: bool = False) -> None:
+        """``user`` leaves ``room`` on this worker. With ``linger`` (its connection ended
+        without a ``leave``), it stays present for ``CHAT_PRESENCE_LEAVE_GRACE_S``: a
+        :meth:`join` within it, on any worker, announces nothing, and neither does the end of
+        the grace; else the departure is announced when the grace ends. Internal rooms
+        (``~``) never linger."""
+        ...
 
     async def of(self, room: str) -> RoomPresence:
         """Who is in ``room`` now."""
@@ -58,6 +66,12 @@ class Presence(Protocol):
 
     async def is_present(self, room: str, user: str) -> bool:
         """Whether ``user`` is in ``room`` now, on any worker."""
+        ...
+
+    @property
+    def lingering(self) -> int:
+        """Users lingering on this worker (see :meth:`leave`): their grace running, or its
+        end being settled."""
         ...
 
     def on_internal(self, listener: Callable[[str, str, str], Awaitable[None]]) -> None:

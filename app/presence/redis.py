@@ -64,13 +64,32 @@ return {live == 0 and 1 or 0, redis.call('ZCOUNT', KEYS[1], ARGV[3], '+inf'),
         redis.call('ZRANGEBYSCORE', KEYS[1], ARGV[3], '+inf', 'LIMIT', 0, ARGV[6])}
 """
 
+# LEAVE with ARGV[4] '1' (the end of a grace, see LINGER) does nothing while this worker's
+# entry is still live: the user came back to this worker since.
 LEAVE: Final = """
--- KEYS: present, tabs   ARGV: user, worker, now_ms
+-- KEYS: present, tabs   ARGV: user, worker, now_ms, lapsed only ('1') or not ('0')
+if ARGV[4] == '1' then
+  local score = redis.call('ZSCORE', KEYS[2], ARGV[2])
+  if score and tonumber(score) > tonumber(ARGV[3]) then return {0, 0} end
+end
 redis.call('ZREM', KEYS[2], ARGV[2])
 if redis.call('ZCOUNT', KEYS[2], ARGV[3], '+inf') > 0 then return {0, 0} end
 redis.call('DEL', KEYS[2])
 local changed = redis.call('ZREM', KEYS[1], ARGV[1])
 return {changed, redis.call('ZCOUNT', KEYS[1], ARGV[3], '+inf')}
+"""
+
+# A user whose connection ended without a leave lingers (app.presence.Presence.leave): this
+# worker's entry is kept until the grace ends (no longer refreshed), and the user's `present`
+# score becomes its freshest entry's, so that once every entry has lapsed (this worker died in
+# the grace) any worker's sweep finds the user gone. A JOIN in the grace finds a live entry:
+# nothing is announced. When the grace ends the worker calls LEAVE, lapsed only.
+LINGER: Final = """
+-- KEYS: present, tabs   ARGV: user, worker, until_ms
+redis.call('ZADD', KEYS[2], 'XX', ARGV[3], ARGV[2])
+local freshest = redis.call('ZREVRANGE', KEYS[2], 0, 0, 'WITHSCORES')
+if freshest[2] then redis.call('ZADD', KEYS[1], freshest[2], ARGV[1]) end
+return 0
 """
 
 # A room's upkeep, every ttl/3: refresh this worker's entries (the user of KEYS[i], i >= 2, is
@@ -111,6 +130,11 @@ class RedisPresence:
         self._pipeline: AutoPipeline | ClusterPipelines = pipelines_for(self._redis, settings)
         self._join = self._redis.register_script(JOIN)
         self._leave = self._redis.register_script(LEAVE)
+        self._linger = self._redis.register_script(LINGER)
+        self._grace_s = settings.presence_leave_grace_s
+        # (room, user) -> the end of its grace on this worker, and the ends running
+        self._lingering: dict[tuple[str, str], asyncio.TimerHandle] = {}
+        self._lapsing: set[asyncio.Task[None]] = set()
         self._upkeep_script = self._redis.register_script(UPKEEP)
         self._present: dict[str, set[str]] = {}  # room -> users present through this worker
         self._upkeep: asyncio.Task[None] | None = None
@@ -125,16 +149,30 @@ class RedisPresence:
     def on_internal(self, listener: Callable[[str, str, str], Awaitable[None]]) -> None:
         self._announcer.internal_listener = listener
 
+    @property
+    def lingering(self) -> int:
+        """Users lingering on this worker: their grace running, or its end being settled."""
+        return len(self._lingering) + len(self._lapsing)
+
     async def start(self) -> None:
         self._upkeep = asyncio.create_task(self._keep_up(), name="redis-presence")
 
     async def stop(self) -> None:
         """Withdraw this worker's entries, then send the announcements still waiting (the
-        departures among them), before the broker stops."""
+        departures among them), before the broker stops. The users lingering here stay so
+        until their grace ends (they may be coming back to another worker: a drain); then
+        the other workers' sweeps find those who did not."""
         if self._upkeep is not None:
             self._upkeep.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._upkeep
+        for handle in self._lingering.values():
+            handle.cancel()
+        self._lingering.clear()
+        for task in list(self._lapsing):
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
         try:
             await self._withdraw()
         except (*REDIS_ERRORS, BrokerUnavailable) as exc:  # the entries expire by themselves
@@ -150,6 +188,9 @@ class RedisPresence:
         ]
 
     async def join(self, room: str, user: str) -> RoomPresence:
+        lingering = self._lingering.pop((room, user), None)
+        if lingering is not None:  # back within its grace: JOIN refreshes the entry
+            lingering.cancel()
         self._present.setdefault(room, set()).add(user)
         now = int(time.time() * 1000)
         ttl = int(self._settings.presence_ttl_s * 1000)
@@ -170,7 +211,7 @@ class RedisPresence:
             return RoomPresence(len(users), sorted(u.decode() for u in users))
         return RoomPresence(max(count, len(users)), None)
 
-    async def leave(self, room: str, user: str) -> None:
+    async def leave(self, room: str, user: str, linger: bool = False) -> None:
         users = self._present.get(room)
         if users is not None:
             users.discard(user)
@@ -178,10 +219,49 @@ class RedisPresence:
                 del self._present[room]
                 self._announcer.forget(room)
         keys = self._keys(room, user)
-        args: list[str | int] = [user, self.worker_id, int(time.time() * 1000)]
+        now = int(time.time() * 1000)
+        if linger and self._grace_s > 0 and not room.startswith("~"):
+            until = now + int(self._grace_s * 1000)
+            await call_redis(
+                lambda: self._pipeline.call(self._linger, keys, [user, self.worker_id, until])
+            )
+            previous = self._lingering.pop((room, user), None)
+            if previous is not None:
+                previous.cancel()
+            # A little past `until`: the entry has lapsed by Redis' clock when LEAVE runs.
+            self._lingering[(room, user)] = asyncio.get_running_loop().call_later(
+                self._grace_s + 0.05, self._lapse, room, user
+            )
+            return
+        await self._depart(room, user, keys, [user, self.worker_id, now, "0"])
+
+    def _lapse(self, room: str, user: str) -> None:
+        """The grace of ``user`` in ``room`` ended on this worker: it departs unless it came
+        back to another worker. The LEAVE is handed to the pipeline here, ahead of any later
+        JOIN of this worker (which would then be an arrival, announced after the departure)."""
+        self._lingering.pop((room, user), None)
+        args: list[str | int] = [user, self.worker_id, int(time.time() * 1000), "1"]
+        try:
+            reply = self._pipeline.submit(self._leave, self._keys(room, user), args)
+        except REDIS_ERRORS as exc:  # the entry lapses by itself: the sweeps find the user
+            logger.warning("departure of %s from %s not settled: %r", user, room, exc)
+            return
+        task = asyncio.create_task(self._announce_lapse(room, user, reply))
+        self._lapsing.add(task)
+        task.add_done_callback(self._lapsing.discard)
+
+    async def _depart(self, room: str, user: str, keys: list[str], args: list[str | int]) -> None:
         changed, count = await call_redis(lambda: self._pipeline.call(self._leave, keys, args))
         if changed:
             await self._announcer.announce(room, "leave", user, count)
+
+    async def _announce_lapse(self, room: str, user: str, reply: asyncio.Future[Any]) -> None:
+        try:
+            changed, count = await call_redis(lambda: reply)
+            if changed:
+                await self._announcer.announce(room, "leave", user, count)
+        except BrokerUnavailable as exc:  # the entry lapses by itself: the sweeps find the user
+            logger.warning("departure of %s from %s not settled: %r", user, room, exc)
 
     async def _count(self, room: str) -> int:
         key, now = self._room_key(room, "present"), int(time.time() * 1000)

@@ -484,7 +484,7 @@ class Hub:
         await self.set_visible(conn, False)
         for room in list(conn.rooms):
             try:
-                await self.leave(conn, room)
+                await self.leave(conn, room, linger=True)
             except Exception:
                 logger.exception("leaving %s for a closed connection failed", room)
         conns = self._users.get(conn.user)
@@ -642,11 +642,13 @@ class Hub:
         replay.cancel()
         return replay.cursor if replay.joined else None
 
-    async def leave(self, conn: Connection, room: str) -> None:
-        """Take ``conn`` out of ``room``; the last local member out unsubscribes the broker."""
+    async def leave(self, conn: Connection, room: str, *, linger: bool = False) -> None:
+        """Take ``conn`` out of ``room``; the last local member out unsubscribes the broker.
+        ``linger``: the connection ended without leaving (see
+        :meth:`app.presence.Presence.leave`)."""
         if room not in conn.rooms:
             return
-        await self._after_leave(conn, room, self._detach(conn, room))
+        await self._after_leave(conn, room, self._detach(conn, room), linger)
 
     def _detach(self, conn: Connection, room: str) -> bool:
         """Take ``conn`` (in ``room``) out of its delivery at once; whether it was present."""
@@ -668,7 +670,9 @@ class Hub:
                 self._rooms_catching_up.discard(room)
         return was_present
 
-    async def _after_leave(self, conn: Connection, room: str, was_present: bool) -> None:
+    async def _after_leave(
+        self, conn: Connection, room: str, was_present: bool, linger: bool = False
+    ) -> None:
         """What a leave does after :meth:`_detach`: presence, and the broker's subscription."""
         key = (room, conn.user)
         if was_present and self._present[key] > 0:
@@ -677,7 +681,7 @@ class Hub:
                 del self._present[key]
                 # When the broker is down, the entry expires by itself (nobody refreshes it).
                 with contextlib.suppress(BrokerUnavailable):
-                    await self._presence.leave(room, conn.user)
+                    await self._presence.leave(room, conn.user, linger=linger)
         if room not in self._rooms:
             await self._broker.unsubscribe_room(room)
 
