@@ -281,6 +281,21 @@ async def test_the_token_cost_benchmark_smoke(tmp_path: Path) -> None:
         assert all(cost > 0 for cost in run.values()), run
 
 
+async def test_the_rejoin_cost_benchmark_smoke(tmp_path: Path) -> None:
+    """``python -m loadtest.rejoin_cost``, tiny: in a storm of reconnects through Redis, every
+    return is announced to the room without a grace, and none is with one."""
+    out = tmp_path / "rejoin.json"
+    await run_module(
+        "loadtest.rejoin_cost", "--clients", "20", "--room-size", "5", "--concurrency", "5",
+        "--grace-s", "0.5", "--rounds", "1", "--json", str(out), timeout=90,
+    )  # fmt: skip
+    result = json.loads(out.read_text())
+    ((without,), (within,)) = result["rounds"].values()
+    assert without["presence_frames_per_reconnect"] >= 5 - 1, without
+    assert within["presence_frames_per_reconnect"] == 0, within
+    # (the CPU figures of 20 reconnects are within /proc's 10 ms ticks: not checked here)
+
+
 @pytest.mark.timeout(150)
 async def test_the_moderation_cost_benchmark_smoke(tmp_path: Path) -> None:
     """``python -m loadtest.moderation_cost`` (``make bench-moderation``), tiny: messages flow
