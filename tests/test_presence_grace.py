@@ -13,10 +13,12 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
+import httpx2 as httpx
 import pytest
 from redis.asyncio import Redis
 
 from app.broker.keys import KeyLayout
+from app.errors import CloseCode
 from tests.helpers import ChatClient, Frame, LiveServer, make_settings, run_server, wait_until
 from tests.processes import RedisServer
 
@@ -201,3 +203,37 @@ async def test_a_join_that_overtakes_the_lingering_counts(broker: str) -> None:
         assert about(await frames_until_message(ada, "still here"), "bob") == []
         await presence.leave("p", "bob")
         assert (await ada.presence_of("bob"))["event"] == "leave"
+
+
+@pytest.mark.parametrize("broker", BROKERS)
+async def test_a_kicked_user_does_not_linger(broker: str) -> None:
+    """A connection the server closes for good (here a moderator's kick, 4003) is not
+    expected back: its user's departure is announced at once."""
+    token = "a-moderators-token-that-is-long-enough"
+    redis = RedisServer() if broker == "redis" else None
+    if redis is not None:
+        await redis.start()
+    try:
+        async with (
+            run_server(grace_settings(redis, admin_token=token)) as server,
+            ChatClient.connect(server.ws_url("ada")) as ada,
+            ChatClient.connect(server.ws_url("troll")) as troll,
+            httpx.AsyncClient(timeout=5) as http,
+        ):
+            await ada.join("p")
+            await troll.join("p")
+            assert (await ada.presence_of("troll"))["event"] == "join"
+            kicked_at = time.monotonic()
+            kick = await http.post(
+                f"{server.http_url}/admin/users/troll/kick",
+                headers={"Authorization": f"Bearer {token}"},
+            )
+            assert kick.status_code == 202
+            assert await troll.closed_with() == CloseCode.FORBIDDEN
+            leave = await ada.presence_of("troll")
+            assert leave["event"] == "leave" and leave["count"] == 1, leave
+            assert time.monotonic() - kicked_at < GRACE_S
+            assert server.state.presence.lingering == 0
+    finally:
+        if redis is not None:
+            await redis.stop()

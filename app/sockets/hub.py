@@ -482,9 +482,13 @@ class Hub:
         self.connections.discard(conn)
         self.slices.discard(conn)
         await self.set_visible(conn, False)
+        # Presence lingers for a client expected back (see Presence.leave): not for one the
+        # server closed for good (kicked, banned, refused).
+        code = conn.close_code
+        linger = code is None or code.should_reconnect
         for room in list(conn.rooms):
             try:
-                await self.leave(conn, room, linger=True)
+                await self.leave(conn, room, linger=linger)
             except Exception:
                 logger.exception("leaving %s for a closed connection failed", room)
         conns = self._users.get(conn.user)
