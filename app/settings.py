@@ -669,8 +669,9 @@ class Settings(BaseSettings):
         le=60,
         description="A user whose last connection in a room ends without leaving it (a reload, "
         "a lost network, a drained worker) stays present this long: back in time, on any "
-        "worker or pod, nothing is announced; else the departure is, this late. An explicit "
-        "`leave` is announced at once (0: every departure at once).",
+        "worker or pod, nothing is announced; else the departure is, this late. A `leave`, "
+        "and a close after which clients do not reconnect (a kick), are announced at once (0: "
+        "every departure at once).",
     )
     drain_window_s: float = Field(
         10.0,
