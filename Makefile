@@ -17,7 +17,7 @@ export UV_SYSTEM_CERTS := 1
 # lets Chromium draw the page's reactions in its screenshots.
 DEB_TEST_DEPS := etcd:etcd-server openssl:openssl curl:curl node:nodejs npm:npm redis-server:redis-server promtool:prometheus nginx:nginx kubectl:kubernetes-client chromium:chromium pg_ctlcluster:postgresql valgrind:valgrind /usr/share/fonts/truetype/noto/NotoColorEmoji.ttf:fonts-noto-color-emoji
 
-.PHONY: help install run test bench bench-core bench-redis bench-scale bench-ceiling device-bundle bench-search bench-sse bench-tracing bench-moderation bench-tokens bench-100k chaos attack k8s-deps k8s-check lint typecheck check deb-deps node-deps s3-deps otel-deps docs-config dashboard chart-files clean
+.PHONY: help install run test bench bench-core bench-redis bench-scale bench-ceiling device-bundle bench-search bench-sse bench-tracing bench-moderation bench-tokens bench-rejoin bench-100k chaos attack k8s-deps k8s-check lint typecheck check deb-deps node-deps s3-deps otel-deps docs-config dashboard chart-files clean
 
 help:  ## list the targets
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -103,6 +103,9 @@ bench-moderation: $(STAMP) deb-deps  ## closed-loop throughput with the moderati
 bench-tokens: $(STAMP)  ## server CPU a connection, a reconnection and a bearer request, tokens checked in full vs remembered, HS256 and ES256 (~4 min); writes docs/bench/token-cost-*.json
 	$(VENV)/bin/python -m loadtest.token_cost --algorithm HS256 --rounds 5 --json docs/bench/token-cost-hs256.json
 	$(VENV)/bin/python -m loadtest.token_cost --algorithm ES256 --rounds 5 --json docs/bench/token-cost-es256.json
+
+bench-rejoin: $(STAMP) deb-deps  ## a reconnect storm through Redis, presence's grace on and off: server CPU and presence frames a reconnect (~3 min); writes docs/bench/rejoin-cost.json
+	$(VENV)/bin/python -m loadtest.rejoin_cost --json docs/bench/rejoin-cost.json
 
 bench-100k: $(STAMP) deb-deps  ## hold 100,000 WebSockets for 5 min (gunicorn + Redis, ~10 min); writes docs/bench/hold-100k.json
 	$(VENV)/bin/python -m loadtest.hold --json docs/bench/hold-100k.json
