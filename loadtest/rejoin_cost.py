@@ -39,7 +39,7 @@ from websockets.asyncio.client import ClientConnection, connect
 from app.settings import Settings
 from loadtest.bench import OPEN_LIMITS, free_port
 from loadtest.redis_cost import cpu_s
-from tests.processes import RedisServer
+from tests.processes import RedisServer, wait_for_port
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_GRACE_S: float = Settings.model_fields["presence_leave_grace_s"].default
@@ -103,16 +103,7 @@ async def storm_round(grace_s: float, args: argparse.Namespace) -> dict[str, flo
         Client(port, f"u{n}", f"room-{n // args.room_size}", counts) for n in range(args.clients)
     ]
     try:
-        async with asyncio.timeout(30):
-            while True:
-                try:
-                    _, writer = await asyncio.open_connection("127.0.0.1", port)
-                    writer.close()
-                    break
-                except OSError:
-                    if proc.returncode is not None:
-                        raise RuntimeError("the server exited") from None
-                    await asyncio.sleep(0.05)
+        await wait_for_port(port, proc, "the server exited")
         for start in range(0, len(clients), 100):
             await asyncio.gather(*(c.open() for c in clients[start : start + 100]))
         settle_s = args.grace_s + 1.0  # past the longest grace of the cases

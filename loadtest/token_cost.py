@@ -41,6 +41,7 @@ from websockets.asyncio.client import connect
 from app.settings import Settings
 from loadtest.bench import OPEN_LIMITS, free_port
 from loadtest.redis_cost import cpu_s
+from tests.processes import wait_for_port
 
 ROOT = Path(__file__).resolve().parent.parent
 SECRET = "a-token-cost-secret-that-is-long-enough-for-hs256"
@@ -96,16 +97,8 @@ class Server:
             *self._command, cwd=ROOT, env=self._env, stdout=asyncio.subprocess.DEVNULL,
             stderr=asyncio.subprocess.DEVNULL,
         )  # fmt: skip
-        async with asyncio.timeout(30):
-            while True:
-                try:
-                    _, writer = await asyncio.open_connection("127.0.0.1", self.port)
-                    writer.close()
-                    return self
-                except OSError:
-                    if self.proc.returncode is not None:
-                        raise RuntimeError("the server exited") from None
-                    await asyncio.sleep(0.05)
+        await wait_for_port(self.port, self.proc, "the server exited")
+        return self
 
     async def __aexit__(self, *_: object) -> None:
         assert self.proc is not None

@@ -58,6 +58,13 @@ async def frames_until_message(client: ChatClient, text: str) -> list[Frame]:
     return got
 
 
+async def comes_and_goes(url: str, ada: ChatClient) -> None:
+    """A client joins room p at ``url``, ``ada`` (in p) hears of it, and its socket ends."""
+    async with ChatClient.connect(url) as client:
+        await client.join("p")
+        assert (await ada.presence_of(client.hello["user"]))["event"] == "join"
+
+
 def about(frames: list[Frame], user: str) -> list[Frame]:
     return [f for f in frames if f["type"] == "presence" and f.get("user") == user]
 
@@ -69,9 +76,7 @@ async def test_back_within_the_grace_nothing_is_announced(broker: str) -> None:
         ChatClient.connect(server.ws_url("ada")) as ada,
     ):
         await ada.join("p")
-        async with ChatClient.connect(server.ws_url("bob")) as bob:
-            await bob.join("p")
-            assert (await ada.presence_of("bob"))["event"] == "join"
+        await comes_and_goes(server.ws_url("bob"), ada)
         await wait_until(lambda: server.state.presence.lingering == 1)
         async with ChatClient.connect(server.ws_url("bob")) as bob:
             joined = await bob.join("p")
@@ -91,9 +96,7 @@ async def test_not_back_the_departure_is_announced_when_the_grace_ends(broker: s
         ChatClient.connect(server.ws_url("ada")) as ada,
     ):
         await ada.join("p")
-        async with ChatClient.connect(server.ws_url("bob")) as bob:
-            await bob.join("p")
-            assert (await ada.presence_of("bob"))["event"] == "join"
+        await comes_and_goes(server.ws_url("bob"), ada)
         gone_at = time.monotonic()
         async with ChatClient.connect(server.ws_url("cy")) as cy:
             assert (await cy.join("p"))["users"] == ["ada", "bob", "cy"]
@@ -127,9 +130,7 @@ async def test_back_on_another_worker_nothing_is_announced(redis_server: RedisSe
         await wait_until(lambda: a.state.broker.ready and b.state.broker.ready)
         async with ChatClient.connect(b.ws_url("ada")) as ada:
             await ada.join("p")
-            async with ChatClient.connect(a.ws_url("bob")) as bob:
-                await bob.join("p")
-                assert (await ada.presence_of("bob"))["event"] == "join"
+            await comes_and_goes(a.ws_url("bob"), ada)
             await wait_until(lambda: a.state.presence.lingering == 1)
             async with ChatClient.connect(b.ws_url("bob")) as bob:
                 assert (await bob.join("p"))["count"] == 2
@@ -156,9 +157,7 @@ async def test_a_worker_that_stops_in_the_grace_leaves_its_users_to_the_sweeps(
         await ada.join("p")
         async with run_server(settings) as a:
             await wait_until(lambda: a.state.broker.ready)
-            async with ChatClient.connect(a.ws_url("bob")) as bob:
-                await bob.join("p")
-                assert (await ada.presence_of("bob"))["event"] == "join"
+            await comes_and_goes(a.ws_url("bob"), ada)
             await wait_until(lambda: a.state.presence.lingering == 1)
             stopped = a
         if back:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 
@@ -11,6 +9,7 @@ from app.broker import Broker
 from app.errors import BrokerUnavailable
 from app.presence import RoomPresence
 from app.presence.announcer import PresenceAnnouncer
+from app.presence.graces import Graces
 from app.settings import Settings
 
 logger = logging.getLogger(__name__)
@@ -25,8 +24,7 @@ class MemoryPresence:
         self._max_members = settings.presence_max_members
         self._grace_s = settings.presence_leave_grace_s
         self._present: dict[str, set[str]] = {}
-        self._lingering: dict[tuple[str, str], asyncio.TimerHandle] = {}
-        self._lapsing: set[asyncio.Task[None]] = set()
+        self._graces = Graces()
         self._announcer = PresenceAnnouncer(
             broker.broadcast,
             self._count,
@@ -41,26 +39,18 @@ class MemoryPresence:
     @property
     def lingering(self) -> int:
         """Users lingering on this worker: their grace running, or its end being settled."""
-        return len(self._lingering) + len(self._lapsing)
+        return len(self._graces)
 
     async def start(self) -> None:
         return None  # nothing can outlive this process: no upkeep
 
     async def stop(self) -> None:
         """Drop the graces still running (nobody is left to tell), then send what waits."""
-        for handle in self._lingering.values():
-            handle.cancel()
-        self._lingering.clear()
-        for task in list(self._lapsing):
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await self._graces.close()
         await self._announcer.close()
 
     async def join(self, room: str, user: str) -> RoomPresence:
-        lingering = self._lingering.pop((room, user), None)
-        if lingering is not None:  # back within its grace: still present, nothing to say
-            lingering.cancel()
+        if self._graces.cancel(room, user):  # back within its grace: nothing to say
             return await self.of(room)
         self._present.setdefault(room, set()).add(user)
         await self._announcer.announce(room, "join", user)
@@ -68,23 +58,15 @@ class MemoryPresence:
 
     async def leave(self, room: str, user: str, linger: bool = False) -> None:
         if linger and self._grace_s > 0 and not room.startswith("~"):
-            previous = self._lingering.pop((room, user), None)
-            if previous is not None:
-                previous.cancel()
-            self._lingering[(room, user)] = asyncio.get_running_loop().call_later(
-                self._grace_s, self._lapse, room, user
-            )
+            self._graces.start(room, user, self._grace_s, self._lapse)
             return
         await self._depart(room, user)
 
     def _lapse(self, room: str, user: str) -> None:
         """The grace of ``user`` in ``room`` ended without its return: it departs now (a
         join from here on is an arrival), announced as soon as the loop lets it."""
-        self._lingering.pop((room, user), None)
         self._withdraw(room, user)
-        task = asyncio.create_task(self._announce_late(room, user))
-        self._lapsing.add(task)
-        task.add_done_callback(self._lapsing.discard)
+        self._graces.settle(self._announce_late(room, user))
 
     def _withdraw(self, room: str, user: str) -> None:
         users = self._present.get(room, set())

@@ -24,6 +24,7 @@ from app.broker.keys import KeyLayout
 from app.errors import BrokerUnavailable
 from app.presence import RoomPresence
 from app.presence.announcer import PresenceAnnouncer
+from app.presence.graces import Graces
 from app.redisio.autopipeline import AutoPipeline
 from app.redisio.clients import (
     REDIS_ERRORS,
@@ -132,9 +133,7 @@ class RedisPresence:
         self._leave = self._redis.register_script(LEAVE)
         self._linger = self._redis.register_script(LINGER)
         self._grace_s = settings.presence_leave_grace_s
-        # (room, user) -> the end of its grace on this worker, and the ends running
-        self._lingering: dict[tuple[str, str], asyncio.TimerHandle] = {}
-        self._lapsing: set[asyncio.Task[None]] = set()
+        self._graces = Graces()  # the users lingering here
         self._upkeep_script = self._redis.register_script(UPKEEP)
         self._present: dict[str, set[str]] = {}  # room -> users present through this worker
         self._upkeep: asyncio.Task[None] | None = None
@@ -152,7 +151,7 @@ class RedisPresence:
     @property
     def lingering(self) -> int:
         """Users lingering on this worker: their grace running, or its end being settled."""
-        return len(self._lingering) + len(self._lapsing)
+        return len(self._graces)
 
     async def start(self) -> None:
         self._upkeep = asyncio.create_task(self._keep_up(), name="redis-presence")
@@ -166,13 +165,7 @@ class RedisPresence:
             self._upkeep.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._upkeep
-        for handle in self._lingering.values():
-            handle.cancel()
-        self._lingering.clear()
-        for task in list(self._lapsing):
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await self._graces.close()
         try:
             await self._withdraw()
         except (*REDIS_ERRORS, BrokerUnavailable) as exc:  # the entries expire by themselves
@@ -188,9 +181,7 @@ class RedisPresence:
         ]
 
     async def join(self, room: str, user: str) -> RoomPresence:
-        lingering = self._lingering.pop((room, user), None)
-        if lingering is not None:  # back within its grace: JOIN refreshes the entry
-            lingering.cancel()
+        self._graces.cancel(room, user)  # back within its grace: JOIN refreshes the entry
         self._present.setdefault(room, set()).add(user)
         now = int(time.time() * 1000)
         ttl = int(self._settings.presence_ttl_s * 1000)
@@ -225,13 +216,8 @@ class RedisPresence:
             await call_redis(
                 lambda: self._pipeline.call(self._linger, keys, [user, self.worker_id, until])
             )
-            previous = self._lingering.pop((room, user), None)
-            if previous is not None:
-                previous.cancel()
-            # A little past `until`: the entry has lapsed by Redis' clock when LEAVE runs.
-            self._lingering[(room, user)] = asyncio.get_running_loop().call_later(
-                self._grace_s + 0.05, self._lapse, room, user
-            )
+            # A little past `until`: the entry has lapsed by the time LEAVE runs.
+            self._graces.start(room, user, self._grace_s + 0.05, self._lapse)
             return
         await self._depart(room, user, keys, [user, self.worker_id, now, "0"])
 
@@ -239,16 +225,13 @@ class RedisPresence:
         """The grace of ``user`` in ``room`` ended on this worker: it departs unless it came
         back to another worker. The LEAVE is handed to the pipeline here, ahead of any later
         JOIN of this worker (which would then be an arrival, announced after the departure)."""
-        self._lingering.pop((room, user), None)
         args: list[str | int] = [user, self.worker_id, int(time.time() * 1000), "1"]
         try:
             reply = self._pipeline.submit(self._leave, self._keys(room, user), args)
         except REDIS_ERRORS as exc:  # the entry lapses by itself: the sweeps find the user
             logger.warning("departure of %s from %s not settled: %r", user, room, exc)
             return
-        task = asyncio.create_task(self._announce_lapse(room, user, reply))
-        self._lapsing.add(task)
-        task.add_done_callback(self._lapsing.discard)
+        self._graces.settle(self._announce_lapse(room, user, reply))
 
     async def _depart(self, room: str, user: str, keys: list[str], args: list[str | int]) -> None:
         changed, count = await call_redis(lambda: self._pipeline.call(self._leave, keys, args))
