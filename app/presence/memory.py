@@ -60,6 +60,7 @@ class MemoryPresence:
         if linger and self._grace_s > 0 and not room.startswith("~"):
             self._graces.start(room, user, self._grace_s, self._lapse)
             return
+        self._graces.cancel(room, user)
         await self._depart(room, user)
 
     def _lapse(self, room: str, user: str) -> None:

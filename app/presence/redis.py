@@ -219,6 +219,7 @@ class RedisPresence:
             # A little past `until`: the entry has lapsed by the time LEAVE runs.
             self._graces.start(room, user, self._grace_s + 0.05, self._lapse)
             return
+        self._graces.cancel(room, user)
         await self._depart(room, user, keys, [user, self.worker_id, now, "0"])
 
     def _lapse(self, room: str, user: str) -> None:
