@@ -220,7 +220,8 @@ class RedisPresence:
             self._graces.start(room, user, self._grace_s + 0.05, self._lapse)
             return
         self._graces.cancel(room, user)
-        await self._depart(room, user, keys, [user, self.worker_id, now, "0"])
+        args: list[str | int] = [user, self.worker_id, now, "0"]
+        await self._depart(room, user, lambda: self._pipeline.submit(self._leave, keys, args))
 
     def _lapse(self, room: str, user: str) -> None:
         """The grace of ``user`` in ``room`` ended on this worker: it departs unless it came
@@ -232,18 +233,17 @@ class RedisPresence:
         except REDIS_ERRORS as exc:  # the entry lapses by itself: the sweeps find the user
             logger.warning("departure of %s from %s not settled: %r", user, room, exc)
             return
-        self._graces.settle(self._announce_lapse(room, user, reply))
+        self._graces.settle(self._depart_late(room, user, lambda: reply))
 
-    async def _depart(self, room: str, user: str, keys: list[str], args: list[str | int]) -> None:
-        changed, count = await call_redis(lambda: self._pipeline.call(self._leave, keys, args))
+    async def _depart(self, room: str, user: str, leave: Callable[[], Awaitable[Any]]) -> None:
+        """Announce ``user``'s departure from ``room`` if LEAVE's reply says it left."""
+        changed, count = await call_redis(leave)
         if changed:
             await self._announcer.announce(room, "leave", user, count)
 
-    async def _announce_lapse(self, room: str, user: str, reply: asyncio.Future[Any]) -> None:
+    async def _depart_late(self, room: str, user: str, leave: Callable[[], Awaitable[Any]]) -> None:
         try:
-            changed, count = await call_redis(lambda: reply)
-            if changed:
-                await self._announcer.announce(room, "leave", user, count)
+            await self._depart(room, user, leave)
         except BrokerUnavailable as exc:  # the entry lapses by itself: the sweeps find the user
             logger.warning("departure of %s from %s not settled: %r", user, room, exc)
 
