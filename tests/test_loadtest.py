@@ -141,6 +141,45 @@ async def test_bench_harness_writes_the_report(tmp_path: Path) -> None:
     assert "gc_passes" not in raw["small-rooms"]["results"]["baseline"][0]
 
 
+@pytest.mark.timeout(240)
+async def test_bench_has_the_redis_and_join_rows(tmp_path: Path) -> None:
+    """``make bench``'s rows of issue 34, tiny: Redis' CPU a message beside Centrifugo's, the
+    worker's CPU a delivery beside the embedded broker's, a storm of clients joining through
+    Redis; the rows of one shape share each server's run (measured once a round)."""
+    out = tmp_path / "benchmarks.md"
+    keys = ("redis-per-message-2", "delivery-redis-vs-embedded-2", "delivery-vs-centrifugo-2",
+            "join-through-redis")  # fmt: skip
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "loadtest.bench", "--smoke", "--only", *keys, "--out", str(out),
+        cwd=ROOT, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    async with asyncio.timeout(230):
+        _, err = await proc.communicate()
+    assert proc.returncode == 0, err.decode()
+    raw = json.loads(out.with_suffix(".json").read_text())
+    assert set(raw) == set(keys)
+    peer = ["centrifugo"] if centrifugo.available() else []
+    assert raw["redis-per-message-2"]["servers"] == ["hubbub-redis", *peer]
+    assert raw["delivery-redis-vs-embedded-2"]["servers"] == ["hubbub-redis", "hubbub"]
+    for key in keys:
+        row = raw[key]
+        assert row["tool"] == "loadtest.peer_cost"
+        for server, (run,) in row["results"].items():
+            assert run["missing"] == 0, (key, server, run)
+            assert run[row["metric"]] > 0, (key, server, run)
+    # One hubbub-redis run in rooms of 2 serves its three rows; the join row has its own.
+    (shared,) = raw["redis-per-message-2"]["results"]["hubbub-redis"]
+    assert raw["delivery-redis-vs-embedded-2"]["results"]["hubbub-redis"] == [shared]
+    assert raw["delivery-vs-centrifugo-2"]["results"]["hubbub-redis"] == [shared]
+    assert err.decode().count("on hubbub-redis") == 2
+    assert shared["room_size"] == 2 and shared["clients"] == 100
+    (joins,) = raw["join-through-redis"]["results"]["hubbub-redis"]
+    assert joins["clients"] == 300 and joins["room_size"] == 10
+    text = out.read_text()
+    assert text.count("python -m loadtest.peer_cost --target TARGET") == 2
+    assert "300 clients connect, authenticate and join rooms of 10 through Redis" in text
+
+
 def test_bench_ratio_is_the_median_of_the_rounds_ratios() -> None:
     """Each round's ratio pairs the two servers measured back to back in it; a slow round
     slows both, so it must not be set against another round's figure."""
