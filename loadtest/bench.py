@@ -653,6 +653,7 @@ def report(
                         "missing", "duplicates", "out_of_order", "alive", "rss_held_kib",
                         "gc_passes", "gc_over_10ms", "gc_over_25ms",
                         "generator_cpu_percent", "clients", "join_s", "delivered_per_s",
+                        "server_us_per_join_net", "server_core_share_idle",
                         "redis_core_share", "server_core_share"):  # fmt: skip
                 numbers = [r[key] for r in runs if isinstance(r.get(key), int | float)]
                 if key != case.metric and numbers:

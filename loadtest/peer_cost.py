@@ -12,8 +12,15 @@ rooms of ``--room-size`` clients each connect, authenticate and join (their serv
 divided by the clients, is the join cost; Hubbub's clients authenticate in a first ``auth``
 frame as the SDKs do, Centrifugo's with ``connect``, the tutorial's by a name in the URL);
 then one client of each room sends ``--rate`` messages a second in all, for ``--seconds``,
-after a warm-up; every member receives each (the sender too).
-Redis' and the server's CPU are read from /proc. Prints JSON.
+after a warm-up; every member receives each (the sender too); then, for ``--idle-seconds``,
+every client is held and nothing sent: what the server does by the clock for its clients
+(heartbeats, presence upkeep) a second and a client, ``server_us_per_client_s_idle``. That
+work also runs while the clients join, for those in by then, and is in the join's figure;
+``server_us_per_join_net`` leaves it out (the idle rate a client times the clients
+connected, integrated over the joins' time: work by the clock that does not grow with the
+clients is left out only in part, so the net figure is if anything too high). Hubbub runs
+with its production heartbeat (a ping every 25 s), as Centrifugo pings (every 25 s). Redis'
+and the server's CPU are read from /proc. Prints JSON.
 
 ``--callgrind``: the server runs under valgrind's callgrind, which counts only while the
 clients connect and join (after ``WARM_CLIENTS`` have, in rooms of their own):
@@ -58,6 +65,12 @@ from loadtest.redis_cost import TEXT, callgrind, cpu_s, per_message, valgrind
 from tests.processes import ROOT, RedisServer
 
 TARGETS = ("hubbub-redis", "hubbub", "centrifugo", "tutorial")
+# The bench's open limits, with Hubbub's production heartbeat (a ping every 25 s), as
+# Centrifugo pings its clients (every 25 s, its default): not the bench's 15 s, which puts
+# pings within its connection holds.
+PEER_LIMITS = {key: value for key, value in OPEN_LIMITS.items() if "HEARTBEAT" not in key}
+# Seconds with every client held and no message, after the messages (see measure).
+IDLE_S = 3.0
 # Clients that connect and join before callgrind counts (--callgrind): imports, caches and
 # the scripts in Redis are warm by then, as in a server that has been up a while.
 WARM_CLIENTS = 50
@@ -180,7 +193,7 @@ class Target:
             self.url = self.centrifugo.ws_url
             return
         port = free_port()
-        env = {**os.environ, **OPEN_LIMITS, "CHAT_PORT": str(port), "TMPDIR": tempfile.gettempdir()}
+        env = {**os.environ, **PEER_LIMITS, "CHAT_PORT": str(port), "TMPDIR": tempfile.gettempdir()}
         if self.redis is not None:
             env["CHAT_REDIS_URL"] = self.redis.url
         server: tuple[str, ...] = ("-m", "app")
@@ -287,12 +300,16 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
         await target.redis_commands(reset=True)
         server_before = tree_cpu_s(target.server_pid)
         began = time.monotonic()
+        client_s = 0.0  # the clients connected, integrated over the joins' time
         for start in range(0, args.rooms * args.room_size, 100):  # 100 connecting at a time
             joined = [
                 target.member(f"u{n}", rooms[n // args.room_size])
                 for n in range(start, min(start + 100, args.rooms * args.room_size))
             ]
+            batch_began = time.monotonic()
             members += await asyncio.gather(*joined)
+            # in for the whole batch: those before it; half of it, on average: its own
+            client_s += (time.monotonic() - batch_began) * (start + len(joined) / 2)
         join_s = time.monotonic() - began
         join_cpu = tree_cpu_s(target.server_pid) - server_before
         clients = args.rooms * args.room_size
@@ -375,6 +392,14 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
         redis_cpu = target.redis_cpu_s() - redis_before
         delivered = received() - delivered_before
         commands = per_message(await target.redis_commands(), max(1, sent))
+        # Then every client held, no message: what the server does by the clock for them
+        # (heartbeats, presence upkeep), a second and a client. It also ran while the clients
+        # joined, for those in by then: the join's net figure leaves that out.
+        idle_s = getattr(args, "idle_seconds", IDLE_S)
+        idle_before, idle_began = tree_cpu_s(target.server_pid), time.monotonic()
+        await asyncio.sleep(idle_s)
+        idle_cpu = tree_cpu_s(target.server_pid) - idle_before
+        idle_per_client_s = idle_cpu / (time.monotonic() - idle_began) / clients
         return {
             "target": args.target,
             "rooms": args.rooms,
@@ -382,6 +407,11 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
             "clients": clients,
             "join_s": round(join_s, 2),
             "server_us_per_join": round(join_cpu / clients * 1e6),
+            "server_us_per_join_net": round(
+                max(0.0, join_cpu - idle_per_client_s * client_s) / clients * 1e6
+            ),
+            "server_us_per_client_s_idle": round(idle_per_client_s * 1e6, 2),
+            "server_core_share_idle": round(idle_per_client_s * clients, 4),
             "sent_per_s": round(sent / took),
             "delivered_per_s": round(delivered / took),
             "missing": max(0, expected - received()),
@@ -416,6 +446,11 @@ def main(argv: list[str] | None = None) -> int:
         "--callgrind", action="store_true",
         help="run the server under valgrind's callgrind: its instructions per connect and "
         "join, then per message at --rate (keep it low)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--idle-seconds", type=float, default=IDLE_S,
+        help="then as long with every client held and no message: the server's CPU a second "
+        "and a client by the clock (heartbeats, upkeep), which the join's net figure leaves out",
     )  # fmt: skip
     parser.add_argument("--server-core", type=int, default=0)
     parser.add_argument("--redis-core", type=int, default=1)

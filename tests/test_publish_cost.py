@@ -547,8 +547,9 @@ async def test_sends_under_two_quotas_in_one_iteration_each_get_their_own(
 
 @pytest.mark.timeout(180)
 async def test_peer_cost_smoke() -> None:
-    """``python -m loadtest.peer_cost`` (``make bench-redis``'s runs) for a second per
-    target: every message delivered to every member, and the costs reported: Hubbub on
+    """``python -m loadtest.peer_cost`` (``make bench-redis``'s and ``make bench``'s runs) for a
+    second per target: every message delivered to every member, and the costs reported
+    (idle too): Hubbub on
     Redis, on its embedded broker, FastAPI's tutorial (the yardstick without Hubbub's
     features), and Centrifugo where its anchor is on the machine."""
     from loadtest import centrifugo
@@ -558,7 +559,8 @@ async def test_peer_cost_smoke() -> None:
     for target in targets:
         proc = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "loadtest.peer_cost", "--target", target, "--rooms", "5",
-            "--room-size", "3", "--rate", "50", "--seconds", "1", cwd=ROOT,
+            "--room-size", "3", "--rate", "50", "--seconds", "1", "--idle-seconds", "1",
+            cwd=ROOT,
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
         )  # fmt: skip
         stdout, stderr = await proc.communicate()
@@ -569,6 +571,9 @@ async def test_peer_cost_smoke() -> None:
         assert result["server_us_per_delivery"] > 0 and result["server_us_per_join"] > 0, result
         on_redis = target in ("hubbub-redis", "centrifugo")
         assert (result["redis_us_per_message"] > 0) == on_redis, result
+        # What the server does by the clock for its idle clients, left out of the net join.
+        assert result["server_core_share_idle"] > 0, result
+        assert 0 <= result["server_us_per_join_net"] <= result["server_us_per_join"], result
 
 
 @pytest.mark.timeout(360)
