@@ -66,7 +66,7 @@ s3-deps:  ## build .tools/bin/weed (SeaweedFS, the tests' S3 server), when missi
 test: $(STAMP) deb-deps node-deps s3-deps k8s-deps otel-deps  ## install everything the tests need, then run the whole suite
 	$(VENV)/bin/python -m pytest
 
-bench: $(STAMP) deb-deps  ## every load-test scenario vs the baseline (~14 min); rewrites docs/benchmarks.md
+bench: $(STAMP) deb-deps  ## every load-test scenario vs the baseline, and issue 34's rows vs Centrifugo (~28 min); rewrites docs/benchmarks.md
 	$(VENV)/bin/python -m loadtest.bench
 
 # The rows of the send and delivery path (issue 42): a change to it is not done before this
