@@ -242,6 +242,8 @@ class RedisPresence:
             await self._announcer.announce(room, "leave", user, count)
 
     async def _depart_late(self, room: str, user: str, leave: Callable[[], Awaitable[Any]]) -> None:
+        """:meth:`_depart` at a grace's end, where no caller is left to raise to: Redis down is
+        logged (the entry lapses by itself, and the other workers' sweeps announce it)."""
         try:
             await self._depart(room, user, leave)
         except BrokerUnavailable as exc:  # the entry lapses by itself: the sweeps find the user
