@@ -270,6 +270,7 @@ class Case:
     once: bool = False  # a long run, in the first round only
     results: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     recorded_at: str | None = None  # when its results were measured (UTC); None: not known
+    machine: str | None = None  # where (machine_fingerprint()); None: not known
     args_recorded: bool = True  # False: results recorded without their arguments (older JSON)
 
     def entry(self) -> dict[str, Any]:
@@ -277,7 +278,8 @@ class Case:
         return {
             "title": self.title, "args": self.args, "servers": self.servers,
             "metric": self.metric, "higher_is_better": self.higher_is_better,
-            "tool": self.tool, "recorded_at": self.recorded_at, "results": self.results,
+            "tool": self.tool, "recorded_at": self.recorded_at, "machine": self.machine,
+            "results": self.results,
         }  # fmt: skip
 
     def command(self) -> str:
@@ -293,7 +295,7 @@ class Case:
         """The verdict's view of it (``args`` None: the arguments are not known)."""
         return Row(
             self.key, tuple(args) if args is not None else None, self.metric,
-            self.higher_is_better, tuple(self.servers), self.results,
+            self.higher_is_better, tuple(self.servers), self.results, self.machine,
         )  # fmt: skip
 
 
@@ -455,7 +457,7 @@ def recorded_cases(raw: dict[str, Any], known: list[Case]) -> dict[str, tuple[Ca
                 key, entry["title"], list(entry["args"]), list(entry["servers"]),
                 entry["metric"], bool(entry["higher_is_better"]),
                 tool=entry.get("tool", "loadtest"), results=entry["results"],
-                recorded_at=entry.get("recorded_at"),
+                recorded_at=entry.get("recorded_at"), machine=entry.get("machine"),
             )  # fmt: skip
             rows[key] = (case, case.row(case.args))
         elif isinstance(entry, dict) and key in definitions:
@@ -630,7 +632,7 @@ def report(
     if earlier:
         lines += [
             "Not run this time (`--only`), these rows show the figures recorded before: "
-            + ", ".join(f"`{c.key}` ({c.recorded_at or 'an earlier run'})" for c in earlier)
+            + ", ".join(f"`{c.key}` ({_when_and_where(c)})" for c in earlier)
             + ".",
             "",
         ]
@@ -688,13 +690,30 @@ def report(
     return "\n".join(lines)
 
 
-def _machine() -> str:
-    cpu = "unknown CPU"
+def _when_and_where(case: Case) -> str:
+    """When an earlier run recorded ``case``, and on what machine where that was another."""
+    when = case.recorded_at or "an earlier run"
+    if case.machine == machine_fingerprint():
+        return when
+    return f"{when}, on {case.machine or 'another machine'}"
+
+
+def _cpu_model() -> str:
     with contextlib.suppress(OSError):
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
+                return line.split(":", 1)[1].strip()
+    return "unknown CPU"
+
+
+def machine_fingerprint() -> str:
+    """What a recorded row's figures depend on beyond the code: the CPU's model and how many
+    cores the machine has (``verdict``: figures of another machine are not compared)."""
+    return f"{_cpu_model()}, {os.cpu_count()} cores"
+
+
+def _machine() -> str:
+    cpu = _cpu_model()
     tools = []
     for binary, flag in (("redis-server", "--version"), ("nginx", "-v")):
         with contextlib.suppress(OSError, subprocess.SubprocessError):
@@ -750,9 +769,9 @@ def settle(
     """
     known = cases(smoke=False) if known is None else known
     recorded = recorded_cases(before, known)
-    stamp = f"{_utc(started)} UTC"
+    stamp, machine = f"{_utc(started)} UTC", machine_fingerprint()
     for case in selected:
-        case.recorded_at = stamp
+        case.recorded_at, case.machine = stamp, machine
     verdict = judge(
         [case.row(case.args) for case in selected],
         {key: row for key, (_, row) in recorded.items()},

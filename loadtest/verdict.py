@@ -27,6 +27,13 @@ The contract, for each row (case key) and each of its servers:
   worse by more than it; otherwise ``ok``.
 - Servers in ``yardsticks`` (the tutorial baseline: not the code under test) are shown, never
   judged: ``ok`` within the tolerance, ``moved`` outside it.
+- **Another machine.** A figure says how fast the machine was as much as how fast the code
+  is: where the row was recorded on another machine (``Row.machine`` differs; a row recorded
+  before machines were, ``None``, is of another machine than any named now), figures are shown
+  but not compared. A judged server with a ratio is then judged by its ratio alone (worse by
+  more than the tolerance: ``REGRESSED``); one without (the row's reference) is
+  ``unjudged``. Lost deliveries are a regression on any machine. Recorded, the run is the
+  new machine's reference, and the next run there is judged in full.
 """
 
 from __future__ import annotations
@@ -37,7 +44,7 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
-Status = Literal["ok", "better", "noise", "REGRESSED", "new", "moved"]
+Status = Literal["ok", "better", "noise", "REGRESSED", "new", "moved", "unjudged"]
 DEFAULT_TOLERANCE = 0.25
 
 
@@ -51,6 +58,7 @@ class Row:
     higher_is_better: bool
     servers: tuple[str, ...]  # the last is the reference the others are set against
     results: Mapping[str, Sequence[Mapping[str, Any]]]  # server kind -> one dict per round
+    machine: str | None = None  # where it ran (bench.machine_fingerprint); None: not known
 
 
 @dataclass(frozen=True)
@@ -192,25 +200,46 @@ def _compare(
     if missing_then == 0 and missing_now is not None and missing_now > 0:
         note = f"lost deliveries: missing 0 -> {missing_now:,.0f}"
         return replace(shown, status="REGRESSED", note=note)
-    ratio = 0.0  # without a ratio, the figure alone decides
+    ratio: float | None = None  # how much worse the ratio is; None: the figure alone decides
     if ratio_now is not None and ratio_then is not None:
         ratio = worse_by(ratio_then, ratio_now, row.higher_is_better)
     elif server != reference:
         shown = replace(shown, note="no ratio: the figure alone")
-    if figure > tolerance and (ratio_now is None or ratio_then is None):
+    if before.machine != row.machine:
+        return _on_another_machine(shown, before.machine, reference, ratio, tolerance)
+    if figure > tolerance and ratio is None:
         return replace(shown, status="REGRESSED")
-    if figure > tolerance and ratio > tolerance:
+    by_ratio = ratio or 0.0
+    if figure > tolerance and by_ratio > tolerance:
         return replace(shown, status="REGRESSED", note=f"its ratio to {reference} is worse too")
     if figure > tolerance:
         note = f"the ratio to {reference} held: the machine moved, not the code"
         return replace(shown, status="noise", note=note)
-    if figure < -tolerance and ratio <= tolerance:
+    if figure < -tolerance and by_ratio <= tolerance:
         return replace(shown, status="better")
-    if ratio > tolerance:
+    if by_ratio > tolerance:
         return replace(
             shown, status="ok", note=f"the figure held, the ratio fell ({reference} faster)"
         )
     return replace(shown, status="ok")
+
+
+def _on_another_machine(
+    shown: Comparison,
+    machine_then: str | None,
+    reference: str,
+    ratio: float | None,
+    tolerance: float,
+) -> Comparison:
+    """A judged server of a row recorded on another machine: by how much worse its ratio is
+    (``ratio``), if it has one."""
+    where = f"recorded on another machine ({machine_then or 'not named'})"
+    if ratio is None:
+        return replace(shown, status="unjudged", note=f"{where}: its figure alone says nothing")
+    note = f"{where}: judged by its ratio to {reference} alone"
+    if ratio > tolerance:
+        return replace(shown, status="REGRESSED", note=note)
+    return replace(shown, status="better" if ratio < -tolerance else "ok", note=note)
 
 
 def _not_comparable(row: Row, before: Row | None, server: str) -> str:
@@ -232,7 +261,8 @@ def render(verdict: Verdict) -> str:
     lines = [
         f"Against the figures recorded before (tolerance {verdict.tolerance:.0%}; a row "
         "regresses when its figure and its ratio to the row's reference are both worse by "
-        "more than that, or it lost deliveries):",
+        "more than that, or it lost deliveries; against a row recorded on another machine, "
+        "when its ratio is):",
         "",
         "| row | server | figure | then → now (change) | ratio then → now (change) | verdict |",
         "|---|---|---|---|---|---|",

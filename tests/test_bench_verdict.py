@@ -5,12 +5,13 @@ fan-out must fail the run and leave the good figures recorded."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from loadtest.bench import BEGIN, END, Case, settle
+from loadtest.bench import BEGIN, END, Case, machine_fingerprint, settle
 from loadtest.verdict import Row, judge, render, worse_by
 
 FANOUT = ("fanout", "--subscribers", "1000", "--rate", "1000")
@@ -113,12 +114,67 @@ def test_the_tolerance_is_the_threshold() -> None:
     assert worse_by(0, 5, higher_is_better=True) < 0 < worse_by(0, 5, higher_is_better=False)
 
 
+EPYC, XEON = "AMD EPYC 7B13, 2 cores", "Intel(R) Xeon(R) Processor, 2 cores"
+
+
+def _own(
+    servers: tuple[str, str], first: list[float], second: list[float], machine: str | None
+) -> Row:
+    """A row whose reference is one of ours (Hubbub on Redis against Hubbub alone): the
+    reference has no ratio, its figure alone is judged."""
+    return Row(
+        "redis-rtt", ("rtt", "--clients", "100"), "messages_per_s", True, servers,
+        {servers[0]: _runs("messages_per_s", first), servers[1]: _runs("messages_per_s", second)},
+        machine,
+    )  # fmt: skip
+
+
+def test_figures_of_another_machine_are_not_compared() -> None:
+    """Both halved on a slower machine: the reference, judged on its figure alone, is not
+    judged there; the other server is judged by its ratio, which held."""
+    servers = ("hubbub-redis", "hubbub")
+    before = _own(servers, [40_000, 41_000, 42_000], [44_000, 45_000, 46_000], EPYC)
+    slower = _own(servers, [15_000, 16_000, 15_500], [17_000, 17_500, 18_000], XEON)
+    verdict = judge([slower], {before.key: before})
+    assert {c.server: c.status for c in verdict.comparisons} == {
+        "hubbub-redis": "ok",
+        "hubbub": "unjudged",
+    }
+    assert not verdict.regressed
+    assert "recorded on another machine (AMD EPYC 7B13, 2 cores)" in render(verdict)
+    # The same figures on the machine that recorded them are a regression of the reference.
+    same = _own(servers, [15_000, 16_000, 15_500], [17_000, 17_500, 18_000], EPYC)
+    assert {c.server: c.status for c in judge([same], {before.key: before}).comparisons} == {
+        "hubbub-redis": "noise",
+        "hubbub": "REGRESSED",
+    }
+    # A row recorded before machines were is of another machine than any named now.
+    unnamed = _own(servers, [40_000, 41_000, 42_000], [44_000, 45_000, 46_000], None)
+    assert _status(slower, unnamed) == {"hubbub-redis": "ok", "hubbub": "unjudged"}
+
+
+def test_on_another_machine_the_ratio_alone_decides() -> None:
+    before = replace(BEFORE, machine=EPYC)
+    # A faster machine: the figure rose 40 %, but Hubbub fell to the baseline's level.
+    fell = replace(_row([700_000, 710_000, 705_000], [700_000, 690_000, 710_000]), machine=XEON)
+    assert _status(fell, before) == {"hubbub": "REGRESSED", "baseline": "moved"}
+    held = replace(_row([250_000, 260_000, 255_000], [50_000, 52_000, 49_000]), machine=XEON)
+    assert _status(held, before) == {"hubbub": "ok", "baseline": "moved"}
+    lost = replace(
+        _row([500_000, 520_000, 510_000], [100_000, 105_000, 98_000], hubbub_missing=3),
+        machine=XEON,
+    )  # fmt: skip
+    assert _status(lost, before)["hubbub"] == "REGRESSED"
+
+
 # The record-or-reject step, on scratch files.
 
 
-def _case(key: str, hubbub: list[float], baseline: list[float]) -> Case:
+def _case(key: str, hubbub: list[float], baseline: list[float], machine: str | None = None) -> Case:
+    """A row as recorded (on this machine unless ``machine`` says another)."""
     args = ["fanout", "--subscribers", "1000", "--rate", "1000"]
     case = Case(key, f"title of {key}", args, ["hubbub", "baseline"], "deliveries_per_s")
+    case.machine = machine or machine_fingerprint()
     case.results = {
         "hubbub": _runs("deliveries_per_s", hubbub),
         "baseline": _runs("deliveries_per_s", baseline),
@@ -168,7 +224,7 @@ def test_an_only_run_keeps_the_other_rows(
 ) -> None:
     out = tmp_path / "benchmarks.md"
     fanout = _case("fanout-1000", [500_000, 510_000, 520_000], [1e5, 1e5, 1e5])
-    rtt = _case("rtt-closed", [47_000, 46_000, 48_000], [46_000, 45_000, 47_000])
+    rtt = _case("rtt-closed", [47_000, 46_000, 48_000], [46_000, 45_000, 47_000], EPYC)
     rtt.recorded_at = "2026-11-24 09:44 UTC"
     before = _recorded(out, fanout, rtt)
     before["legacy-row"] = {"hubbub": [{"deliveries_per_s": 1.0}]}  # kept, though unknown
@@ -182,5 +238,23 @@ def test_an_only_run_keeps_the_other_rows(
     assert recorded["fanout-1000"]["args"] == again.args
     text = out.read_text()
     assert "| title of rtt-closed | hubbub |" in text  # still in the doc
-    assert "`rtt-closed` (2026-11-24 09:44 UTC)" in text  # said to be from before
+    # said to be from before, and from another machine
+    assert "`rtt-closed` (2026-11-24 09:44 UTC, on AMD EPYC 7B13, 2 cores)" in text
     assert "| `fanout-1000` | hubbub | deliveries_per_s | 510,000 → 510,000 (+0%)" in text
+
+
+def test_a_run_on_another_machine_becomes_its_reference(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Recorded on another machine, a row whose figures all fell together is recorded with
+    this machine's name; from then on its figures are judged here."""
+    out = tmp_path / "benchmarks.md"
+    before = _recorded(out, _case("fanout-1000", [500_000, 510_000, 520_000], [1e5] * 3, EPYC))
+    slower = _case("fanout-1000", [250_000, 255_000, 260_000], [5e4] * 3)
+    assert _settle(out, [slower], before) == 0
+    assert "judged by its ratio to baseline alone" in capsys.readouterr().out
+    recorded = json.loads(out.with_suffix(".json").read_text())
+    assert recorded["fanout-1000"]["machine"] == machine_fingerprint()
+    fell = _case("fanout-1000", [25_000, 25_500, 26_000], [5e4] * 3)
+    assert _settle(out, [fell], recorded) == 1
+    assert "VERDICT: REGRESSION in 1 row: fanout-1000 (hubbub)" in capsys.readouterr().out
