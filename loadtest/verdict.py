@@ -17,6 +17,9 @@ The contract, for each row (case key) and each of its servers:
 - **The ratio**: the median of the per-round ratios of the server's figure to the row's
   reference server (the last of ``Row.servers``; the two run back to back in each round, so
   the ratio cancels most of what a noisy machine does to both). Same direction as the figure.
+  It counts as worse only when it is worse than recorded in every round: a round whose ratio
+  is as good as the recorded median shows the rounds' spread covers the change (on a noisy
+  machine, runs of unchanged code had rounds from 0.55 to 1.22 times the recorded ratio).
 - A judged server is ``REGRESSED`` when its figure is worse than recorded by more than the
   tolerance **and**, where it has a ratio (it is not the reference and both runs have one),
   its ratio is worse by more than the tolerance too. A figure worse but a ratio that held is
@@ -184,8 +187,10 @@ def _compare(
         return replace(shown, note="no figure now" if now is None else "no figure recorded")
     reference = row.servers[-1]
     ratio_now = ratio_then = None
+    rounds: list[float] = []  # this run's ratio in each round
     if server != reference:
-        ratio_now = median(paired_ratios(runs, row.results.get(reference, ()), row.metric))
+        rounds = paired_ratios(runs, row.results.get(reference, ()), row.metric)
+        ratio_now = median(rounds)
         ratio_then = median(paired_ratios(then_runs, before.results.get(reference, ()), row.metric))
     missing_now = max(numbers(runs, "missing"), default=None)
     missing_then = max(numbers(then_runs, "missing"), default=None)
@@ -203,6 +208,13 @@ def _compare(
     ratio: float | None = None  # how much worse the ratio is; None: the figure alone decides
     if ratio_now is not None and ratio_then is not None:
         ratio = worse_by(ratio_then, ratio_now, row.higher_is_better)
+        if ratio > tolerance and any(
+            worse_by(ratio_then, r, row.higher_is_better) <= 0 for r in rounds
+        ):
+            # A round as good as recorded: the rounds' spread covers the change, which
+            # counts as none (a ratio worse in every round still counts).
+            ratio = 0.0
+            shown = replace(shown, note=f"a round's ratio held ({_fmt(ratio_then)} or better)")
     elif server != reference:
         shown = replace(shown, note="no ratio: the figure alone")
     if before.machine != row.machine:
@@ -237,6 +249,8 @@ def _on_another_machine(
     if ratio is None:
         return replace(shown, status="unjudged", note=f"{where}: its figure alone says nothing")
     note = f"{where}: judged by its ratio to {reference} alone"
+    if shown.note:
+        note = f"{note}; {shown.note}"
     if ratio > tolerance:
         return replace(shown, status="REGRESSED", note=note)
     return replace(shown, status="better" if ratio < -tolerance else "ok", note=note)

@@ -167,6 +167,21 @@ def test_on_another_machine_the_ratio_alone_decides() -> None:
     assert _status(lost, before)["hubbub"] == "REGRESSED"
 
 
+def test_a_ratio_is_worse_only_when_every_round_says_so() -> None:
+    """Rounds spread 0.6 to 1.2 times the recorded ratio (a noisy machine, unchanged code):
+    the median is 40 % worse, one round is not: no regression, on this machine or another."""
+    before = _own(("hubbub-nginx", "hubbub"), [42_900, 42_000, 42_750], [47_000] * 3, XEON)
+    spread = _own(("hubbub-nginx", "hubbub"), [10_300, 9_650, 15_560], [16_500] * 3, XEON)
+    assert _status(spread, before) == {"hubbub-nginx": "noise", "hubbub": "REGRESSED"}
+    elsewhere = replace(spread, machine=EPYC)
+    verdict = judge([elsewhere], {before.key: before})
+    (nginx,) = [c for c in verdict.comparisons if c.server == "hubbub-nginx"]
+    assert nginx.status == "ok" and "a round's ratio held" in nginx.note
+    # Worse in every round, it is worse.
+    fell = _own(("hubbub-nginx", "hubbub"), [9_000, 9_500, 9_200], [16_500] * 3, EPYC)
+    assert _status(fell, before)["hubbub-nginx"] == "REGRESSED"
+
+
 # The record-or-reject step, on scratch files.
 
 
