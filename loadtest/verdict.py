@@ -19,7 +19,7 @@ The contract, for each row (case key) and each of its servers:
   the ratio cancels most of what a noisy machine does to both). Same direction as the figure.
   It counts as worse only when it is worse than recorded in every round: a round whose ratio
   is as good as the recorded median shows the rounds' spread covers the change (on a noisy
-  machine, runs of unchanged code had rounds from 0.55 to 1.22 times the recorded ratio).
+  machine, runs of unchanged code had rounds from 0.52 to 1.48 times the recorded ratio).
 - A judged server is ``REGRESSED`` when its figure is worse than recorded by more than the
   tolerance **and**, where it has a ratio (it is not the reference and both runs have one),
   its ratio is worse by more than the tolerance too. A figure worse but a ratio that held is
