@@ -277,6 +277,12 @@ class Case:
     machine: str | None = None  # where (machine_fingerprint()); None: not known
     args_recorded: bool = True  # False: results recorded without their arguments (older JSON)
 
+    @property
+    def timed(self) -> bool:
+        """Its figure depends on how fast the machine runs, unlike memory held or sockets
+        kept alive: one of its measurements during the host's steal is taken again."""
+        return not self.memory
+
     def entry(self) -> dict[str, Any]:
         """Its record in the results' JSON: enough to compare with and to report it again."""
         return {
@@ -578,7 +584,8 @@ def run_cases(
     ``plots`` (a staging folder: they replace the recorded ones only if the run is). The
     peer rows of one round that share their arguments share each server's run. A
     measurement during which the host took over ``max_steal_percent`` of a pinned core is
-    taken again, up to ``steal_retries`` times (:mod:`loadtest.steal`)."""
+    taken again, up to ``steal_retries`` times (:mod:`loadtest.steal`), if its figure is
+    one of time (:attr:`Case.timed`)."""
     pinned = (int(SERVER_CPU), int(CLIENT_CPU))
     for n in range(rounds):
         shared: dict[tuple[str, ...], dict[str, Any]] = {}
@@ -596,7 +603,7 @@ def run_cases(
                 print(label, file=sys.stderr, flush=True)
                 result = shared[key] = measured_with_little_steal(
                     lambda: measure(case, kind, plot),  # noqa: B023 (called before the next)
-                    pinned, max_steal_percent, steal_retries, label,
+                    pinned, max_steal_percent, steal_retries if case.timed else 0, label,
                 )  # fmt: skip
                 case.results.setdefault(kind, []).append(result)
 
@@ -644,7 +651,8 @@ def report(
         "median of the rounds' ratios to the second server of the row (the two are measured "
         "back to back in each round), with their range. A measurement during which the host "
         f"took over {MAX_STEAL_PERCENT:g} % of a pinned core (a VM's steal) is taken again, up "
-        f"to {STEAL_RETRIES} times (`--max-steal`, `--steal-retries`).",
+        f"to {STEAL_RETRIES} times (`--max-steal`, `--steal-retries`), unless its figure is "
+        "memory's.",
         "",
     ]
     earlier = [c for c in selected if ran is not None and c.key not in ran]
@@ -715,6 +723,8 @@ def _steal_lines(selected: list[Case]) -> list[str]:
     which were kept with more stolen than the limit (after their retries)."""
     retried, kept = 0, []
     for case in selected:
+        if not case.timed:
+            continue
         for kind, runs in case.results.items():
             for n, run in enumerate(runs, 1):
                 retried += int(run.get("steal_retries", 0))

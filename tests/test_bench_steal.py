@@ -110,6 +110,12 @@ def test_the_report_says_what_the_steal_did() -> None:
     assert "The host's steal: 5 measurement(s) taken again." in text
     assert f"`rtt-2000` on hubbub, round 2 ({over} %)" in text
     assert "baseline, round" not in text
+    held = Case("connections", "held", ["connections"], ["hubbub"], "rss_kib_per_connection",
+                memory=True)  # fmt: skip
+    held.results = {"hubbub": [{"rss_kib_per_connection": 20.0, "steal_percent": over,
+                                "steal_retries": 0}]}  # fmt: skip
+    assert not held.timed and case.timed
+    assert "The host's steal" not in report([held], 1, 0.0)
     clean = Case("rtt-2000", "rtt", ["rtt"], ["hubbub"], "p99_ms")
     clean.results = {"hubbub": [{"p99_ms": 1.0, "steal_percent": 0.0, "steal_retries": 0}]}
     assert "The host's steal" not in report([clean], 1, 0.0)
