@@ -798,6 +798,7 @@ def settle(
     started: float,
     tolerance: float = DEFAULT_TOLERANCE,
     accept: bool = False,
+    why: str | None = None,
     staged_plots: Path | None = None,
     known: list[Case] | None = None,
 ) -> int:
@@ -811,6 +812,9 @@ def settle(
     - A regression: nothing recorded is touched, so the next run still compares with the
       good figures; the run's report and verdict go to ``bench/rejected-run.md``, its JSON to
       ``bench/rejected-run.json`` and its plots to ``bench/rejected-run/``. Returns 1.
+
+    ``why``: with ``accept``, why the regression is recorded anyway (it goes under the
+    verdict in ``out``).
 
     ``known``: the cases whose titles and servers stand in for rows recorded without their
     arguments (default: the full run's).
@@ -864,9 +868,8 @@ def settle(
     )  # fmt: skip
     accepted = ""
     if verdict.regressed:
-        accepted = (
-            "\n\nRecorded with `--accept` despite the regression: an intended cost, which the "
-            "change that made it explains."
+        accepted = "\n\nRecorded with `--accept` despite the regression: " + (
+            why or "an intended cost, which the change that made it explains."
         )
     write_doc(f"{text.rstrip()}\n\n### The verdict of this run\n\n{table}{accepted}", out)
     raw = out.with_suffix(".json")
@@ -898,6 +901,9 @@ def main(argv: list[str] | None = None) -> int:
         help="record the figures even if they regressed (an intended cost: say why)",
     )  # fmt: skip
     parser.add_argument(
+        "--why", help="with --accept: why, in a sentence written under the verdict",
+    )  # fmt: skip
+    parser.add_argument(
         "--max-steal", type=float, default=MAX_STEAL_PERCENT,
         help="percent of a pinned core the host (a VM's hypervisor) may take during a "
              "measurement before it is taken again (default %(default)g)",
@@ -916,6 +922,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--smoke writes to a scratch --out, never over the recorded figures")
     if args.tolerance < 0:
         parser.error("--tolerance is a percentage at least 0")
+    if args.why and not args.accept:
+        parser.error("--why goes with --accept")
     if args.max_steal < 0 or args.steal_retries < 0:
         parser.error("--max-steal and --steal-retries are at least 0")
     selected = [c for c in every if not args.only or c.key in args.only]
@@ -934,7 +942,8 @@ def main(argv: list[str] | None = None) -> int:
         run_cases(selected, rounds, staged, args.max_steal, 0 if args.smoke else args.steal_retries)
         return settle(
             selected, before, args.out, rounds=rounds, started=started,
-            tolerance=args.tolerance / 100, accept=args.accept, staged_plots=staged,
+            tolerance=args.tolerance / 100, accept=args.accept, why=args.why,
+            staged_plots=staged,
         )  # fmt: skip
     finally:
         if staged is not None:

@@ -232,6 +232,14 @@ def test_a_regressed_run_is_rejected_and_the_good_figures_kept(
     assert text.endswith("hand-written\n") and "the good figures" not in text
     recorded = json.loads(out.with_suffix(".json").read_text())
     assert recorded["fanout-1000"]["results"]["hubbub"][1]["deliveries_per_s"] == 51_000
+    assert "an intended cost, which the change that made it explains" in text
+
+    # With a reason, the reason is what the doc says.
+    why = "the yardstick runs 30 % faster on this machine; Hubbub's figures held."
+    assert _settle(out, [fell], before, accept=True, why=why) == 0
+    text = out.read_text()
+    assert f"Recorded with `--accept` despite the regression: {why}" in text
+    assert "an intended cost" not in text
 
 
 def test_an_only_run_keeps_the_other_rows(
