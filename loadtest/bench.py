@@ -650,9 +650,9 @@ def report(
         "(`taskset`). Medians, with the range over the rounds in brackets; a ratio is the "
         "median of the rounds' ratios to the second server of the row (the two are measured "
         "back to back in each round), with their range. A measurement during which the host "
-        f"took over {MAX_STEAL_PERCENT:g} % of a pinned core (a VM's steal) is taken again, up "
-        f"to {STEAL_RETRIES} times (`--max-steal`, `--steal-retries`), unless its figure is "
-        "memory's.",
+        "took more of a pinned core than a limit (a VM's steal) is taken again a few times, "
+        f"unless its figure is memory's (`--max-steal`, {MAX_STEAL_PERCENT:g} % by default; "
+        f"`--steal-retries`, {STEAL_RETRIES}).",
         "",
     ]
     earlier = [c for c in selected if ran is not None and c.key not in ran]
@@ -720,15 +720,20 @@ def report(
 
 def _steal_lines(selected: list[Case]) -> list[str]:
     """What the host's steal did to this run: how many measurements were taken again, and
-    which were kept with more stolen than the limit (after their retries)."""
-    retried, kept = 0, []
+    which were kept with more stolen than their limit (after their retries). A run that
+    several rows share (the peer rows) counts once."""
+    retried, kept, seen = 0, [], set()
     for case in selected:
         if not case.timed:
             continue
         for kind, runs in case.results.items():
             for n, run in enumerate(runs, 1):
+                if id(run) in seen:
+                    continue
+                seen.add(id(run))
                 retried += int(run.get("steal_retries", 0))
-                if float(run.get("steal_percent", 0.0)) > MAX_STEAL_PERCENT:
+                limit = float(run.get("steal_max_percent", MAX_STEAL_PERCENT))
+                if float(run.get("steal_percent", 0.0)) > limit:
                     kept.append(f"`{case.key}` on {kind}, round {n} ({run['steal_percent']} %)")
     if not retried and not kept:
         return []

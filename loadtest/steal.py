@@ -76,9 +76,9 @@ def measured_with_little_steal(
 ) -> dict[str, Any]:
     """``measure()``'s result, with ``steal_percent``: the worst share of ``cpus``' time stolen
     while it ran. Measured again, up to ``retries`` more times, while that share is over
-    ``max_steal_percent``; the last measurement is kept (its plot is the one on disk) and
-    ``steal_retries`` says how many were thrown away. Each one thrown away is said on
-    stderr, with ``label``."""
+    ``max_steal_percent``; the last measurement is kept (its plot is the one on disk),
+    ``steal_retries`` says how many were thrown away and ``steal_max_percent`` the limit it
+    was held to. Each one thrown away is said on stderr, with ``label``."""
     cores = list(cpus)
     attempt = 0
     while True:
@@ -87,6 +87,7 @@ def measured_with_little_steal(
         stolen = steal_percent(before, cpu_times(cores, stat))
         result["steal_percent"] = round(stolen, 2)
         result["steal_retries"] = attempt
+        result["steal_max_percent"] = max_steal_percent
         if stolen <= max_steal_percent or attempt >= retries:
             return result
         attempt += 1

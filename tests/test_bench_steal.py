@@ -93,7 +93,9 @@ def test_a_clean_measurement_is_taken_once(tmp_path: Path) -> None:
     host = _Host(tmp_path / "stat", stolen=[0])
     result = measured_with_little_steal(host.measure, [0, 1], 2.0, 2, "t", tmp_path / "stat")
     assert host.runs == 1
-    assert result == {"p99_ms": 1.0, "steal_percent": 0.0, "steal_retries": 0}
+    assert result == {
+        "p99_ms": 1.0, "steal_percent": 0.0, "steal_retries": 0, "steal_max_percent": 2.0,
+    }  # fmt: skip
 
 
 def test_the_report_says_what_the_steal_did() -> None:
@@ -116,6 +118,16 @@ def test_the_report_says_what_the_steal_did() -> None:
                                 "steal_retries": 0}]}  # fmt: skip
     assert not held.timed and case.timed
     assert "The host's steal" not in report([held], 1, 0.0)
+    # A run several rows share counts once; each is held to the limit it ran under.
+    shared = {"redis_us_per_message": 9.0, "steal_percent": 3.0, "steal_retries": 1,
+              "steal_max_percent": 5.0}  # fmt: skip
+    rows = [Case(key, key, ["x"], ["hubbub-redis"], "redis_us_per_message", tool="peer")
+            for key in ("a", "b")]  # fmt: skip
+    for row in rows:
+        row.results = {"hubbub-redis": [shared]}
+    text = report(rows, 1, 0.0)
+    assert "The host's steal: 1 measurement(s) taken again." in text
+    assert "Kept with more" not in text
     clean = Case("rtt-2000", "rtt", ["rtt"], ["hubbub"], "p99_ms")
     clean.results = {"hubbub": [{"p99_ms": 1.0, "steal_percent": 0.0, "steal_retries": 0}]}
     assert "The host's steal" not in report([clean], 1, 0.0)
